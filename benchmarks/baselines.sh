@@ -6,7 +6,7 @@
 # Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/baselines.sh
 set -euo pipefail
 out="${OUT:-results/baselines}"
-common=(--model ponder --apply_chat_template --batch_size "${BATCH:-32}" --log_samples
+common=(--model ponder --model_args controller=none --apply_chat_template --batch_size "${BATCH:-32}" --log_samples
         --output_path "$out" --gen_kwargs "max_gen_toks=${MAX_TOKS:-256}")
 /usr/bin/time -f "arith wall %e s" lm_eval "${common[@]}" --limit "${ARITH_LIMIT:-100}" \
   --tasks arith_ponder,arith_ponder_cot,arith_ponder_bon

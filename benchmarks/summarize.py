@@ -1,5 +1,6 @@
 """Summarise lm-eval sample logs: accuracy (Wilson 95% CI), mean generated tokens, mean FLOPs,
-mean ponder steps per task, and per arith level. A stop-gap until the report module exists.
+mean ponder steps per task, and per arith level, as text (``python -m lm_eval_ponder.report``
+writes the full leaderboard, plots and HTML).
 
 Usage: python benchmarks/summarize.py results/baselines [results/alpha_sweep/alpha_-0.2 ...]
 """
@@ -12,14 +13,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return math.nan, math.nan
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+from lm_eval_ponder.report import wilson
 
 
 def rows(root: Path):

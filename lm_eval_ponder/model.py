@@ -81,11 +81,13 @@ class PonderLM(HFLM):
 
     Ponder model args (all optional; lm-eval passes them with ``--model_args``):
     ``steering`` (vector directory; default: the one shipped for the backbone),
-    ``controller`` (controller directory, or ``none``), ``alpha`` (fixed offset, no controller:
-    the Fractional Reasoning baseline), ``tau``, ``k_max``, ``alpha0``, ``beta``,
-    ``alpha_start``, ``granularity`` (``prompt``|``token``), ``layer``. ``alpha``, ``alpha0``
-    and ``alpha_start`` are fractions of the steering layer's mean residual norm. With neither
-    ``alpha`` nor ``controller`` pondering is off.
+    ``controller`` (controller directory; ``none`` for no pondering; default: the controller
+    shipped for the backbone, if any), ``alpha`` (fixed offset, no controller: the Fractional
+    Reasoning baseline), ``tau``, ``k_max``, ``alpha0``, ``beta``, ``alpha_start``,
+    ``granularity`` (``prompt``|``token``), ``layer``. Unset ponder settings come from the
+    controller's config.json (what it was trained with), else from ``PonderConfig``.
+    ``alpha``, ``alpha0`` and ``alpha_start`` are fractions of the steering layer's mean
+    residual norm. The plain baseline (Direct/CoT/BoN) is ``controller=none``.
     """
 
     def __init__(
@@ -93,24 +95,29 @@ class PonderLM(HFLM):
         pretrained: Any = None,
         gguf_file: str | None = None,
         steering: str | None = None,
-        controller: str | None = None,
+        controller: str | None = "auto",
         alpha: float | None = None,
-        tau: float = PonderConfig.tau,
-        k_max: int = PonderConfig.k_max,
-        alpha0: float = PonderConfig.alpha0,
-        beta: float = PonderConfig.beta,
-        alpha_start: float = PonderConfig.alpha_start,
-        granularity: str = PonderConfig.granularity,
+        tau: float | None = None,
+        k_max: int | None = None,
+        alpha0: float | None = None,
+        beta: float | None = None,
+        alpha_start: float | None = None,
+        granularity: str | None = None,
         layer: int | None = None,
         **kwargs,
     ) -> None:
         install_excepthook()
-        self.ponder_config = PonderConfig(
-            tau=float(tau), k_max=int(k_max), alpha0=float(alpha0), beta=float(beta),
-            alpha_start=float(alpha_start), granularity=str(granularity),
-        ).validate()
+        # Ponder settings the user gave; the rest come from the controller's config.json (the
+        # settings it was trained with) or, without a controller, from PonderConfig.
+        self._ponder_args = {k: v for k, v in {
+            "tau": tau, "k_max": k_max, "alpha0": alpha0, "beta": beta,
+            "alpha_start": alpha_start, "granularity": granularity}.items()
+            if _none(v) is not None}
+        self.ponder_config = self._ponder_config({}).validate()
         self._alpha = None if _none(alpha) is None else float(alpha)
-        self._controller_arg = _none(controller)
+        explicit = controller is not None and str(controller).strip().lower() != "auto"
+        self._controller_arg = _none(controller) if explicit else None
+        self._controller_auto = not explicit and self._alpha is None
         self._steering_arg = _none(steering)
         self._layer_arg = None if _none(layer) is None else int(layer)
         if self._alpha is not None and self._controller_arg is not None:
@@ -142,10 +149,25 @@ class PonderLM(HFLM):
     def pondering(self) -> bool:
         return self._alpha is not None or self._controller_arg is not None
 
+    def _ponder_config(self, trained: dict) -> PonderConfig:
+        """User args over the controller's training settings over PonderConfig defaults."""
+        types = {"tau": float, "k_max": int, "alpha0": float, "beta": float,
+                 "alpha_start": float, "granularity": str}
+        merged = {**{k: v for k, v in trained.items() if k in types}, **self._ponder_args}
+        return PonderConfig(**{k: types[k](v) for k, v in merged.items()})
+
     def _setup_pondering(self) -> None:
-        """Load the steering vector and controller once; check they fit this backbone."""
+        """Load the steering vector and controller once; check they fit this backbone.
+
+        With no ``controller=`` argument the controller shipped for this backbone is used (if
+        one is shipped); ``controller=none`` switches pondering off.
+        """
         self.steering = self.controller = None
         self._steering_dir = self._controller_dir = None
+        if self._controller_auto:
+            shipped = shipped_controller_dir(self.backbone_info.name)
+            if shipped is not None and (shipped / "controller.safetensors").is_file():
+                self._controller_arg = str(shipped)
         if not self.pondering:
             return
         from lm_eval_ponder.controller import load_controller
@@ -163,19 +185,39 @@ class PonderLM(HFLM):
         self.steering = load_vector(
             directory, self.model.config, backbone_sha256=self.backbone_info.source_sha256
         )
+        trained: dict = {}
+        if self._controller_arg is not None:
+            self._controller_dir = Path(self._controller_arg)
+            self.controller, config = load_controller(
+                self._controller_dir, expected_hidden_size=self.model.config.hidden_size
+            )
+            self.controller.to(self.device)
+            trained = config.get("ponder") or {}
+            if self._layer_arg is None and config.get("layer") is not None:
+                self._layer_arg = int(config["layer"])
+            wanted = (config.get("backbone") or {}).get("steering_sha256")
+            have = _file_sha(self._steering_dir / "steering.safetensors")
+            if wanted and wanted != have:
+                raise PonderError(
+                    f"controller {self._controller_dir} was trained with steering vector "
+                    f"{wanted}, but {self._steering_dir} holds {have}: pass the steering= it "
+                    "was trained with, or train a controller for this vector")
+        self.ponder_config = self._ponder_config(trained).validate()
         self.steer_layer = self.steering.default_layer if self._layer_arg is None else self._layer_arg
         self.steer_vector = self.steering.vector(self.steer_layer)
         norm = self.steering.residual_norm(self.steer_layer)
         if norm is None:
             raise PonderError(f"steering vector {directory} records no residual_norm: re-extract it")
         self.steer_scale = float(norm)
-        if self._controller_arg is not None:
-            self._controller_dir = Path(self._controller_arg)
-            self.controller, _ = load_controller(
-                self._controller_dir, expected_hidden_size=self.model.config.hidden_size
-            )
-            self.controller.to(self.device)
+        if self.controller is not None:
             self._offsets = cumulative_offsets(self.ponder_config)
+
+    def set_alpha(self, alpha: float) -> None:
+        """Switch the fixed offset between ``generate_until`` calls (the trainer's rollout cache
+        generates every depth with one loaded model). Only for a model built with ``alpha=``."""
+        if self._alpha is None or self.controller is not None:
+            raise PonderError("set_alpha needs a model constructed with a fixed alpha=")
+        self._alpha = float(alpha)
 
     def _steering_hook(self):
         """A fresh hook per ``generate`` call (it keeps that call's decisions), or nothing."""

@@ -14,6 +14,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
+if SHARED_DATA.is_dir():  # also for module/session fixtures (the autouse one is per test)
+    os.environ.setdefault("LM_EVAL_PONDER_DATA", str(SHARED_DATA))
 
 
 def build_tiny_tokenizer():
@@ -69,3 +71,18 @@ def _data_env(monkeypatch):
     """Tests read benchmark data from ../shared/data unless they set something else."""
     if "LM_EVAL_PONDER_DATA" not in os.environ and SHARED_DATA.is_dir():
         monkeypatch.setenv("LM_EVAL_PONDER_DATA", str(SHARED_DATA))
+
+
+@pytest.fixture(scope="session")
+def tiny_vector_dir(tmp_path_factory) -> Path:
+    """A random unit steering vector per layer of the tiny Llama (hidden 64, 4 layers)."""
+    import torch
+
+    from lm_eval_ponder.steering import SteeringVector, save_vector
+
+    gen = torch.Generator().manual_seed(1)
+    vectors = torch.nn.functional.normalize(torch.randn(4, 64, generator=gen), dim=-1)
+    meta = {"layer": 2, "residual_norm": [8.0, 9.0, 10.0, 11.0], "hidden_size": 64,
+            "n_layers": 4}
+    return save_vector(SteeringVector(vectors, [0, 1, 2, 3], meta),
+                       tmp_path_factory.mktemp("tiny-vec"))

@@ -1,0 +1,142 @@
+"""The training environment of a rollout cache: (prompt, depth) -> outcome -> reward.
+
+``CachedEnvironment`` turns cache records into the paper's reward (``rewards.py``), keeps the
+running FLOPs statistics and the adaptive weights, and evaluates a controller's inference-time
+choices (first phi <= tau) on any prompt subset. The FLOPs of an outcome are the backbone's
+(prefill and decode, from the cache) plus the controller's K_max+1 evaluations, exactly what
+``--model ponder`` logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict
+
+import torch
+
+from lm_eval_ponder import rewards as R
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.rollouts import RolloutCache
+
+
+def outcome_key(component: str) -> str:
+    """Outcome dict key of a reward component ("flops" itself holds the FLOPs counts)."""
+    return "flops_reward" if component == "flops" else component
+
+
+class CachedEnvironment:
+    def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
+                 reward_cfg: R.RewardConfig, generator: torch.Generator) -> None:
+        self.prompts = cache.prompts()
+        self.z0 = cache.states()
+        table = cache.table()
+        self.k_max, self.samples = k_max, samples
+        self.cfg = reward_cfg.validate()
+        self.generator = generator
+        missing = [(p.key, k) for p in self.prompts for k in range(k_max + 1)
+                   if len(table.get((p.key, k), [])) < samples]
+        if missing:
+            raise PonderError(f"rollout cache {cache.dir} is incomplete ({len(missing)} of "
+                              f"{len(self.prompts) * (k_max + 1)} prompt x depth outcomes "
+                              "missing): run the trainer again to finish building it")
+        self.records = [[table[(p.key, k)][:samples] for k in range(k_max + 1)]
+                        for p in self.prompts]
+        self.controller_flops = float(controller_flops)
+        correct_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
+                       if r["correct"] and r.get("ppl") is not None]
+        all_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
+                   if r.get("ppl") is not None]
+        base, sigma = R.quality_reference(correct_ppl or all_ppl)
+        self.ppl_ref = (self.cfg.ppl_baseline if self.cfg.ppl_baseline is not None else base,
+                        self.cfg.sigma_ppl if self.cfg.sigma_ppl is not None else sigma)
+        self.stats = R.RunningStats(self.cfg.ema_momentum)
+        self.weights = dict(self.cfg.weights)
+        self._magnitudes: dict[str, list[float]] = defaultdict(list)
+        # Frozen reference for model selection: the same reward with whole-cache FLOPs stats.
+        flops = [self.flops(r) for rows in self.records for d in rows for r in d]
+        self.reference_stats = R.RunningStats(self.cfg.ema_momentum)
+        self.reference_stats.update(flops)
+
+    def flops(self, record: dict) -> float:
+        return float(record["flops"]) + self.controller_flops
+
+    def split(self, val_fraction: float) -> tuple[list[int], list[int]]:
+        """Deterministic train/validation split of the cache's prompts by key hash."""
+        train, val = [], []
+        for i, p in enumerate(self.prompts):
+            u = int(hashlib.sha256(p.key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+            (val if u < val_fraction else train).append(i)
+        if not train:
+            raise PonderError("no training prompts left after the validation split")
+        return train, val
+
+    def _record(self, i: int, depth: int) -> dict:
+        rows = self.records[i][depth]
+        if len(rows) == 1:
+            return rows[0]
+        return rows[int(torch.randint(0, len(rows), (1,), generator=self.generator))]
+
+    def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The GRPO reward_fn: rewards and reward inputs of each (prompt, depth) pair."""
+        recs = [self._record(int(i), int(d)) for i, d in zip(prompt_ids, depths)]
+        flops = [self.flops(r) for r in recs]
+        comps = [R.reward_components(r, f, self.stats, self.ppl_ref, self.cfg)
+                 for r, f in zip(recs, flops)]
+        out = {outcome_key(name): torch.tensor([c[name] for c in comps], dtype=torch.float64)
+               for name in R.COMPONENTS}
+        out["reward"] = torch.tensor([R.total_reward(c, self.weights) for c in comps],
+                                     dtype=torch.float64)
+        out["flops"] = torch.tensor(flops, dtype=torch.float64)
+        out["correct"] = torch.tensor([float(r["correct"]) for r in recs], dtype=torch.float64)
+        out["gen_tokens"] = torch.tensor([float(r["gen_tokens"]) for r in recs],
+                                         dtype=torch.float64)
+        return out
+
+    def observe(self, outcome: dict[str, torch.Tensor], step: int) -> None:
+        """After a step: update the FLOPs history and, every few steps, the adaptive weights.
+
+        ``outcome`` must be the whole (all ranks') batch so every rank stays identical.
+        """
+        self.stats.update(outcome["flops"].tolist())
+        for name in R.COMPONENTS:
+            self._magnitudes[name].append(
+                float((outcome[outcome_key(name)].abs() * self.weights[name]).mean()))
+        if self.cfg.balance and (step + 1) % self.cfg.balance_every == 0:
+            mean_abs = {k: sum(v) / len(v) for k, v in self._magnitudes.items()}
+            acc = mean_abs.get("acc", 0.0)
+            targets = {k: self.cfg.balance_ratio * acc for k in self.cfg.balance if acc > 0}
+            self.weights = R.balance_weights(self.weights, mean_abs, targets,
+                                             self.cfg.balance_eta)
+            self._magnitudes.clear()
+
+    def evaluate(self, ids: list[int], depths: torch.Tensor) -> dict[str, float]:
+        """Deterministic figures of given depths: accuracy, FLOPs, tokens, and a selection
+        score (the reward with initial weights and whole-cache FLOPs statistics)."""
+        if not ids:
+            return {}
+        recs = [self.records[i][int(d)] for i, d in zip(ids, depths)]
+        acc = [sum(r["correct"] for r in rows) / len(rows) for rows in recs]
+        flops = [sum(self.flops(r) for r in rows) / len(rows) for rows in recs]
+        tokens = [sum(r["gen_tokens"] for r in rows) / len(rows) for rows in recs]
+        score = []
+        for rows in recs:
+            vals = [R.total_reward(R.reward_components(r, self.flops(r), self.reference_stats,
+                                                       self.ppl_ref, self.cfg),
+                                   self.cfg.weights) for r in rows]
+            score.append(sum(vals) / len(vals))
+        n = len(ids)
+        return {"accuracy": sum(acc) / n, "flops": sum(flops) / n, "gen_tokens": sum(tokens) / n,
+                "depth": float(depths.float().mean()), "score": sum(score) / n}
+
+    def oracle(self, ids: list[int]) -> dict[str, float]:
+        """Best fixed depth and per-prompt best depth by the selection score (for the card)."""
+        best_fixed = max(
+            ((k, self.evaluate(ids, torch.full((len(ids),), k))) for k in range(self.k_max + 1)),
+            key=lambda kv: kv[1]["score"])
+        return {"best_fixed_depth": best_fixed[0], **{f"best_fixed_{k}": v for k, v in
+                                                      best_fixed[1].items()}}
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None

@@ -1,0 +1,285 @@
+"""GRPO for the halting controller: the paper's appendix algorithm with its equations.
+
+A trajectory for a prompt is a run of decisions on the candidate states z_k = z_0 + c_k h
+(``pondering.candidate_states``): continue with probability pi(z_k) = phi(z_k), halt
+otherwise; halting at depth d (or reaching K_max) fixes the outcome. So a trajectory *is* its
+depth, and log pi(trajectory) = sum_{j<d} log phi(z_j) + [d < K] log(1 - phi(z_d)).
+
+Decisions we made where the paper is silent or self-contradictory (docs/design.md):
+
+- Training samples a_k ~ Bernoulli(phi(z_k)) and nothing else; inference halts at the first
+  phi <= tau. The paper's algorithm also halts during training when phi <= tau, which gives
+  such states zero gradient forever (a controller that starts below tau can never learn to
+  continue there); ``threshold_in_training=True`` restores it.
+- Stage 1 (t < T1, pure teacher forcing): the paper skips the update, so 500 steps teach
+  nothing. Default ``stage1="imitation"``: maximise log pi(teacher actions) instead.
+  ``stage1="paper"`` keeps the published schedule; docs/results.md compares the two.
+- Std scaling of advantages is off by default (Dr. GRPO); ``scale_std=True`` turns it on.
+- Quality gates (autonomous stage only) drop trajectories from the update; the group baseline
+  is the mean over the group's surviving trajectories, and a group with fewer than two
+  survivors contributes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.pondering import candidate_states, halting_depth
+
+STAGE1_MODES = ("imitation", "paper")
+
+
+@dataclass
+class GRPOConfig:
+    """Optimisation hyper-parameters; defaults are the paper's where it gives them."""
+
+    group_size: int = 8  # G, trajectories per prompt
+    prompts_per_step: int = 8  # B / G
+    lr: float = 5e-4  # eta
+    t1: int = 500  # end of pure teacher forcing
+    t2: int = 1500  # end of the teacher -> student transition
+    steps: int = 2500  # total GRPO steps
+    teacher_min: int = 3  # the teacher ponders teacher_min..teacher_max steps
+    teacher_max: int = 5
+    stage1: str = "imitation"  # "imitation" (our fix) | "paper" (no update before T1)
+    entropy_beta: float = 0.01  # beta_ent
+    scale_std: bool = False  # divide advantages by the group std (off: Dr. GRPO)
+    quality_gates: bool = True  # eq. quality_gates in the autonomous stage
+    theta_comp: float = 0.0  # gate: R_comp > theta_comp
+    theta_qual: float = 0.0  # gate: R_qual > theta_qual
+    eps_div: float = 1e-6  # FLOPs-diversity alert threshold
+    threshold_in_training: bool = False  # also halt when phi <= tau while training (paper)
+    max_grad_norm: float = 1.0
+
+    def validate(self) -> GRPOConfig:
+        if self.group_size < 2:
+            raise PonderError(f"group_size must be >= 2 (a group of one has no baseline), "
+                              f"got {self.group_size}")
+        if self.prompts_per_step < 1 or self.steps < 1:
+            raise PonderError("prompts_per_step and steps must be >= 1")
+        if not 0 <= self.t1 <= self.t2:
+            raise PonderError(f"curriculum needs 0 <= t1 <= t2, got t1={self.t1}, t2={self.t2}")
+        if not 0 <= self.teacher_min <= self.teacher_max:
+            raise PonderError("teacher needs 0 <= teacher_min <= teacher_max")
+        if self.stage1 not in STAGE1_MODES:
+            raise PonderError(f"stage1 must be one of {STAGE1_MODES}, got {self.stage1!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise PonderError(f"lr must be a positive number, got {self.lr}")
+        return self
+
+
+# ----------------------------------------------------------------------------- equations
+def curriculum_probability(t: int, t1: int, t2: int) -> float:
+    """p_curriculum(t), eq. (curriculum_schedule): 1 before T1, linear to 0 at T2, then 0."""
+    if t < t1:
+        return 1.0
+    if t >= t2:
+        return 0.0
+    return 1.0 - (t - t1) / (t2 - t1)
+
+
+def group_advantages(rewards: torch.Tensor, keep: torch.Tensor | None = None,
+                     scale_std: bool = False) -> torch.Tensor:
+    """A_i = r_i - b_G(i), eq. (advantage), for rewards [groups, G].
+
+    ``keep`` (bool [groups, G]) marks trajectories that passed the quality gates: baselines are
+    over kept ones, dropped ones get A = 0, and groups with < 2 kept get A = 0.
+    """
+    keep = torch.ones_like(rewards, dtype=torch.bool) if keep is None else keep
+    k = keep.to(rewards.dtype)
+    n = k.sum(dim=1, keepdim=True)
+    baseline = (rewards * k).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    adv = (rewards - baseline) * k
+    if scale_std:
+        var = ((rewards - baseline) ** 2 * k).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)
+        adv = adv / (var.sqrt() + 1e-8)
+    return torch.where(n >= 2, adv, torch.zeros_like(adv))
+
+
+def trajectory_log_prob(logits: torch.Tensor, depths: torch.Tensor,
+                        temperature: float = 1.0) -> torch.Tensor:
+    """log pi(trajectory) = sum_{j<d} log phi(z_j) + [d < K] log(1 - phi(z_d)).
+
+    ``logits`` [N, K+1] are the controller's pre-temperature logits on z_0..z_K; ``depths``
+    [N]. log phi = logsigmoid(l / T) and log(1 - phi) = logsigmoid(-l / T), stable in float32.
+    """
+    n_states = logits.shape[1]
+    k = torch.arange(n_states, device=logits.device)[None, :]
+    d = depths[:, None]
+    scaled = logits / temperature
+    cont = (k < d).to(logits.dtype)
+    halt = ((k == d) & (d < n_states - 1)).to(logits.dtype)
+    return (nn.functional.logsigmoid(scaled) * cont
+            + nn.functional.logsigmoid(-scaled) * halt).sum(dim=1)
+
+
+def trajectory_entropy(logits: torch.Tensor, depths: torch.Tensor,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """Sum of the Bernoulli entropies H[pi(.|z_k)] over the decisions a trajectory made."""
+    n_states = logits.shape[1]
+    k = torch.arange(n_states, device=logits.device)[None, :]
+    visited = ((k <= depths[:, None]) & (k < n_states - 1)).to(logits.dtype)
+    scaled = logits / temperature
+    p = torch.sigmoid(scaled)
+    h = -(p * nn.functional.logsigmoid(scaled) + (1 - p) * nn.functional.logsigmoid(-scaled))
+    return (h * visited).sum(dim=1)
+
+
+def grpo_loss(log_probs: torch.Tensor, advantages: torch.Tensor, entropy: torch.Tensor,
+              keep: torch.Tensor, entropy_beta: float) -> torch.Tensor:
+    """L_GRPO, eq. (grpo_loss): -mean over kept trajectories of (log pi(tau) A + beta_ent H)."""
+    k = keep.to(log_probs.dtype)
+    return -((log_probs * advantages + entropy_beta * entropy) * k).sum() / k.sum().clamp(min=1)
+
+
+def imitation_loss(log_probs: torch.Tensor) -> torch.Tensor:
+    """Stage-1 fix: -mean log pi(teacher trajectory), i.e. behaviour cloning of the teacher."""
+    return -log_probs.mean()
+
+
+def quality_gate(comp: torch.Tensor, qual: torch.Tensor, theta_comp: float,
+                 theta_qual: float) -> torch.Tensor:
+    """Q(tau) = 1[R_comp > theta_comp] 1[R_qual > theta_qual], eq. (quality_gates)."""
+    return (comp > theta_comp) & (qual > theta_qual)
+
+
+def flops_diversity(flops: torch.Tensor) -> float:
+    """D_t = Var(F) / Mean(F)^2 over the batch (the appendix algorithm's diversity check)."""
+    mean = flops.double().mean()
+    if mean == 0:
+        return 0.0
+    return float(flops.double().var(unbiased=False) / mean**2)
+
+
+# ----------------------------------------------------------------------------- sampling
+def sample_depths(p_continue: torch.Tensor, generator: torch.Generator,
+                  tau: float | None = None) -> torch.Tensor:
+    """Sample halting depths [N] from continue probabilities [N, K+1].
+
+    a_k ~ Bernoulli(p_k) for k < K; the depth is the first halt (K if none). With ``tau``, a
+    state with p_k <= tau also halts (the paper's training rule).
+    """
+    n, n_states = p_continue.shape
+    u = torch.rand(n, n_states - 1, generator=generator).to(p_continue.device)
+    cont = u < p_continue[:, :-1]
+    if tau is not None:
+        cont &= p_continue[:, :-1] > tau
+    stops = torch.cat([~cont, torch.ones(n, 1, dtype=torch.bool, device=cont.device)], dim=1)
+    return stops.to(torch.uint8).argmax(dim=1)
+
+
+def teacher_depths(n: int, cfg: GRPOConfig, k_max: int, generator: torch.Generator) -> torch.Tensor:
+    """The teacher's depths: uniform on teacher_min..teacher_max (clipped to K_max)."""
+    lo, hi = min(cfg.teacher_min, k_max), min(cfg.teacher_max, k_max)
+    return torch.randint(lo, hi + 1, (n,), generator=generator)
+
+
+# ----------------------------------------------------------------------------- one step
+RewardFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+
+
+@dataclass
+class StepResult:
+    depths: torch.Tensor  # [P, G]
+    teacher: torch.Tensor  # bool [P, G]
+    outcome: dict[str, torch.Tensor]  # what reward_fn returned, each [P * G]
+    keep: torch.Tensor  # bool [P, G]
+    loss: float
+    updated: bool
+    diversity: float
+
+
+class GRPOTrainer:
+    """Owns the controller's optimiser and one generator; ``step`` is one algorithm iteration.
+
+    ``reward_fn(prompt_index [N], depth [N])`` returns at least ``reward`` and ``flops`` (and
+    ``comp``/``qual`` for the quality gates), each a float tensor [N]. It may be a cache lookup
+    (training on a backbone) or a synthetic environment (tests).
+    """
+
+    def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
+                 tau: float, cfg: GRPOConfig, seed: int) -> None:
+        self.controller = controller
+        self.h = step_vector.detach().float()
+        self.offsets = offsets.detach().float()
+        self.k_max = len(offsets) - 1
+        self.tau = tau
+        self.cfg = cfg.validate()
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizer = torch.optim.Adam(controller.parameters(), lr=cfg.lr)
+        self.reinitialisations = 0
+
+    def logits(self, z0: torch.Tensor) -> torch.Tensor:
+        """Controller logits on all candidate states: [P, d] -> [P, K+1]."""
+        states = candidate_states(z0.float(), self.h, self.offsets)
+        return self.controller.logits(states)
+
+    @torch.no_grad()
+    def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
+        """Inference-time depths (first phi <= tau), as ``--model ponder`` will choose them."""
+        p = torch.sigmoid(self.logits(z0) / self.controller.temperature)
+        return halting_depth(p, self.tau)
+
+    def reinitialise(self) -> None:
+        """The diversity alert's remedy: fresh weights (from our generator) and optimiser."""
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            for module in self.controller.modules():
+                if module is not self.controller and hasattr(module, "reset_parameters"):
+                    module.reset_parameters()
+        self.optimizer = torch.optim.Adam(self.controller.parameters(), lr=self.cfg.lr)
+        self.reinitialisations += 1
+
+    def step(self, t: int, prompt_ids: torch.Tensor, z0: torch.Tensor, reward_fn: RewardFn,
+             gradient_hook: Callable[[], None] | None = None,
+             gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
+        """One iteration of the appendix algorithm on P prompts x G trajectories.
+
+        Data parallel: ``gradient_hook`` averages gradients across ranks and ``gather``
+        concatenates a tensor over ranks, so the diversity check (and with it a
+        re-initialisation) sees the whole batch and happens on every rank or none.
+        """
+        cfg, temp = self.cfg, self.controller.temperature
+        P, G = len(prompt_ids), cfg.group_size
+        logits = self.logits(z0)  # [P, K+1]
+        flat = logits.repeat_interleave(G, dim=0)  # [P*G, K+1]
+        p = torch.sigmoid(flat.detach() / temp)
+        student = sample_depths(p, self.generator,
+                                self.tau if cfg.threshold_in_training else None)
+        p_teacher = curriculum_probability(t, cfg.t1, cfg.t2)
+        teacher = torch.rand(P * G, generator=self.generator) < p_teacher
+        depths = torch.where(teacher, teacher_depths(P * G, cfg, self.k_max, self.generator),
+                             student)
+        outcome = reward_fn(prompt_ids.repeat_interleave(G), depths)
+        rewards = outcome["reward"].float().view(P, G)
+        diversity = flops_diversity(gather(outcome["flops"]) if gather else outcome["flops"])
+        keep = torch.ones(P, G, dtype=torch.bool)
+        if cfg.quality_gates and t >= cfg.t2 and "comp" in outcome and "qual" in outcome:
+            keep = quality_gate(outcome["comp"], outcome["qual"], cfg.theta_comp,
+                                cfg.theta_qual).view(P, G)
+        log_probs = trajectory_log_prob(flat, depths, temp)
+        if t < cfg.t1:
+            loss = imitation_loss(log_probs) if cfg.stage1 == "imitation" else None
+        else:
+            adv = group_advantages(rewards, keep, cfg.scale_std).view(-1)
+            entropy = trajectory_entropy(flat, depths, temp)
+            loss = grpo_loss(log_probs, adv, entropy, keep.view(-1), cfg.entropy_beta)
+        updated = loss is not None
+        if updated:
+            self.optimizer.zero_grad(set_to_none=False)
+            loss.backward()
+            if gradient_hook is not None:  # e.g. average gradients across ranks
+                gradient_hook()
+            nn.utils.clip_grad_norm_(self.controller.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+        if diversity < cfg.eps_div:
+            self.reinitialise()
+        return StepResult(depths.view(P, G), teacher.view(P, G), outcome, keep,
+                          float(loss.detach()) if updated else float("nan"), updated, diversity)

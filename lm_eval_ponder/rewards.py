@@ -1,0 +1,209 @@
+"""The paper's multi-component reward, one function per equation (Section "Multi-Component
+Reward Engineering"):
+
+    R = w_acc R_acc + w_flops R_flops + w_comp R_comp + w_qual R_qual + w_rep R_rep
+
+Choices where the paper is silent or inconsistent (documented, so they can be argued with):
+
+- The issue writes ``w_qual`` both inside R_qual and in the sum. We apply every weight once,
+  in ``total_reward``; the component functions return unweighted values (``quality_reward``
+  is in [0, 1], ``completeness_reward`` sums its own stage weights, ``accuracy_reward`` uses
+  w_exact / w_partial, ``flops_reward`` uses lambda_flops, ``repetition_reward`` uses beta_n).
+- The perplexity factor exp(-(PPL - PPL_base)/sigma) exceeds 1 for text *more* fluent than the
+  baseline and would make R_qual unbounded; we cap the factor at 1 (the paper's convergence
+  theorem assumes bounded rewards).
+- Weight balancing (Theorem 6's update) drives mean |w_i R_i| toward a target. Driving all five
+  components to one magnitude would make the pattern-matched heuristics weigh as much as
+  correctness, so by default only w_flops adapts, toward ``balance_ratio`` x mean |R_acc|: the
+  middle of the paper's validated band 0.1 <= E|R_flops| / E[R_acc] <= 1.
+- Completeness "stages" are detected by the regular expressions in ``STAGE_PATTERNS``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+COMPONENTS = ("acc", "flops", "comp", "qual", "rep")
+
+# Reasoning stages for R_comp, detected case-insensitively. Deliberately simple and listed here
+# so that a reader can see exactly what is rewarded.
+STAGE_PATTERNS: dict[str, str] = {
+    "setup": r"\b(given|let|we (need|have|know|are asked)|first|the problem)\b",
+    "computation": r"\d\s*[-+*/×x÷]\s*\d|=\s*-?\d",
+    "verification": r"\b(check|verif(y|ied|ying)|indeed|double-check|confirm|substitut)",
+    "conclusion": r"(\bthe (final )?answer is\b|\btherefore\b|\bthus\b|\bso,? the\b|\\boxed)",
+}
+
+
+@dataclass
+class RewardConfig:
+    """Reward hyper-parameters (the paper gives the forms, not the values: ours are stated)."""
+
+    w_exact: float = 1.0  # R_acc for an exact match
+    w_partial: float = 0.5  # scale of partial credit
+    theta_tol: float = 0.1  # partial credit only under this relative error
+    eps: float = 1e-8
+    lambda_flops: float = 0.1  # strength of the FLOPs penalty (per standard deviation)
+    ema_momentum: float = 0.99  # running FLOPs mean/std of eq. flops_reward
+    stage_weights: dict[str, float] = field(default_factory=lambda: {
+        "setup": 0.25, "computation": 0.25, "verification": 0.25, "conclusion": 0.25})
+    len_target: int = 64  # tokens; shorter outputs get proportionally less R_qual
+    ppl_baseline: float | None = None  # None: median PPL of the cache's correct answers
+    sigma_ppl: float | None = None  # None: interquartile range of those PPLs
+    rep_betas: tuple[float, float, float] = (0.02, 0.05, 0.1)  # beta_1 < beta_2 < beta_3
+    weights: dict[str, float] = field(default_factory=lambda: {
+        "acc": 1.0, "flops": 1.0, "comp": 0.05, "qual": 0.05, "rep": 1.0})
+    balance: tuple[str, ...] = ("flops",)  # which weights adapt (Theorem 6 update)
+    balance_ratio: float = 0.3  # target mean|R_flops| / mean|R_acc|
+    balance_eta: float = 0.05  # step of the weight update
+    balance_every: int = 10  # steps between weight updates
+
+    def validate(self) -> RewardConfig:
+        from lm_eval_ponder.errors import PonderError
+
+        if not (self.rep_betas[0] <= self.rep_betas[1] <= self.rep_betas[2]):
+            raise PonderError(f"rep_betas must satisfy beta_1 <= beta_2 <= beta_3, got "
+                              f"{self.rep_betas}")
+        if not 0 < self.ema_momentum < 1:
+            raise PonderError(f"ema_momentum must be in (0, 1), got {self.ema_momentum}")
+        unknown = set(self.weights) - set(COMPONENTS) | set(self.balance) - set(COMPONENTS)
+        if unknown:
+            raise PonderError(f"unknown reward components {sorted(unknown)}; "
+                              f"known: {COMPONENTS}")
+        return self
+
+
+def accuracy_reward(correct: bool, rel_error: float | None, cfg: RewardConfig) -> float:
+    """Graduated accuracy, eq. (accuracy_reward).
+
+    w_exact on an exact match; w_partial exp(-|y_hat - y| / (|y| + eps)) when the relative
+    error is under theta_tol (numeric answers only: ``rel_error`` is None otherwise); else 0.
+    """
+    if correct:
+        return cfg.w_exact
+    if rel_error is not None and math.isfinite(rel_error) and rel_error < cfg.theta_tol:
+        return cfg.w_partial * math.exp(-rel_error)
+    return 0.0
+
+
+def flops_reward(flops: float, mean_hist: float, std_hist: float, cfg: RewardConfig) -> float:
+    """Efficiency, eq. (flops_reward): -lambda_flops (F - mean_hist) / (std_hist + eps)."""
+    return -cfg.lambda_flops * (flops - mean_hist) / (std_hist + cfg.eps)
+
+
+def completeness_reward(text: str, cfg: RewardConfig) -> float:
+    """Reasoning completeness, eq. (completeness_reward): sum of w_s over detected stages."""
+    return sum(w for stage, w in cfg.stage_weights.items()
+               if re.search(STAGE_PATTERNS[stage], text, flags=re.IGNORECASE))
+
+
+def quality_reward(n_tokens: int, ppl: float | None, ppl_baseline: float, sigma_ppl: float,
+                   cfg: RewardConfig) -> float:
+    """Output quality, eq. (quality_reward), unweighted and in [0, 1]:
+    min(1, len / len_target) * min(1, exp(-(PPL - PPL_base) / sigma_PPL)). 0 for no output."""
+    if n_tokens <= 0 or ppl is None or not math.isfinite(ppl):
+        return 0.0
+    length = min(1.0, n_tokens / cfg.len_target)
+    exponent = -(ppl - ppl_baseline) / max(sigma_ppl, cfg.eps)
+    fluency = math.exp(min(0.0, exponent))  # capped at 1 (see module docstring)
+    return length * fluency
+
+
+def repeated_ngrams(words: list[str], n: int) -> int:
+    """Occurrences of order-n n-grams beyond each one's first: |repeated_n(y)|."""
+    grams = [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+    return len(grams) - len(set(grams))
+
+
+def repetition_reward(text: str, cfg: RewardConfig) -> float:
+    """Anti-repetition, eq. (antirepetition_reward): -sum_n beta_n |repeated_n| / |y|, n=1..3,
+    over whitespace words."""
+    words = text.split()
+    if not words:
+        return 0.0
+    return -sum(beta * repeated_ngrams(words, n) / len(words)
+                for n, beta in zip((1, 2, 3), cfg.rep_betas))
+
+
+def total_reward(components: dict[str, float], weights: dict[str, float]) -> float:
+    """R = sum_i w_i R_i (the paper's composite reward)."""
+    return sum(weights.get(name, 0.0) * value for name, value in components.items())
+
+
+def balance_weights(weights: dict[str, float], mean_abs: dict[str, float],
+                    targets: dict[str, float], eta: float) -> dict[str, float]:
+    """Adaptive weight balancing (Theorem 6): w_i <- w_i exp(eta (log R_target,i - log mean|R_i|)).
+
+    ``mean_abs`` holds mean |w_i R_i| (the weighted magnitude); components without a target, or
+    with a zero magnitude (nothing to scale), keep their weight.
+    """
+    out = dict(weights)
+    for name, target in targets.items():
+        magnitude = mean_abs.get(name, 0.0)
+        if magnitude > 0 and target > 0:
+            out[name] = weights[name] * math.exp(eta * (math.log(target) - math.log(magnitude)))
+    return out
+
+
+class RunningStats:
+    """Exponential moving mean and standard deviation (the 'history' of eq. flops_reward).
+
+    Initialised from the first batch it sees, so the first penalties are not measured against
+    zero.
+    """
+
+    def __init__(self, momentum: float) -> None:
+        self.momentum = momentum
+        self.mean: float | None = None
+        self.var: float = 0.0
+
+    def update(self, values: list[float]) -> None:
+        if not values:
+            return
+        m = sum(values) / len(values)
+        v = sum((x - m) ** 2 for x in values) / len(values)
+        if self.mean is None:
+            self.mean, self.var = m, v
+            return
+        a = self.momentum
+        delta = m - self.mean
+        self.mean = a * self.mean + (1 - a) * m
+        self.var = a * self.var + (1 - a) * (v + a * delta * delta)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(max(self.var, 0.0))
+
+    def state(self) -> dict[str, float | None]:
+        return {"mean": self.mean, "var": self.var}
+
+    def load(self, state: dict) -> None:
+        self.mean, self.var = state["mean"], float(state["var"])
+
+
+def quality_reference(ppls: list[float]) -> tuple[float, float]:
+    """(PPL_baseline, sigma_PPL) from reference perplexities: median and interquartile range."""
+    finite = sorted(p for p in ppls if p is not None and math.isfinite(p))
+    if not finite:
+        return 1.0, 1.0
+    def q(f: float) -> float:
+        return finite[min(len(finite) - 1, int(f * (len(finite) - 1) + 0.5))]
+    return q(0.5), max(q(0.75) - q(0.25), 1e-3)
+
+
+def reward_components(record: dict, flops: float, stats: RunningStats, ppl_ref: tuple[float, float],
+                      cfg: RewardConfig) -> dict[str, float]:
+    """All five unweighted components of one outcome (a rollout-cache record)."""
+    mean = stats.mean if stats.mean is not None else flops
+    # eps of eq. flops_reward: 1% of the running mean, so a near-constant history cannot turn
+    # a small FLOPs difference into an enormous penalty.
+    std = max(stats.std, 0.01 * abs(mean))
+    return {
+        "acc": accuracy_reward(record["correct"], record.get("rel_error"), cfg),
+        "flops": flops_reward(flops, mean, std, cfg),
+        "comp": completeness_reward(record["text"], cfg),
+        "qual": quality_reward(record["gen_tokens"], record.get("ppl"), *ppl_ref, cfg),
+        "rep": repetition_reward(record["text"], cfg),
+    }

@@ -1,0 +1,376 @@
+"""The rollout cache: every training prompt generated once per ponder depth, kept on disk.
+
+Why. With ``granularity="prompt"`` the controller acts once per prompt, and the backbone and
+steering vector are frozen: the answer to a prompt at depth k is the answer generated with the
+fixed offset c_k (``pondering.cumulative_offsets``). So the K_max+1 outcomes of a prompt can
+be generated once (greedy, or S samples) and every GRPO step becomes a lookup: training costs
+O(prompts x (K_max+1)) generations instead of O(steps x batch x G). Token-level pondering
+changes the state at every decoded token and cannot be cached (online rollouts, a GPU job).
+
+What is stored, in one directory:
+
+- ``manifest.json``: what the outcomes depend on (backbone and vector hashes, layer, scale,
+  offsets, generation settings, prompt set). Opening a directory with a different manifest is
+  refused, so a cache can never answer for other settings.
+- ``prompts.jsonl`` and ``states.safetensors``: the prompts (exactly the lm-eval task's
+  context, chat template included) and the controller's input z_0 for each, the steering
+  layer's output at the last prompt token.
+- ``rollouts.rank<r>.jsonl``: one line per (prompt, depth, sample) with the text, generated
+  tokens, FLOPs, the grade and the reward inputs (relative error, perplexity under the frozen
+  unsteered backbone). Lines are appended and fsynced per batch; on restart finished lines are
+  skipped and a torn last line is ignored, so an interruption loses at most one batch. Under
+  ``accelerate launch`` each rank generates its share of the prompts into its own file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lm_eval_ponder import grading
+from lm_eval_ponder.errors import PonderError
+
+MANIFEST = "manifest.json"
+PROMPTS = "prompts.jsonl"
+STATES = "states.safetensors"
+TASK_KINDS = {"arith": "numeric", "gsm8k": "numeric", "math500": "math", "gpqa": "choice"}
+
+
+@dataclass
+class RolloutConfig:
+    """What to generate. Defaults: the train splits of GSM8K and the arith ladder, greedy."""
+
+    # task -> number of training prompts; train splits only (``train_documents``)
+    prompts: dict[str, int] = field(
+        default_factory=lambda: {"arith_ponder": 50, "gsm8k_ponder": 14})
+    max_gen_toks: int = 256  # our CPU measurements use 256 (the paper: 500)
+    samples: int = 1  # outcomes per (prompt, depth); 1 = greedy
+    temperature: float = 0.7  # used only when samples > 1
+    batch_size: int = 32
+    apply_chat_template: bool = True
+    seed: int = 1234
+
+
+def task_kind(task: str) -> str:
+    family = task.split("_ponder")[0]
+    if family not in TASK_KINDS:
+        raise PonderError(f"no training data source for task {task!r}; known families: "
+                          f"{sorted(TASK_KINDS)}")
+    return TASK_KINDS[family]
+
+
+def train_documents(task: str, n: int) -> list[dict]:
+    """The first ``n`` documents of a task's *training* split (never the test split).
+
+    arith: the ladder's train split (interleaved by level, disjoint from test by
+    construction); GSM8K: its train split. MATH500 and GPQA Diamond have no train split.
+    """
+    from lm_eval_ponder import data
+
+    family = task.split("_ponder")[0]
+    if family == "arith":
+        per_level = max(1, math.ceil(n / len(data.ARITH_LEVELS)))
+        docs = data.arith_ladder("train", per_level=max(per_level, 100))
+    elif family == "gsm8k":
+        docs = [dict(d) for d in data.load_gsm8k("train").select(range(n))]
+        for d in docs:
+            d["id"] = "gsm8k-train-" + hashlib.sha256(d["question"].encode()).hexdigest()[:12]
+    else:
+        raise PonderError(f"{task!r} has no training split to train a controller on; use "
+                          "arith_ponder and/or gsm8k_ponder")
+    return docs[:n]
+
+
+def _sha(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass
+class Prompt:
+    key: str  # hash of task, doc id and context
+    task: str
+    doc_id: str
+    level: int | None
+    context: str
+    gold: str
+    kind: str
+
+
+def build_prompts(lm, cfg: RolloutConfig) -> list[Prompt]:
+    """The training prompts exactly as lm-eval renders the task (chat template included)."""
+    from lm_eval.tasks import TaskManager
+
+    tasks = TaskManager().load(list(cfg.prompts))["tasks"]
+    prompts = []
+    for name, n in cfg.prompts.items():
+        task = tasks[name]
+        kind = task_kind(name)
+        for doc in train_documents(name, n):
+            context = task.fewshot_context(
+                doc, 0, apply_chat_template=cfg.apply_chat_template,
+                chat_template=lm.apply_chat_template if cfg.apply_chat_template else None,
+            )
+            gold = str(task.doc_to_target(doc))
+            key = _sha([name, doc["id"], context])[:16]
+            prompts.append(Prompt(key, name, doc["id"], doc.get("level"), context, gold, kind))
+    return prompts
+
+
+def generation_kwargs(cfg: RolloutConfig) -> dict:
+    kwargs = {"until": [], "max_gen_toks": cfg.max_gen_toks, "do_sample": cfg.samples > 1}
+    if cfg.samples > 1:
+        kwargs["temperature"] = cfg.temperature
+    return kwargs
+
+
+@torch.no_grad()
+def prompt_states(lm, contexts: list[str], layer: int) -> torch.Tensor:
+    """z_0 per prompt: the steering layer's (unsteered) output at the last prompt token.
+
+    One prompt at a time, so no padding can shift the last position; encoded as HFLM encodes
+    generation contexts (``tok_batch_encode``), which is what the steering hook sees.
+    """
+    from lm_eval_ponder.backbone import decoder_layers
+
+    captured: list[torch.Tensor] = []
+
+    def hook(module, args, output):
+        hidden = output if isinstance(output, torch.Tensor) else output[0]
+        captured.append(hidden[:, -1, :].float().cpu())
+
+    handle = decoder_layers(lm.model)[layer].register_forward_hook(hook)
+    try:
+        for context in contexts:
+            ids, mask = lm.tok_batch_encode([context])
+            lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device))
+    finally:
+        handle.remove()
+    return torch.cat(captured, dim=0)
+
+
+@torch.no_grad()
+def response_perplexities(lm, contexts: list[str], texts: list[str]) -> list[float | None]:
+    """Perplexity of each text given its context under the frozen, unsteered backbone.
+
+    The coherence input of the quality reward: steering can make text fluent to the steered
+    model and odd to the original one, so we ask the original one (no hook is active here).
+    One right-padded batch; None for an empty text.
+    """
+    rows, spans = [], []
+    for context, text in zip(contexts, texts):
+        ctx = lm.tok_batch_encode([context])[0][0].tolist()
+        resp = lm.tokenizer(text, add_special_tokens=False).input_ids
+        rows.append(ctx + resp)
+        spans.append((len(ctx), len(resp)))
+    width = max(len(r) for r in rows)
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
+    out: list[float | None] = []
+    for i, (n_ctx, n_resp) in enumerate(spans):
+        if n_resp == 0:
+            out.append(None)
+            continue
+        pred = logits[i, n_ctx - 1 : n_ctx + n_resp - 1].float()
+        nll = torch.nn.functional.cross_entropy(pred, ids[i, n_ctx : n_ctx + n_resp].to(pred.device))
+        out.append(float(torch.exp(nll)))
+    return out
+
+
+def relative_error(kind: str, pred: str | None, gold: str) -> float | None:
+    """|y_hat - y| / |y| for numeric answers (the partial-credit input); None otherwise."""
+    if kind != "numeric" or pred is None:
+        return None
+    p, g = grading._parse_number(pred), grading._parse_number(gold)
+    if p is None or g is None:
+        return None
+    return float(abs(p - g) / (abs(g) + 1e-9)) if g != 0 else float(abs(p))
+
+
+class RolloutCache:
+    """Read/write access to a cache directory (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike, manifest: dict | None = None) -> None:
+        self.dir = Path(directory)
+        path = self.dir / MANIFEST
+        if manifest is None:
+            if not path.is_file():
+                raise PonderError(f"{self.dir} is not a rollout cache (no {MANIFEST}); build "
+                                  "one with `python -m lm_eval_ponder.train --build-cache-only`")
+            manifest = json.loads(path.read_text())
+        elif path.is_file():
+            old = json.loads(path.read_text())
+            if old.get("fingerprint") != manifest.get("fingerprint"):
+                diff = sorted(k for k in set(old["identity"]) | set(manifest["identity"])
+                              if old["identity"].get(k) != manifest["identity"].get(k))
+                raise PonderError(
+                    f"rollout cache {self.dir} was built for other settings (differs in: "
+                    f"{', '.join(diff)}); use another --cache-dir or delete this one")
+        else:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            _atomic_text(path, json.dumps(manifest, indent=2, sort_keys=True))
+        self.manifest = manifest
+
+    # ----------------------------------------------------------- prompts and states
+    def has_prompts(self) -> bool:
+        return (self.dir / PROMPTS).is_file() and (self.dir / STATES).is_file()
+
+    def write_prompts(self, prompts: list[Prompt], states: torch.Tensor) -> None:
+        lines = "".join(json.dumps(asdict(p), sort_keys=True) + "\n" for p in prompts)
+        _atomic_text(self.dir / PROMPTS, lines)
+        tmp = self.dir / f".{STATES}.tmp{os.getpid()}"
+        save_file({"z0": states.contiguous()}, str(tmp))
+        os.replace(tmp, self.dir / STATES)
+
+    def prompts(self) -> list[Prompt]:
+        with open(self.dir / PROMPTS) as f:
+            return [Prompt(**json.loads(line)) for line in f if line.strip()]
+
+    def states(self) -> torch.Tensor:
+        return load_file(str(self.dir / STATES))["z0"]
+
+    # ----------------------------------------------------------- outcomes
+    def records(self) -> Iterator[dict]:
+        """Every complete record of every rank's file; a torn last line is skipped."""
+        for path in sorted(self.dir.glob("rollouts.rank*.jsonl")):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+
+    def done(self) -> set[tuple[str, int, int]]:
+        return {(r["key"], r["depth"], r["sample"]) for r in self.records()}
+
+    def append(self, rank: int, records: list[dict]) -> None:
+        path = self.dir / f"rollouts.rank{rank}.jsonl"
+        # A previous run killed mid-line leaves a torn tail: start on a fresh line.
+        needs_newline = path.is_file() and path.stat().st_size > 0 and \
+            path.read_bytes()[-1:] != b"\n"
+        with open(path, "a") as f:
+            if needs_newline:
+                f.write("\n")
+            for r in records:
+                f.write(json.dumps(r, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def table(self) -> dict[tuple[str, int], list[dict]]:
+        """(prompt key, depth) -> its samples, sorted by sample index."""
+        out: dict[tuple[str, int], list[dict]] = {}
+        for r in self.records():
+            out.setdefault((r["key"], r["depth"]), []).append(r)
+        for v in out.values():
+            v.sort(key=lambda r: r["sample"])
+        return out
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def cache_identity(lm, cfg: RolloutConfig, offsets: list[float], prompts: list[Prompt]) -> dict:
+    return {
+        "backbone": lm.backbone_info.path,
+        "backbone_sha256": lm.backbone_info.source_sha256,
+        "dtype": str(lm.model.dtype),
+        "steering_sha256": lm.fingerprint()["pondering"]["steering"],
+        "layer": lm.steer_layer,
+        "scale": lm.steer_scale,
+        "offsets": [round(float(c), 8) for c in offsets],
+        "generation": generation_kwargs(cfg),
+        "samples": cfg.samples,
+        "seed": cfg.seed,
+        "prompts_sha256": _sha([asdict(p) for p in prompts]),
+    }
+
+
+def prepare_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str | os.PathLike,
+                  write: bool = True) -> tuple[RolloutCache, list[Prompt]]:
+    """Open (or, with ``write``, create) the cache for these settings; write prompts and z_0.
+
+    In a multi-process run only rank 0 writes; the others open it afterwards, and get the same
+    refusal if it was built for other settings.
+    """
+    prompts = build_prompts(lm, cfg)
+    identity = cache_identity(lm, cfg, offsets, prompts)
+    manifest = {"identity": identity, "fingerprint": _sha(identity)[:16],
+                "n_prompts": len(prompts), "k_max": len(offsets) - 1}
+    if not write and not (Path(directory) / MANIFEST).is_file():
+        raise PonderError(f"rollout cache {directory} has no manifest (rank 0 writes it first)")
+    cache = RolloutCache(directory, manifest)
+    if write and not cache.has_prompts():
+        cache.write_prompts(prompts, prompt_states(lm, [p.context for p in prompts],
+                                                   lm.steer_layer))
+    return cache, prompts
+
+
+def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: RolloutConfig,
+                     offsets: list[float], rank: int = 0, world: int = 1,
+                     progress: bool = True) -> None:
+    """Generate every missing (prompt, depth, sample) of this rank's prompts (r, r+world, ...).
+
+    ``lm`` is a ``PonderLM`` built with a fixed ``alpha=``; its offset is switched per depth.
+    """
+    from lm_eval.api.instance import Instance
+    from tqdm.auto import tqdm
+
+    done = cache.done()
+    mine = prompts[rank::world]
+    todo = [(k, s, p) for k in range(len(offsets)) for p in mine for s in range(cfg.samples)
+            if (p.key, k, s) not in done]
+    gen = generation_kwargs(cfg)
+    bar = tqdm(total=len(todo), desc=f"rollouts (rank {rank})", disable=not progress)
+    for start in range(0, len(todo), cfg.batch_size):
+        chunk = todo[start : start + cfg.batch_size]
+        by_depth: dict[int, list] = {}
+        for item in chunk:
+            by_depth.setdefault(item[0], []).append(item)
+        records = []
+        for depth, items in by_depth.items():
+            lm.set_alpha(offsets[depth])
+            torch.manual_seed(cfg.seed + 7919 * depth + start)
+            reqs = [Instance("generate_until", {}, (p.context, dict(gen)), i)
+                    for i, (_, _, p) in enumerate(items)]
+            texts = lm.generate_until(reqs, disable_tqdm=True)
+            ppls = response_perplexities(lm, [p.context for _, _, p in items],
+                                         [str(t) for t in texts])
+            for (k, s, p), text, ppl in zip(items, texts, ppls):
+                stats = getattr(text, "stats", {})
+                correct, pred = grading.grade(p.kind, str(text), p.gold)
+                records.append({
+                    "key": p.key, "depth": k, "sample": s, "offset": offsets[k],
+                    "task": p.task, "level": p.level, "text": str(text),
+                    "gen_tokens": int(stats.get("gen_tokens", 0)),
+                    "prompt_tokens": int(stats.get("prompt_tokens", 0)),
+                    "flops": float(stats.get("flops", float("nan"))),
+                    "correct": bool(correct), "pred": pred,
+                    "rel_error": relative_error(p.kind, pred, p.gold),
+                    "ppl": ppl,
+                })
+        cache.append(rank, records)
+        bar.update(len(chunk))
+    bar.close()
+
+
+def build_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str | os.PathLike,
+                progress: bool = True) -> RolloutCache:
+    """Single-process convenience: prepare the cache and generate everything missing."""
+    cache, prompts = prepare_cache(lm, cfg, offsets, directory)
+    generate_missing(lm, cache, prompts, cfg, offsets, progress=progress)
+    return cache

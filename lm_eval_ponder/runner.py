@@ -1,0 +1,316 @@
+"""The training run behind ``python -m lm_eval_ponder.train``: cache, GRPO loop, logs, outputs.
+
+Distributed (``torchrun`` / ``accelerate launch``, also on CPU with the gloo backend): every
+rank builds its share of the rollout cache; in GRPO every rank draws the same global batch of
+prompts, works on its shard, gradients are averaged across ranks, and the whole batch's
+outcomes are gathered so reward statistics stay identical everywhere. Rank 0 writes files.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from lm_eval_ponder import checkpoint as ckpt
+from lm_eval_ponder.controller import PonderController, save_controller
+from lm_eval_ponder.environment import CachedEnvironment, outcome_key
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.flops import controller_flops
+from lm_eval_ponder.grpo import GRPOTrainer, curriculum_probability
+from lm_eval_ponder.pondering import cumulative_offsets
+from lm_eval_ponder.rewards import COMPONENTS
+from lm_eval_ponder.rollouts import RolloutCache, generate_missing, prepare_cache
+from lm_eval_ponder.train import TrainConfig, config_dict
+
+LOG = "train_log.jsonl"
+
+
+class _Dist:
+    """The few collective operations we need; no-ops in a single process."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            self.dist.barrier()
+
+    def average_gradients(self, module: torch.nn.Module) -> None:
+        if self.world > 1:
+            for p in module.parameters():
+                if p.grad is not None:
+                    self.dist.all_reduce(p.grad)
+                    p.grad /= self.world
+
+    def assert_same(self, module: torch.nn.Module) -> None:
+        """Every rank must end with the same weights (averaged gradients, same init)."""
+        if self.world > 1:
+            flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+            spread = flat.clone()
+            self.dist.all_reduce(spread, op=self.dist.ReduceOp.MAX)
+            if not torch.equal(spread, flat):
+                raise RuntimeError("internal: ranks ended with different controllers")
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.world)]
+        self.dist.all_gather(parts, tensor.contiguous())
+        return torch.cat(parts)
+
+
+def _load_backbone(cfg: TrainConfig, offsets: list[float]):
+    from lm_eval_ponder.model import PonderLM
+
+    kwargs = {"batch_size": cfg.rollout.batch_size}
+    if cfg.device:
+        kwargs["device"] = cfg.device
+    return PonderLM(pretrained=cfg.pretrained, gguf_file=cfg.gguf_file, steering=cfg.steering,
+                    layer=cfg.layer, alpha=offsets[0], **kwargs)
+
+
+def _summary(env: CachedEnvironment, window: list[dict], trainer: GRPOTrainer,
+             train_ids: list[int], val_ids: list[int], step: int, cfg: TrainConfig,
+             elapsed: float) -> dict:
+    cat = {k: torch.cat([w[k] for w in window]) for k in window[0]}
+    flops, depths = cat["flops"], cat["depths"].float()
+    acc_mag = float((cat["acc"] * env.weights["acc"]).abs().mean())
+    fl_mag = float((cat["flops_reward"] * env.weights["flops"]).abs().mean())
+    ratio = fl_mag / acc_mag if acc_mag > 0 else float("inf")
+    z = env.z0
+    greedy_train = trainer.greedy_depths(z[train_ids])
+    out = {
+        "step": step, "elapsed_s": round(elapsed, 1),
+        "stage": 1 if step < cfg.grpo.t1 else 2 if step < cfg.grpo.t2 else 3,
+        "p_teacher": curriculum_probability(step - 1, cfg.grpo.t1, cfg.grpo.t2),
+        "teacher_fraction": float(cat["teacher"].float().mean()),
+        "accuracy": float(cat["correct"].mean()),
+        "flops_mean": float(flops.mean()), "flops_std": float(flops.std(unbiased=False)),
+        "flops_p10_p50_p90": [float(q) for q in torch.quantile(
+            flops, torch.tensor([0.1, 0.5, 0.9], dtype=flops.dtype))],
+        "depth_mean": float(depths.mean()),
+        "depth_hist": torch.bincount(cat["depths"], minlength=env.k_max + 1).tolist(),
+        "reward_mean": float(cat["reward"].mean()),
+        **{f"R_{k}": float(cat[outcome_key(k)].mean()) for k in COMPONENTS},
+        "weights": dict(env.weights),
+        "balance_ratio": ratio, "balance_ok": 0.1 <= ratio <= 1.0,
+        "gate_pass": float(cat["keep"].float().mean()),
+        "loss": float(torch.nanmean(cat["loss"])) if torch.isfinite(cat["loss"]).any() else None,
+        "min_diversity": float(cat["diversity"].min()),
+        "reinitialisations": trainer.reinitialisations,
+        "train_greedy": env.evaluate(train_ids, greedy_train),
+    }
+    if val_ids:
+        out["val_greedy"] = env.evaluate(val_ids, trainer.greedy_depths(z[val_ids]))
+    return out
+
+
+def run(cfg: TrainConfig) -> Path:
+    dist = _Dist()
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    offsets = cumulative_offsets(cfg.ponder)
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "rollouts"
+
+    # ---- phase 1: rollout cache
+    t0 = time.time()
+    lm = _load_backbone(cfg, offsets.tolist())
+    identity = {"backbone": lm.backbone_info.path, "backbone_name": lm.backbone_info.name,
+                "backbone_sha256": lm.backbone_info.source_sha256,
+                "steering_dir": str(lm._steering_dir), "layer": lm.steer_layer,
+                "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
+                "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
+    if dist.rank == 0:
+        cache, prompts = prepare_cache(lm, cfg.rollout, offsets.tolist(), cache_dir)
+    dist.barrier()  # rank 0 has written the manifest, prompts and states
+    if dist.rank != 0:
+        cache, prompts = prepare_cache(lm, cfg.rollout, offsets.tolist(), cache_dir, write=False)
+    generate_missing(lm, cache, prompts, cfg.rollout, offsets.tolist(), dist.rank, dist.world)
+    dist.barrier()  # every rank's share is finished
+    cache_wall = time.time() - t0
+    del lm
+    cache = RolloutCache(cache_dir)
+
+    # ---- phase 2: GRPO on lookups
+    gen = torch.Generator().manual_seed(cfg.seed)
+    env_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    hidden = identity["hidden_size"]
+    torch.manual_seed(cfg.seed)
+    controller = PonderController(hidden, cfg.controller_hidden, cfg.controller_temperature)
+    projection = None if controller.projection is None else int(controller.projection.shape[0])
+    env = CachedEnvironment(cache, cfg.ponder.k_max, cfg.rollout.samples,
+                            controller_flops(hidden, cfg.controller_hidden, cfg.ponder.k_max + 1,
+                                             projection), cfg.reward, env_gen)
+    from lm_eval_ponder.steering import load_vector
+
+    vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
+    trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
+                          cfg.ponder.tau, cfg.grpo, cfg.seed)
+    trainer.generator = gen
+    train_ids, val_ids = env.split(cfg.val_fraction)
+    P = cfg.grpo.prompts_per_step
+    if P % dist.world:
+        raise PonderError(f"grpo.prompts_per_step ({P}) must be divisible by the number of "
+                          f"processes ({dist.world})")
+
+    run_config = config_dict(cfg)
+    state_path = out / ckpt.FILE
+    start, best, best_score, best_step, train_wall = 0, None, -math.inf, -1, 0.0
+    if state_path.is_file():
+        meta = ckpt.read_meta(state_path)
+        if meta["config"] != run_config or meta.get("world", 1) != dist.world:
+            raise PonderError(f"{out} holds a checkpoint of a run with another config; use "
+                              "another --output or delete the checkpoint to start over")
+        meta, best = ckpt.load_checkpoint(state_path, controller, trainer.optimizer,
+                                          {"grpo": gen, "env": env_gen})
+        start, best_score, best_step = meta["step"], meta["best_score"], meta["best_step"]
+        env.stats.load(meta["stats"])
+        env.weights = meta["weights"]
+        trainer.reinitialisations = meta["reinitialisations"]
+        train_wall = meta["train_wall"]
+        print(f"resuming {out} at step {start}", flush=True)
+    log_path = out / LOG
+    if dist.rank == 0 and log_path.is_file():  # drop lines written after the checkpoint
+        kept = [line for line in log_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= start]
+        log_path.write_text("".join(line + "\n" for line in kept))
+
+    from tqdm.auto import tqdm
+
+    window: list[dict] = []
+    t_train = time.time() - train_wall
+    bar = tqdm(range(start, cfg.grpo.steps), desc="GRPO", disable=dist.rank != 0,
+               initial=start, total=cfg.grpo.steps)
+    train_tensor = torch.tensor(train_ids)
+    for t in bar:
+        ids = train_tensor[torch.randint(0, len(train_ids), (P,), generator=gen)]
+        local = ids[dist.rank :: dist.world]
+        res = trainer.step(t, local, env.z0[local], env,
+                           gradient_hook=lambda: dist.average_gradients(controller),
+                           gather=dist.gather)
+        outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
+        env.observe(outcome, t)
+        window.append({
+            **{k: outcome[k] for k in ("flops", "correct", "reward", "acc", "flops_reward",
+                                       "comp", "qual", "rep")},
+            "depths": dist.gather(res.depths.reshape(-1)),
+            "teacher": dist.gather(res.teacher.reshape(-1)),
+            "keep": dist.gather(res.keep.reshape(-1)),
+            "loss": torch.tensor([res.loss]), "diversity": torch.tensor([res.diversity])})
+        if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
+            _append(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
+                               "action": "controller re-initialised"})
+        if (t + 1) % cfg.log_every == 0 or t + 1 == cfg.grpo.steps:
+            summary = _summary(env, window, trainer, train_ids, val_ids, t + 1, cfg,
+                               time.time() - t_train)
+            window = []
+            score = (summary.get("val_greedy") or summary["train_greedy"])["score"]
+            if score > best_score:
+                best_score, best_step = score, t + 1
+                best = {k: v.detach().clone() for k, v in controller.state_dict().items()}
+            summary["best_step"] = best_step
+            if dist.rank == 0:
+                _append(log_path, summary)
+                ckpt.save_checkpoint(state_path, controller, trainer.optimizer,
+                                     {"grpo": gen, "env": env_gen}, best, {
+                                         "step": t + 1, "config": run_config, "world": dist.world,
+                                         "stats": env.stats.state(), "weights": env.weights,
+                                         "best_score": best_score, "best_step": best_step,
+                                         "reinitialisations": trainer.reinitialisations,
+                                         "train_wall": time.time() - t_train})
+                bar.set_postfix(acc=round(summary["accuracy"], 3),
+                                depth=round(summary["depth_mean"], 2))
+    train_wall = time.time() - t_train
+    dist.assert_same(controller)
+    if dist.rank == 0:
+        _finish(cfg, out, controller, best, best_step, env, trainer, train_ids, val_ids,
+                identity, cache, cache_wall, train_wall, run_config)
+    dist.barrier()
+    return out
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _finish(cfg, out, controller, best, best_step, env, trainer, train_ids, val_ids, identity,
+            cache, cache_wall, train_wall, run_config) -> None:
+    if cfg.select == "best" and best is not None:
+        controller.load_state_dict(best)
+        chosen = best_step
+    else:
+        chosen = cfg.grpo.steps
+    z = env.z0
+    figures = {"train": env.evaluate(train_ids, trainer.greedy_depths(z[train_ids]))}
+    if val_ids:
+        figures["val"] = env.evaluate(val_ids, trainer.greedy_depths(z[val_ids]))
+        figures["val_oracle"] = env.oracle(val_ids)
+    n_gen = len(env.prompts) * (cfg.ponder.k_max + 1) * cfg.rollout.samples
+    extra = {
+        "backbone": identity, "ponder": run_config["ponder"], "layer": identity["layer"],
+        "train_config": run_config, "seed": cfg.seed, "selected_step": chosen,
+        "data": {"rollout_manifest": cache.manifest, "n_prompts": len(env.prompts),
+                 "n_train": len(train_ids), "n_val": len(val_ids)},
+        "figures": figures, "cost": {"generations": n_gen, "cache_wall_s": round(cache_wall, 1),
+                                     "train_wall_s": round(train_wall, 1)},
+    }
+    save_controller(controller, out, extra_config=extra)
+    (out / "card.md").write_text(_card(cfg, identity, extra, figures, env, chosen))
+
+
+def _card(cfg, identity, extra, figures, env, chosen) -> str:
+    def row(name, f):
+        return (f"| {name} | {f['accuracy']:.3f} | {f['gen_tokens']:.1f} | {f['flops']:.3e} | "
+                f"{f['depth']:.2f} | {f['score']:.4f} |")
+
+    tasks = ", ".join(f"{k} ({v} train-split prompts)" for k, v in cfg.rollout.prompts.items())
+    lines = [
+        f"# Ponder controller for {identity['backbone_name']}", "",
+        f"- Backbone: `{identity['backbone']}` (source sha256 "
+        f"`{identity['backbone_sha256']}`), hidden size {identity['hidden_size']}",
+        f"- Steering vector: `{identity['steering_dir']}` (sha256 "
+        f"`{identity['steering_sha256']}`), layer {identity['layer']}, scale "
+        f"{identity['steering_scale']:.2f}",
+        f"- Pondering: {json.dumps(extra['ponder'])}",
+        f"- Data: {tasks}; {extra['data']['n_train']} for training, {extra['data']['n_val']} "
+        "held out for choosing the checkpoint. No test split is used.",
+        f"- Rollouts: {extra['cost']['generations']} generations (prompts x depths x samples), "
+        f"max {cfg.rollout.max_gen_toks} new tokens, "
+        f"{'greedy' if cfg.rollout.samples == 1 else f'{cfg.rollout.samples} samples'}; "
+        f"cache built in {extra['cost']['cache_wall_s']} s (0 if it already existed)",
+        f"- GRPO: {cfg.grpo.steps} steps, G={cfg.grpo.group_size}, "
+        f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.lr}, T1={cfg.grpo.t1}, "
+        f"T2={cfg.grpo.t2}, stage 1 = {cfg.grpo.stage1}; seed {cfg.seed}; "
+        f"{extra['cost']['train_wall_s']} s",
+        f"- Shipped weights: step {chosen} ({cfg.select} by held-out score)", "",
+        "Inference-time choices (halt at the first phi <= tau) on cached outcomes:", "",
+        "| prompts | accuracy | gen tokens | FLOPs | mean depth | score |",
+        "|---|---|---|---|---|---|",
+        row("train", figures["train"]),
+    ]
+    if "val" in figures:
+        lines.append(row("held-out", figures["val"]))
+        o = figures["val_oracle"]
+        lines.append(f"| held-out, best fixed depth ({int(o['best_fixed_depth'])}) | "
+                     f"{o['best_fixed_accuracy']:.3f} | {o['best_fixed_gen_tokens']:.1f} | "
+                     f"{o['best_fixed_flops']:.3e} | {o['best_fixed_depth']:.2f} | "
+                     f"{o['best_fixed_score']:.4f} |")
+    lines += ["", "Score: the training reward with its initial weights and whole-cache FLOPs "
+              "statistics. These are cached training-split outcomes, not benchmark results: "
+              "see docs/results.md for lm-eval runs on test splits.", ""]
+    return "\n".join(lines)

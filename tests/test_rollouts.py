@@ -1,0 +1,123 @@
+"""The rollout cache: train splits only, exact outcomes, resumable, refuses other settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+
+from lm_eval_ponder import data
+from lm_eval_ponder.controller import PonderController, save_controller
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.model import PonderLM
+from lm_eval_ponder.pondering import PonderConfig, cumulative_offsets
+from lm_eval_ponder.rollouts import (
+    RolloutCache, RolloutConfig, build_cache, generation_kwargs, train_documents)
+
+OFFSETS = cumulative_offsets(PonderConfig(k_max=2, alpha0=0.5, alpha_start=-0.5)).tolist()
+CFG = RolloutConfig(prompts={"arith_ponder": 4, "gsm8k_ponder": 1}, max_gen_toks=6,
+                    batch_size=8, apply_chat_template=False)
+
+
+def make_lm(model_dir, vector_dir, **kwargs):
+    return PonderLM(pretrained=str(model_dir), steering=str(vector_dir), batch_size=8,
+                    device="cpu", **kwargs)
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir, tiny_vector_dir):
+    return make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0])
+
+
+@pytest.fixture(scope="module")
+def cache(lm, tmp_path_factory):
+    return build_cache(lm, CFG, OFFSETS, tmp_path_factory.mktemp("cache"), progress=False)
+
+
+def test_training_documents_never_come_from_test_splits(shared_data):
+    arith_test = {d["question"] for d in data.arith_ladder("test", 100)}
+    assert not arith_test & {d["question"] for d in train_documents("arith_ponder", 500)}
+    gsm_test = {d["question"] for d in data.load_gsm8k("test")}
+    gsm_train = train_documents("gsm8k_ponder", 200)
+    assert len(gsm_train) == 200 and not gsm_test & {d["question"] for d in gsm_train}
+    for task in ("math500_ponder", "gpqa_ponder"):
+        with pytest.raises(PonderError, match="no training split"):
+            train_documents(task, 5)
+
+
+def test_cache_holds_every_prompt_at_every_depth(cache):
+    prompts = cache.prompts()
+    records = list(cache.records())
+    assert len(prompts) == 5 and len(records) == 5 * 3
+    assert {(r["key"], r["depth"]) for r in records} == \
+        {(p.key, k) for p in prompts for k in range(3)}
+    assert cache.states().shape == (5, 64)
+    for r in records:
+        assert 0 < r["gen_tokens"] <= 6 and r["flops"] > 0
+        assert isinstance(r["correct"], bool)
+
+
+def test_cached_outcome_is_what_a_controller_run_generates(lm, cache, tiny_model_dir,
+                                                           tiny_vector_dir, tmp_path):
+    """A prompt-granularity controller that halts at depth 0 (or always continues to K)
+    generates exactly the cached depth-0 (depth-K) text: the cache is exact, not a proxy."""
+    prompts = cache.prompts()
+    table = cache.table()
+    reqs = [Instance("generate_until", {}, (p.context, generation_kwargs(CFG)), i)
+            for i, p in enumerate(prompts)]
+    for bias, depth in ((-30.0, 0), (30.0, 2)):
+        ctrl = PonderController(64, hidden=16)
+        with torch.no_grad():
+            for p in ctrl.parameters():
+                p.zero_()
+            ctrl.head.bias.fill_(bias)
+        path = save_controller(ctrl, tmp_path / f"c{depth}")
+        run = make_lm(tiny_model_dir, tiny_vector_dir, controller=str(path), k_max=2,
+                      alpha0=0.5, alpha_start=-0.5, beta=0.3)
+        texts = run.generate_until(reqs, disable_tqdm=True)
+        assert [str(t) for t in texts] == [table[(p.key, depth)][0]["text"] for p in prompts]
+
+
+def test_cached_state_is_the_hooks_state(lm, cache):
+    """z_0 in the cache is the steering layer's output that the hook hands the controller."""
+    seen = []
+
+    def decide(z_last):
+        seen.append(z_last.float().clone())
+        return torch.zeros(z_last.shape[0])
+
+    from lm_eval_ponder.pondering import SteeringHook
+
+    p = cache.prompts()[0]
+    ids, mask = lm.tok_batch_encode([p.context])
+    with SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, decide):
+        lm.model(input_ids=ids, attention_mask=mask)
+    assert torch.allclose(seen[0][0], cache.states()[0], atol=1e-5)
+
+
+def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_path):
+    lines = (cache.dir / "rollouts.rank0.jsonl").read_text().splitlines()
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("manifest.json", "prompts.jsonl", "states.safetensors"):
+        (partial / name).write_bytes((cache.dir / name).read_bytes())
+    # 7 complete lines and a torn eighth, as a kill mid-write would leave
+    (partial / "rollouts.rank0.jsonl").write_text("\n".join(lines[:7]) + "\n" + lines[7][:20])
+    resumed = build_cache(lm, CFG, OFFSETS, partial, progress=False)
+    records = list(resumed.records())
+    assert len(records) == len(lines)
+    key = lambda r: (r["key"], r["depth"], r["sample"])  # noqa: E731
+    assert sorted(map(key, records)) == sorted(key(json.loads(line)) for line in lines)
+    original = {key(json.loads(line)): json.loads(line)["text"] for line in lines}
+    assert all(original[key(r)] == r["text"] for r in records)  # greedy: same outcomes
+
+
+def test_cache_refuses_other_settings(lm, cache):
+    other = RolloutConfig(prompts=CFG.prompts, max_gen_toks=7, batch_size=8,
+                          apply_chat_template=False)
+    with pytest.raises(PonderError, match="built for other settings.*generation"):
+        build_cache(lm, other, OFFSETS, cache.dir, progress=False)
+    with pytest.raises(PonderError, match="not a rollout cache"):
+        RolloutCache(cache.dir / "nowhere")

@@ -1,0 +1,36 @@
+"""``python -m lm_eval_ponder.suite`` on the tiny Llama through the real lm_eval CLI: runs,
+resumes (finished runs are skipped) and reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from lm_eval_ponder import suite
+from lm_eval_ponder.errors import PonderError
+
+
+def test_plan_covers_methods_and_decodings():
+    runs = suite.plan(list(suite.METHODS), ["arith"], ["greedy", "t0.7"], -0.2, "/c")
+    assert len(runs) == 14
+    tasks = {(r["method"], r["task"]) for r in runs}
+    assert ("FP-CoT", "arith_ponder_cot") in tasks and ("FR", "arith_ponder") in tasks
+    assert {r["model_args"] for r in runs if r["method"] == "BoN"} == {"controller=none"}
+    assert not [r for r in suite.plan(["FP-Direct"], ["arith"], ["greedy"], -0.2, None)]
+
+
+def test_unknown_names_are_refused(tmp_path):
+    with pytest.raises(PonderError, match="unknown method"):
+        suite.main(["--output", str(tmp_path), "--methods", "Magic"])
+
+
+def test_suite_runs_resumes_and_reports(tiny_model_dir, tiny_vector_dir, tmp_path, capsys):
+    argv = ["--output", str(tmp_path / "s"), "--pretrained", str(tiny_model_dir),
+            "--steering", str(tiny_vector_dir), "--controller", "none", "--tasks", "arith",
+            "--methods", "Direct,FR", "--limit", "3", "--max_gen_toks", "4", "--batch_size", "4",
+            "--no_chat_template"]
+    suite.main(argv)
+    report = tmp_path / "s" / "report" / "leaderboard.md"
+    assert "FR (alpha=-0.2)" in report.read_text() and "Direct" in report.read_text()
+    capsys.readouterr()
+    suite.main(argv)
+    assert capsys.readouterr().out.count("done, skipped") == 2

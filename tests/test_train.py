@@ -1,0 +1,147 @@
+"""``python -m lm_eval_ponder.train`` end to end on the tiny Llama: outputs, logs, seeds,
+resuming after an interruption, config handling, and loading the result in ``--model ponder``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import lm_eval_ponder.grpo as grpo
+from lm_eval_ponder.controller import load_controller
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.model import PonderLM
+from lm_eval_ponder.train import main, parse_args
+
+
+def args(model_dir, vector_dir, out, *extra):
+    return ["--output", str(out), "--pretrained", str(model_dir), "--steering", str(vector_dir),
+            "--rollout.prompts", "{arith_ponder: 6, gsm8k_ponder: 2}",
+            "--rollout.max_gen_toks", "5", "--rollout.apply_chat_template", "false",
+            "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.steps", "30",
+            "--log_every", "10", "--grpo.prompts_per_step", "2", "--grpo.t1", "5",
+            "--grpo.t2", "15", "--controller_hidden", "16", "--val_fraction", "0.3", *extra]
+
+
+@pytest.fixture(scope="module")
+def run_a(tiny_model_dir, tiny_vector_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "a"
+    assert main(args(tiny_model_dir, tiny_vector_dir, out)) == 0
+    return out
+
+
+def weights(directory):
+    return load_file(str(directory / "controller.safetensors"))
+
+
+def test_outputs_config_log_and_card(run_a):
+    controller, config = load_controller(run_a, expected_hidden_size=64)
+    assert controller.n_params < 1_000_000
+    assert config["ponder"]["k_max"] == 2 and config["seed"] == 0
+    assert config["backbone"]["steering_sha256"] and config["layer"] == 2
+    assert config["data"]["rollout_manifest"]["identity"]["prompts_sha256"]
+    assert config["train_config"]["grpo"]["lr"] == 5e-4
+    lines = [json.loads(x) for x in (run_a / "train_log.jsonl").read_text().splitlines()]
+    logs = [x for x in lines if "alert" not in x]
+    assert [x["step"] for x in logs] == [10, 20, 30]
+    for key in ("accuracy", "flops_mean", "flops_std", "depth_hist", "R_acc", "R_flops",
+                "R_comp", "R_qual", "R_rep", "balance_ratio", "weights", "val_greedy"):
+        assert key in logs[-1]
+    assert [x["stage"] for x in logs] == [2, 3, 3]
+    card = (run_a / "card.md").read_text()
+    assert "No test split is used" in card and "held-out" in card
+
+
+def test_same_seed_same_controller(run_a, tiny_model_dir, tiny_vector_dir, tmp_path):
+    out = tmp_path / "b"
+    main(args(tiny_model_dir, tiny_vector_dir, out, "--cache_dir", str(run_a / "rollouts")))
+    a, b = weights(run_a), weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    out_c = tmp_path / "c"
+    main(args(tiny_model_dir, tiny_vector_dir, out_c, "--cache_dir", str(run_a / "rollouts"),
+              "--seed", "1"))
+    c = weights(out_c)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_interrupted_run_resumes_to_the_same_controller(run_a, tiny_model_dir, tiny_vector_dir,
+                                                        tmp_path, monkeypatch):
+    out = tmp_path / "interrupted"
+    argv = args(tiny_model_dir, tiny_vector_dir, out, "--cache_dir", str(run_a / "rollouts"))
+    real_step = grpo.GRPOTrainer.step
+
+    def dying_step(self, t, *a, **k):
+        if t == 23:
+            raise KeyboardInterrupt  # after the step-20 checkpoint, mid-window
+        return real_step(self, t, *a, **k)
+
+    monkeypatch.setattr(grpo.GRPOTrainer, "step", dying_step)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert not (out / "controller.safetensors").exists()
+    monkeypatch.setattr(grpo.GRPOTrainer, "step", real_step)
+    main(argv)
+    a, b = weights(run_a), weights(out)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(x)["step"] for x in (out / "train_log.jsonl").read_text().splitlines()
+             if "alert" not in x]
+    assert steps == [10, 20, 30]  # nothing lost, nothing logged twice
+
+
+def test_checkpoint_of_another_config_is_refused(run_a, tiny_model_dir, tiny_vector_dir):
+    with pytest.raises(PonderError, match="another config"):
+        main(args(tiny_model_dir, tiny_vector_dir, run_a, "--grpo.lr", "0.01"))
+
+
+def test_model_runs_with_the_trained_settings(run_a, tiny_model_dir, tiny_vector_dir):
+    lm = PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir),
+                  controller=str(run_a), batch_size=2, device="cpu")
+    assert lm.ponder_config.k_max == 2 and lm.ponder_config.alpha0 == 0.5  # from config.json
+    assert PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir),
+                    controller=str(run_a), k_max=1, batch_size=2,
+                    device="cpu").ponder_config.k_max == 1  # the user's value wins
+
+
+def test_help_lists_every_key(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for key in ("--grpo.steps", "--grpo.t1", "--reward.lambda_flops", "--rollout.prompts",
+                "--ponder.k_max"):
+        assert key in text
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    with pytest.raises(PonderError, match="unknown config key 'grpo.nope'"):
+        parse_args(["--output", str(tmp_path), "--grpo.nope", "1"])
+    with pytest.raises(PonderError, match="output"):
+        parse_args([])
+    with pytest.raises(PonderError, match="granularity=prompt"):
+        parse_args(["--output", str(tmp_path), "--ponder.granularity", "token"])
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("grpo:\n  steps: 7\nseed: 3\n")
+    cfg = parse_args(["--config", str(yaml_file), "--output", str(tmp_path), "--grpo.lr=0.001"])
+    assert (cfg.grpo.steps, cfg.seed, cfg.grpo.lr) == (7, 3, 0.001)
+
+
+def test_two_process_data_parallel_run(run_a, tiny_model_dir, tiny_vector_dir, tmp_path):
+    """torchrun with two CPU processes (gloo): each rank generates its share of the cache,
+    gradients are averaged, and the ranks end with identical controllers (checked in run)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "dp"
+    argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.prompts_per_step", "4")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "-m", "lm_eval_ponder.train", *argv], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert (out / "rollouts" / f"rollouts.rank{rank}.jsonl").stat().st_size > 0
+    controller, config = load_controller(out)
+    assert config["train_config"]["grpo"]["prompts_per_step"] == 4

@@ -51,7 +51,7 @@ def test_second_load_uses_converted_cache(embedded_dir):
 @needs_embedded
 def test_ponder_matches_hf_token_for_token(embedded_dir):
     hf = run("hf", {"pretrained": embedded_dir})
-    ponder = run("ponder", {})
+    ponder = run("ponder", {"controller": "none"})
     hf_resps = [s["resps"] for s in hf["samples"]["arith_ponder"]]
     ponder_resps = [s["resps"] for s in ponder["samples"]["arith_ponder"]]
     assert hf_resps == ponder_resps
@@ -102,3 +102,21 @@ def test_shipped_vector_fixed_alpha_and_controller_run(tmp_path):
     for a, b in zip(fixed["samples"]["arith_ponder"], pondered["samples"]["arith_ponder"]):
         if a["gen_tokens"] == b["gen_tokens"]:
             assert b["flops"] > a["flops"]  # the controller's 9 evaluations are charged
+
+
+@needs_embedded
+def test_default_model_uses_the_shipped_controller():
+    """`--model ponder` with no args on the embedded backbone is FP with the shipped controller
+    and the ponder settings it was trained with; controller=none is the plain baseline."""
+    import json
+
+    from lm_eval_ponder.model import PonderLM
+    from lm_eval_ponder.resources import shipped_controller_dir
+
+    shipped = shipped_controller_dir(bb.EMBEDDED_NAME)
+    config = json.loads((shipped / "config.json").read_text())
+    lm = PonderLM(batch_size=4)
+    assert lm.controller is not None and lm._controller_dir == shipped
+    assert vars(lm.ponder_config) == config["ponder"]
+    assert lm.steer_layer == config["layer"]
+    assert not PonderLM(batch_size=4, controller="none").pondering

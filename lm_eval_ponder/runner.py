@@ -292,12 +292,14 @@ def _card(cfg, identity, extra, figures, env, chosen) -> str:
         f"- Rollouts: {extra['cost']['generations']} generations (prompts x depths x samples), "
         f"max {cfg.rollout.max_gen_toks} new tokens, "
         f"{'greedy' if cfg.rollout.samples == 1 else f'{cfg.rollout.samples} samples'}; "
-        f"cache built in {extra['cost']['cache_wall_s']} s (0 if it already existed)",
+        f"cache phase {extra['cost']['cache_wall_s']} s in this run (building what was missing, "
+        "or only loading the backbone and checking the cache)",
         f"- GRPO: {cfg.grpo.steps} steps, G={cfg.grpo.group_size}, "
         f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.lr}, T1={cfg.grpo.t1}, "
         f"T2={cfg.grpo.t2}, stage 1 = {cfg.grpo.stage1}; seed {cfg.seed}; "
         f"{extra['cost']['train_wall_s']} s",
-        f"- Shipped weights: step {chosen} ({cfg.select} by held-out score)", "",
+        f"- Shipped weights: step {chosen} ("
+        f"{'the final weights' if cfg.select == 'last' else 'the best held-out score'})", "",
         "Inference-time choices (halt at the first phi <= tau) on cached outcomes:", "",
         "| prompts | accuracy | gen tokens | FLOPs | mean depth | score |",
         "|---|---|---|---|---|---|",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,6 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import atomic_write
 
 FILE = "checkpoint.safetensors"
 
@@ -39,10 +39,7 @@ def save_checkpoint(path: str | os.PathLike, controller: torch.nn.Module,
         tensors[f"rng.{name}"] = gen.get_state()
     metadata = {"meta": json.dumps(meta, sort_keys=True, default=str),
                 "param_groups": json.dumps(state["param_groups"])}
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def load_checkpoint(path: str | os.PathLike, controller: torch.nn.Module,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import atomic_write
 
 MAX_PARAMS = 1_000_000
 PROJECTION_DIM = 1024  # hidden sizes above this are randomly projected down to it
@@ -109,22 +109,6 @@ class PonderController(nn.Module):
         return torch.sigmoid(self.logits(z) / self.temperature)
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write via ``write(tmp_path)`` to a temporary file in the same directory, then rename.
-
-    A crash mid-write leaves the previous file (or none), never a truncated one.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; checkpoints are meant to be shared
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def save_controller(
     controller: PonderController, directory: str | os.PathLike, extra_config: dict | None = None
 ) -> Path:
@@ -148,8 +132,8 @@ def save_controller(
     config.update(extra_config or {})
     text = json.dumps(config, indent=2, sort_keys=True)  # fail before writing anything
     tensors = {k: v.detach().cpu().contiguous() for k, v in controller.state_dict().items()}
-    _atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp))
-    _atomic_write(directory / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text + "\n"))
+    atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp))
+    atomic_write(directory / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text + "\n"))
     return directory
 
 

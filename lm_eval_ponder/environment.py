@@ -10,7 +10,6 @@ choices (first phi <= tau) on any prompt subset. The FLOPs of an outcome are the
 from __future__ import annotations
 
 import hashlib
-import math
 from collections import defaultdict
 
 import torch
@@ -137,6 +136,3 @@ class CachedEnvironment:
         return {"best_fixed_depth": best_fixed[0], **{f"best_fixed_{k}": v for k, v in
                                                       best_fixed[1].items()}}
 
-
-def finite_or_none(x: float) -> float | None:
-    return x if isinstance(x, (int, float)) and math.isfinite(x) else None

@@ -19,7 +19,6 @@ import argparse
 import base64
 import csv
 import html
-import io
 import json
 import math
 import sys
@@ -257,7 +256,8 @@ def plots(common: dict[str, list[Run]], out: Path) -> list[Path]:
     for dataset, group in sorted(common.items()):
         group = [r for r in group if r.samples]
         fig, ax = plt.subplots(figsize=(6, 4))
-        pts = [(figures(r.samples)["flops"], figures(r.samples)["acc"]) for r in group]
+        figs = [figures(r.samples) for r in group]
+        pts = [(f["flops"], f["acc"]) for f in figs]
         for r, (c, a) in zip(group, pts):
             ax.scatter(c, a, label=r.method)
         front = pareto_front(pts)

@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from lm_eval_ponder import grading
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import atomic_write, atomic_write_text
 
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.jsonl"
@@ -220,7 +221,7 @@ class RolloutCache:
                     f"{', '.join(diff)}); use another --cache-dir or delete this one")
         else:
             self.dir.mkdir(parents=True, exist_ok=True)
-            _atomic_text(path, json.dumps(manifest, indent=2, sort_keys=True))
+            atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True))
         self.manifest = manifest
 
     # ----------------------------------------------------------- prompts and states
@@ -229,10 +230,8 @@ class RolloutCache:
 
     def write_prompts(self, prompts: list[Prompt], states: torch.Tensor) -> None:
         lines = "".join(json.dumps(asdict(p), sort_keys=True) + "\n" for p in prompts)
-        _atomic_text(self.dir / PROMPTS, lines)
-        tmp = self.dir / f".{STATES}.tmp{os.getpid()}"
-        save_file({"z0": states.contiguous()}, str(tmp))
-        os.replace(tmp, self.dir / STATES)
+        atomic_write_text(self.dir / PROMPTS, lines)
+        atomic_write(self.dir / STATES, lambda tmp: save_file({"z0": states.contiguous()}, tmp))
 
     def prompts(self) -> list[Prompt]:
         with open(self.dir / PROMPTS) as f:
@@ -276,12 +275,6 @@ class RolloutCache:
         for v in out.values():
             v.sort(key=lambda r: r["sample"])
         return out
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def cache_identity(lm, cfg: RolloutConfig, offsets: list[float], prompts: list[Prompt]) -> dict:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -59,6 +58,7 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import atomic_write
 
 FORMAT = "lm_eval_ponder.steering/1"
 VECTORS_FILE = "steering.safetensors"
@@ -169,21 +169,6 @@ def _file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _atomic_write(target: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; artefacts are meant to be shared
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def save_vector(sv: SteeringVector, directory: str | os.PathLike) -> Path:
     """Write ``steering.safetensors`` + ``steering.json`` into ``directory``; returns it."""
     from safetensors.torch import save_file
@@ -195,7 +180,7 @@ def save_vector(sv: SteeringVector, directory: str | os.PathLike) -> Path:
         "layers": torch.tensor(sv.layers, dtype=torch.int64),
     }
     vec_path = directory / VECTORS_FILE
-    _atomic_write(vec_path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    atomic_write(vec_path, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
     meta = dict(sv.meta)
     meta["layers"] = list(sv.layers)
     meta.setdefault("layer", sv.default_layer)
@@ -206,7 +191,7 @@ def save_vector(sv: SteeringVector, directory: str | os.PathLike) -> Path:
             json.dump(meta, handle, indent=2, ensure_ascii=False)
             handle.write("\n")
 
-    _atomic_write(directory / META_FILE, write_json)
+    atomic_write(directory / META_FILE, write_json)
     return directory
 
 

@@ -74,8 +74,7 @@ def run_suite(a: argparse.Namespace) -> Path:
         from lm_eval_ponder import backbone as bb
         from lm_eval_ponder.resources import shipped_controller_dir
 
-        name = bb.resolve_backbone(a.pretrained, None).name if a.pretrained is None else \
-            Path(a.pretrained).name.lower()
+        name = Path(a.pretrained).name.lower() if a.pretrained else bb.EMBEDDED_NAME
         shipped = shipped_controller_dir(name)
         if shipped is not None and (shipped / "controller.safetensors").is_file():
             controller = str(shipped)

@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
-import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-import torch
 
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.grpo import GRPOConfig

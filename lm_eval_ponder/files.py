@@ -1,0 +1,30 @@
+"""Atomic file writes, shared by every artefact the package writes (vectors, controllers,
+checkpoints, the rollout cache): a crash leaves the old file or the new one, never half."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def atomic_write(target: str | os.PathLike, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)`` on a temporary file beside ``target``, then rename it over."""
+    target = Path(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; artefacts are meant to be shared
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def atomic_write_text(target: str | os.PathLike, text: str) -> None:
+    atomic_write(target, lambda tmp: Path(tmp).write_text(text))

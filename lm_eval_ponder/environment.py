@@ -1,7 +1,9 @@
-"""The training environment of a rollout cache: (prompt, depth) -> outcome -> reward.
+"""Training environments: (prompt, ponder decisions) -> outcome -> reward.
 
-``CachedEnvironment`` turns cache records into the paper's reward (``rewards.py``), keeps the
-running FLOPs statistics and the adaptive weights, and evaluates a controller's inference-time
+``RewardBook`` turns outcomes into the paper's reward (``rewards.py``) and keeps its running
+state (FLOPs statistics, adaptive weights, perplexity reference); the online token-level
+trainer (``online.py``) uses it directly. ``CachedEnvironment`` adds the rollout cache's
+(prompt, depth) lookups and evaluates a controller's inference-time
 choices (first phi <= tau) on any prompt subset. The FLOPs of an outcome are the backbone's
 (prefill and decode, from the cache) plus the controller's K_max+1 evaluations, exactly what
 ``--model ponder`` logs.
@@ -24,71 +26,53 @@ def outcome_key(component: str) -> str:
     return "flops_reward" if component == "flops" else component
 
 
-class CachedEnvironment:
-    def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
-                 reward_cfg: R.RewardConfig, generator: torch.Generator) -> None:
-        self.prompts = cache.prompts()
-        self.z0 = cache.states()
-        table = cache.table()
-        self.k_max, self.samples = k_max, samples
+def split_prompts(keys: list[str], val_fraction: float) -> tuple[list[int], list[int]]:
+    """Deterministic train/validation split of prompts by key hash (same split on every rank)."""
+    train, val = [], []
+    for i, key in enumerate(keys):
+        u = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        (val if u < val_fraction else train).append(i)
+    if not train:
+        raise PonderError("no training prompts left after the validation split")
+    return train, val
+
+
+class RewardBook:
+    """The reward's running state, shared by the cached (prompt) and online (token) trainers:
+    FLOPs statistics of eq. flops_reward, the adaptive weights and the perplexity reference.
+
+    ``score`` turns outcomes (records with text, grade and reward inputs) into the reward and
+    its components with the *current* state; ``observe`` then updates the state from the whole
+    batch, so every rank of a data-parallel run scores with identical statistics.
+    """
+
+    def __init__(self, reward_cfg: R.RewardConfig,
+                 ppl_ref: tuple[float, float] | None = None) -> None:
         self.cfg = reward_cfg.validate()
-        self.generator = generator
-        missing = [(p.key, k) for p in self.prompts for k in range(k_max + 1)
-                   if len(table.get((p.key, k), [])) < samples]
-        if missing:
-            raise PonderError(f"rollout cache {cache.dir} is incomplete ({len(missing)} of "
-                              f"{len(self.prompts) * (k_max + 1)} prompt x depth outcomes "
-                              "missing): run the trainer again to finish building it")
-        self.records = [[table[(p.key, k)][:samples] for k in range(k_max + 1)]
-                        for p in self.prompts]
-        self.controller_flops = float(controller_flops)
-        correct_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
-                       if r["correct"] and r.get("ppl") is not None]
-        all_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
-                   if r.get("ppl") is not None]
-        base, sigma = R.quality_reference(correct_ppl or all_ppl)
-        self.ppl_ref = (self.cfg.ppl_baseline if self.cfg.ppl_baseline is not None else base,
-                        self.cfg.sigma_ppl if self.cfg.sigma_ppl is not None else sigma)
+        self.ppl_ref = ppl_ref
         self.stats = R.RunningStats(self.cfg.ema_momentum)
         self.weights = dict(self.cfg.weights)
         self._magnitudes: dict[str, list[float]] = defaultdict(list)
-        # Frozen reference for model selection: the same reward with whole-cache FLOPs stats.
-        flops = [self.flops(r) for rows in self.records for d in rows for r in d]
-        self.reference_stats = R.RunningStats(self.cfg.ema_momentum)
-        self.reference_stats.update(flops)
 
-    def flops(self, record: dict) -> float:
-        return float(record["flops"]) + self.controller_flops
+    def set_ppl_reference(self, ppls: list[float | None]) -> None:
+        """PPL_base and sigma_PPL: the config's values, else median and IQR of ``ppls``."""
+        base, sigma = R.quality_reference([p for p in ppls if p is not None])
+        self.ppl_ref = (self.cfg.ppl_baseline if self.cfg.ppl_baseline is not None else base,
+                        self.cfg.sigma_ppl if self.cfg.sigma_ppl is not None else sigma)
 
-    def split(self, val_fraction: float) -> tuple[list[int], list[int]]:
-        """Deterministic train/validation split of the cache's prompts by key hash."""
-        train, val = [], []
-        for i, p in enumerate(self.prompts):
-            u = int(hashlib.sha256(p.key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-            (val if u < val_fraction else train).append(i)
-        if not train:
-            raise PonderError("no training prompts left after the validation split")
-        return train, val
-
-    def _record(self, i: int, depth: int) -> dict:
-        rows = self.records[i][depth]
-        if len(rows) == 1:
-            return rows[0]
-        return rows[int(torch.randint(0, len(rows), (1,), generator=self.generator))]
-
-    def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The GRPO reward_fn: rewards and reward inputs of each (prompt, depth) pair."""
-        recs = [self._record(int(i), int(d)) for i, d in zip(prompt_ids, depths)]
-        flops = [self.flops(r) for r in recs]
+    def score(self, records: list[dict], flops: list[float]) -> dict[str, torch.Tensor]:
+        """Rewards and reward inputs of each outcome, each a float64 tensor [N]."""
+        if self.ppl_ref is None:
+            raise RuntimeError("internal: score() before the perplexity reference is set")
         comps = [R.reward_components(r, f, self.stats, self.ppl_ref, self.cfg)
-                 for r, f in zip(recs, flops)]
+                 for r, f in zip(records, flops)]
         out = {outcome_key(name): torch.tensor([c[name] for c in comps], dtype=torch.float64)
                for name in R.COMPONENTS}
         out["reward"] = torch.tensor([R.total_reward(c, self.weights) for c in comps],
                                      dtype=torch.float64)
         out["flops"] = torch.tensor(flops, dtype=torch.float64)
-        out["correct"] = torch.tensor([float(r["correct"]) for r in recs], dtype=torch.float64)
-        out["gen_tokens"] = torch.tensor([float(r["gen_tokens"]) for r in recs],
+        out["correct"] = torch.tensor([float(r["correct"]) for r in records], dtype=torch.float64)
+        out["gen_tokens"] = torch.tensor([float(r["gen_tokens"]) for r in records],
                                          dtype=torch.float64)
         return out
 
@@ -108,6 +92,51 @@ class CachedEnvironment:
             self.weights = R.balance_weights(self.weights, mean_abs, targets,
                                              self.cfg.balance_eta)
             self._magnitudes.clear()
+
+
+class CachedEnvironment(RewardBook):
+    def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
+                 reward_cfg: R.RewardConfig, generator: torch.Generator) -> None:
+        super().__init__(reward_cfg)
+        self.prompts = cache.prompts()
+        self.z0 = cache.states()
+        table = cache.table()
+        self.k_max, self.samples = k_max, samples
+        self.generator = generator
+        missing = [(p.key, k) for p in self.prompts for k in range(k_max + 1)
+                   if len(table.get((p.key, k), [])) < samples]
+        if missing:
+            raise PonderError(f"rollout cache {cache.dir} is incomplete ({len(missing)} of "
+                              f"{len(self.prompts) * (k_max + 1)} prompt x depth outcomes "
+                              "missing): run the trainer again to finish building it")
+        self.records = [[table[(p.key, k)][:samples] for k in range(k_max + 1)]
+                        for p in self.prompts]
+        self.controller_flops = float(controller_flops)
+        correct_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
+                       if r["correct"] and r.get("ppl") is not None]
+        all_ppl = [r.get("ppl") for rows in self.records for d in rows for r in d]
+        self.set_ppl_reference(correct_ppl or all_ppl)
+        # Frozen reference for model selection: the same reward with whole-cache FLOPs stats.
+        flops = [self.flops(r) for rows in self.records for d in rows for r in d]
+        self.reference_stats = R.RunningStats(self.cfg.ema_momentum)
+        self.reference_stats.update(flops)
+
+    def flops(self, record: dict) -> float:
+        return float(record["flops"]) + self.controller_flops
+
+    def split(self, val_fraction: float) -> tuple[list[int], list[int]]:
+        return split_prompts([p.key for p in self.prompts], val_fraction)
+
+    def _record(self, i: int, depth: int) -> dict:
+        rows = self.records[i][depth]
+        if len(rows) == 1:
+            return rows[0]
+        return rows[int(torch.randint(0, len(rows), (1,), generator=self.generator))]
+
+    def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The GRPO reward_fn: rewards and reward inputs of each (prompt, depth) pair."""
+        recs = [self._record(int(i), int(d)) for i, d in zip(prompt_ids, depths)]
+        return self.score(recs, [self.flops(r) for r in recs])
 
     def evaluate(self, ids: list[int], depths: torch.Tensor) -> dict[str, float]:
         """Deterministic figures of given depths: accuracy, FLOPs, tokens, and a selection

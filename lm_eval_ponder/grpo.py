@@ -181,6 +181,20 @@ def teacher_depths(n: int, cfg: GRPOConfig, k_max: int, generator: torch.Generat
 
 
 # ----------------------------------------------------------------------------- one step
+def batch_outcome(outcome: dict[str, torch.Tensor], t: int, cfg: GRPOConfig, n_prompts: int,
+                  gather: Callable[[torch.Tensor], torch.Tensor] | None
+                  ) -> tuple[torch.Tensor, float, torch.Tensor]:
+    """(rewards [P, G], FLOPs diversity over all ranks' batch, quality-gate mask [P, G])."""
+    P, G = n_prompts, cfg.group_size
+    rewards = outcome["reward"].float().view(P, G)
+    diversity = flops_diversity(gather(outcome["flops"]) if gather else outcome["flops"])
+    keep = torch.ones(P, G, dtype=torch.bool)
+    if cfg.quality_gates and t >= cfg.t2 and "comp" in outcome and "qual" in outcome:
+        keep = quality_gate(outcome["comp"], outcome["qual"], cfg.theta_comp,
+                            cfg.theta_qual).view(P, G)
+    return rewards, diversity, keep
+
+
 RewardFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
 
@@ -193,6 +207,7 @@ class StepResult:
     loss: float
     updated: bool
     diversity: float
+    mean_depth: torch.Tensor | None = None  # token level: each trajectory's mean depth [P, G]
 
 
 class GRPOTrainer:
@@ -258,12 +273,7 @@ class GRPOTrainer:
         depths = torch.where(teacher, teacher_depths(P * G, cfg, self.k_max, self.generator),
                              student)
         outcome = reward_fn(prompt_ids.repeat_interleave(G), depths)
-        rewards = outcome["reward"].float().view(P, G)
-        diversity = flops_diversity(gather(outcome["flops"]) if gather else outcome["flops"])
-        keep = torch.ones(P, G, dtype=torch.bool)
-        if cfg.quality_gates and t >= cfg.t2 and "comp" in outcome and "qual" in outcome:
-            keep = quality_gate(outcome["comp"], outcome["qual"], cfg.theta_comp,
-                                cfg.theta_qual).view(P, G)
+        rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
         log_probs = trajectory_log_prob(flat, depths, temp)
         if t < cfg.t1:
             loss = imitation_loss(log_probs) if cfg.stage1 == "imitation" else None
@@ -283,3 +293,106 @@ class GRPOTrainer:
             self.reinitialise()
         return StepResult(depths.view(P, G), teacher.view(P, G), outcome, keep,
                           float(loss.detach()) if updated else float("nan"), updated, diversity)
+
+
+# ----------------------------------------------------------------------------- token level
+class TokenPolicy:
+    """The ``decide`` of a token-mode ``SteeringHook`` while training: one sampled halting
+    depth per row at every decoded token, recorded with the state it was sampled on.
+
+    Rows marked ``teacher`` ponder their fixed teacher depth at every token instead. The
+    controller runs on the CPU (it is tiny); states are copied there once per token.
+    """
+
+    def __init__(self, trainer: "GRPOTrainer", teacher: torch.Tensor,
+                 teacher_depth: torch.Tensor, greedy: bool = False) -> None:
+        self.trainer, self.teacher, self.teacher_depth = trainer, teacher, teacher_depth
+        self.greedy = greedy
+        self.states: list[torch.Tensor] = []  # per decoded token: [rows, d] float32
+        self.depths: list[torch.Tensor] = []  # per decoded token: [rows] long
+
+    @torch.no_grad()
+    def __call__(self, z_last: torch.Tensor) -> torch.Tensor:
+        tr = self.trainer
+        z = z_last.detach().float().cpu()
+        p = torch.sigmoid(tr.logits(z) / tr.controller.temperature)
+        if self.greedy:
+            depth = halting_depth(p, tr.tau)
+        else:
+            depth = sample_depths(p, tr.generator, tr.tau if tr.cfg.threshold_in_training else None)
+            depth = torch.where(self.teacher, self.teacher_depth, depth)
+        self.states.append(z)
+        self.depths.append(depth)
+        return tr.offsets[depth].to(z_last.device)
+
+    def trajectories(self, used: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(states [n_i, d], depths [n_i]) per row, keeping the decisions of the ``used[i]``
+        tokens the row actually generated (a finished row keeps decoding in a batch)."""
+        states, depths = torch.stack(self.states, 1), torch.stack(self.depths, 1)
+        return [(states[i, : max(n, 1)], depths[i, : max(n, 1)]) for i, n in enumerate(used)]
+
+
+TokenRollout = Callable[[int, TokenPolicy], tuple[list[dict], list[tuple[torch.Tensor,
+                                                                         torch.Tensor]]]]
+
+
+def token_trajectory_terms(trainer: "GRPOTrainer", states: torch.Tensor,
+                           depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log pi, entropy) of a token-level trajectory: sums over every decoded token's halting
+    decision, each scored like a prompt-level trajectory on that token's candidate states."""
+    logits = trainer.logits(states)
+    temp = trainer.controller.temperature
+    return (trajectory_log_prob(logits, depths, temp).sum(),
+            trajectory_entropy(logits, depths, temp).sum())
+
+
+def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
+                rollout: TokenRollout, score: Callable[[list[dict]], dict[str, torch.Tensor]],
+                gradient_hook: Callable[[], None] | None = None,
+                gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
+    """One iteration with ``granularity="token"``: online rollouts, then the same objective.
+
+    ``rollout(prompt_index, policy)`` generates G answers to one prompt with ``policy`` deciding
+    at every token and returns their records and trajectories; ``score(records)`` gives the
+    reward_fn outcome. Gradients are accumulated group by group (a group's states do not all
+    fit in memory at once for long answers) with the batch-wide normaliser, so the update equals
+    the one-shot loss. ``depths`` in the result are each trajectory's mean depth (rounded).
+    """
+    cfg = trainer.cfg
+    P, G = len(prompt_ids), cfg.group_size
+    p_teacher = curriculum_probability(t, cfg.t1, cfg.t2)
+    teacher = (torch.rand(P * G, generator=trainer.generator) < p_teacher).view(P, G)
+    t_depth = teacher_depths(P * G, cfg, trainer.k_max, trainer.generator).view(P, G)
+    records, trajs = [], []
+    for j, i in enumerate(prompt_ids.tolist()):
+        recs, tr = rollout(i, TokenPolicy(trainer, teacher[j], t_depth[j]))
+        records += recs
+        trajs.append(tr)
+    outcome = score(records)
+    rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
+    imitate = t < cfg.t1
+    updated = not imitate or cfg.stage1 == "imitation"
+    adv = group_advantages(rewards, keep, cfg.scale_std)
+    norm = float(P * G) if imitate else float(keep.sum().clamp(min=1))
+    total = 0.0
+    if updated:
+        trainer.optimizer.zero_grad(set_to_none=False)
+        for j in range(P):
+            lp, ent = zip(*(token_trajectory_terms(trainer, s, d) for s, d in trajs[j]))
+            lp, ent = torch.stack(lp), torch.stack(ent)
+            if imitate:
+                loss = imitation_loss(lp) * G / norm
+            else:
+                loss = grpo_loss(lp, adv[j], ent, keep[j], cfg.entropy_beta) \
+                    * keep[j].sum().clamp(min=1) / norm
+            loss.backward()
+            total += float(loss.detach())
+        if gradient_hook is not None:
+            gradient_hook()
+        nn.utils.clip_grad_norm_(trainer.controller.parameters(), cfg.max_grad_norm)
+        trainer.optimizer.step()
+    if diversity < cfg.eps_div:
+        trainer.reinitialise()
+    mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group] for group in trajs])
+    return StepResult(mean_depth.round().long(), teacher, outcome, keep,
+                      total if updated else float("nan"), updated, diversity, mean_depth)

@@ -80,17 +80,17 @@ def _load_backbone(cfg: TrainConfig, offsets: list[float]):
                     layer=cfg.layer, alpha=offsets[0], **kwargs)
 
 
-def _summary(env: CachedEnvironment, window: list[dict], trainer: GRPOTrainer,
-             train_ids: list[int], val_ids: list[int], step: int, cfg: TrainConfig,
-             elapsed: float) -> dict:
+def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, step: int,
+                  cfg: TrainConfig, elapsed: float, reinitialisations: int) -> dict:
+    """The paper's every-100-steps log over a window of steps: accuracy, FLOPs distribution,
+    depths, each reward component, weights, balance ratio E|R_flops|/E|R_acc|, gate pass rate."""
     cat = {k: torch.cat([w[k] for w in window]) for k in window[0]}
-    flops, depths = cat["flops"], cat["depths"].float()
-    acc_mag = float((cat["acc"] * env.weights["acc"]).abs().mean())
-    fl_mag = float((cat["flops_reward"] * env.weights["flops"]).abs().mean())
+    flops = cat["flops"]
+    depths = cat.get("depth_mean", cat["depths"].float())
+    acc_mag = float((cat["acc"] * weights["acc"]).abs().mean())
+    fl_mag = float((cat["flops_reward"] * weights["flops"]).abs().mean())
     ratio = fl_mag / acc_mag if acc_mag > 0 else float("inf")
-    z = env.z0
-    greedy_train = trainer.greedy_depths(z[train_ids])
-    out = {
+    return {
         "step": step, "elapsed_s": round(elapsed, 1),
         "stage": 1 if step < cfg.grpo.t1 else 2 if step < cfg.grpo.t2 else 3,
         "p_teacher": curriculum_probability(step - 1, cfg.grpo.t1, cfg.grpo.t2),
@@ -100,23 +100,89 @@ def _summary(env: CachedEnvironment, window: list[dict], trainer: GRPOTrainer,
         "flops_p10_p50_p90": [float(q) for q in torch.quantile(
             flops, torch.tensor([0.1, 0.5, 0.9], dtype=flops.dtype))],
         "depth_mean": float(depths.mean()),
-        "depth_hist": torch.bincount(cat["depths"], minlength=env.k_max + 1).tolist(),
+        "depth_hist": torch.bincount(cat["depths"], minlength=k_max + 1).tolist(),
         "reward_mean": float(cat["reward"].mean()),
         **{f"R_{k}": float(cat[outcome_key(k)].mean()) for k in COMPONENTS},
-        "weights": dict(env.weights),
+        "weights": dict(weights),
         "balance_ratio": ratio, "balance_ok": 0.1 <= ratio <= 1.0,
         "gate_pass": float(cat["keep"].float().mean()),
         "loss": float(torch.nanmean(cat["loss"])) if torch.isfinite(cat["loss"]).any() else None,
         "min_diversity": float(cat["diversity"].min()),
-        "reinitialisations": trainer.reinitialisations,
-        "train_greedy": env.evaluate(train_ids, greedy_train),
+        "reinitialisations": reinitialisations,
     }
+
+
+def window_entry(outcome: dict[str, torch.Tensor], res, dist: "_Dist") -> dict:
+    """One step's contribution to the log window (the whole batch, gathered over ranks)."""
+    entry = {k: outcome[k] for k in ("flops", "correct", "reward", "acc", "flops_reward",
+                                     "comp", "qual", "rep")}
+    entry.update({"depths": dist.gather(res.depths.reshape(-1)),
+                  "teacher": dist.gather(res.teacher.reshape(-1)),
+                  "keep": dist.gather(res.keep.reshape(-1)),
+                  "loss": torch.tensor([res.loss]), "diversity": torch.tensor([res.diversity])})
+    if res.mean_depth is not None:
+        entry["depth_mean"] = dist.gather(res.mean_depth.reshape(-1))
+    return entry
+
+
+def iteration(t: int, step, train_ids: torch.Tensor, n_prompts: int, gen: torch.Generator,
+              env, dist: "_Dist", window: list[dict], log_path: Path, cfg: TrainConfig):
+    """One GRPO iteration around ``step(local_prompt_ids)``: draw the global batch (same on
+    every rank), run this rank's shard, gather the outcomes, update the reward state, extend
+    the log window and log a diversity alert."""
+    ids = train_ids[torch.randint(0, len(train_ids), (n_prompts,), generator=gen)]
+    res = step(ids[dist.rank :: dist.world])
+    outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
+    env.observe(outcome, t)
+    window.append(window_entry(outcome, res, dist))
+    if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
+        _append(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
+                           "action": "controller re-initialised"})
+    return res
+
+
+def save_state(path: Path, trainer: GRPOTrainer, generators: dict, best, env,
+               meta: dict) -> None:
+    """The checkpoint: controller, optimiser, generators, best weights, reward state, meta."""
+    ckpt.save_checkpoint(path, trainer.controller, trainer.optimizer, generators, best, {
+        **meta, "stats": env.stats.state(), "weights": env.weights,
+        "reinitialisations": trainer.reinitialisations})
+
+
+def trim_log(log_path: Path, start: int) -> None:
+    """On resume, drop log lines written after the checkpoint (they will be written again)."""
+    if log_path.is_file():
+        kept = [line for line in log_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= start]
+        log_path.write_text("".join(line + "\n" for line in kept))
+
+
+def _summary(env: CachedEnvironment, window: list[dict], trainer: GRPOTrainer,
+             train_ids: list[int], val_ids: list[int], step: int, cfg: TrainConfig,
+             elapsed: float) -> dict:
+    out = batch_figures(window, env.weights, env.k_max, step, cfg, elapsed,
+                        trainer.reinitialisations)
+    z = env.z0
+    out["train_greedy"] = env.evaluate(train_ids, trainer.greedy_depths(z[train_ids]))
     if val_ids:
         out["val_greedy"] = env.evaluate(val_ids, trainer.greedy_depths(z[val_ids]))
     return out
 
 
+def identity_of(lm) -> dict:
+    """What a controller is trained for: backbone, steering vector, layer and scale."""
+    return {"backbone": lm.backbone_info.path, "backbone_name": lm.backbone_info.name,
+            "backbone_sha256": lm.backbone_info.source_sha256,
+            "steering_dir": str(lm._steering_dir), "layer": lm.steer_layer,
+            "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
+            "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
+
+
 def run(cfg: TrainConfig) -> Path:
+    if cfg.ponder.granularity == "token":
+        from lm_eval_ponder.online import run_online
+
+        return run_online(cfg)
     dist = _Dist()
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -127,11 +193,7 @@ def run(cfg: TrainConfig) -> Path:
     # ---- phase 1: rollout cache
     t0 = time.time()
     lm = _load_backbone(cfg, offsets.tolist())
-    identity = {"backbone": lm.backbone_info.path, "backbone_name": lm.backbone_info.name,
-                "backbone_sha256": lm.backbone_info.source_sha256,
-                "steering_dir": str(lm._steering_dir), "layer": lm.steer_layer,
-                "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
-                "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
+    identity = identity_of(lm)
     if dist.rank == 0:
         cache, prompts = prepare_cache(lm, cfg.rollout, offsets.tolist(), cache_dir)
     dist.barrier()  # rank 0 has written the manifest, prompts and states
@@ -182,10 +244,8 @@ def run(cfg: TrainConfig) -> Path:
         train_wall = meta["train_wall"]
         print(f"resuming {out} at step {start}", flush=True)
     log_path = out / LOG
-    if dist.rank == 0 and log_path.is_file():  # drop lines written after the checkpoint
-        kept = [line for line in log_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= start]
-        log_path.write_text("".join(line + "\n" for line in kept))
+    if dist.rank == 0:
+        trim_log(log_path, start)
 
     from tqdm.auto import tqdm
 
@@ -195,23 +255,12 @@ def run(cfg: TrainConfig) -> Path:
                initial=start, total=cfg.grpo.steps)
     train_tensor = torch.tensor(train_ids)
     for t in bar:
-        ids = train_tensor[torch.randint(0, len(train_ids), (P,), generator=gen)]
-        local = ids[dist.rank :: dist.world]
-        res = trainer.step(t, local, env.z0[local], env,
-                           gradient_hook=lambda: dist.average_gradients(controller),
-                           gather=dist.gather)
-        outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
-        env.observe(outcome, t)
-        window.append({
-            **{k: outcome[k] for k in ("flops", "correct", "reward", "acc", "flops_reward",
-                                       "comp", "qual", "rep")},
-            "depths": dist.gather(res.depths.reshape(-1)),
-            "teacher": dist.gather(res.teacher.reshape(-1)),
-            "keep": dist.gather(res.keep.reshape(-1)),
-            "loss": torch.tensor([res.loss]), "diversity": torch.tensor([res.diversity])})
-        if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
-            _append(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
-                               "action": "controller re-initialised"})
+        def step(local, t=t):
+            return trainer.step(t, local, env.z0[local], env,
+                                gradient_hook=lambda: dist.average_gradients(controller),
+                                gather=dist.gather)
+
+        iteration(t, step, train_tensor, P, gen, env, dist, window, log_path, cfg)
         if (t + 1) % cfg.log_every == 0 or t + 1 == cfg.grpo.steps:
             summary = _summary(env, window, trainer, train_ids, val_ids, t + 1, cfg,
                                time.time() - t_train)
@@ -223,13 +272,10 @@ def run(cfg: TrainConfig) -> Path:
             summary["best_step"] = best_step
             if dist.rank == 0:
                 _append(log_path, summary)
-                ckpt.save_checkpoint(state_path, controller, trainer.optimizer,
-                                     {"grpo": gen, "env": env_gen}, best, {
-                                         "step": t + 1, "config": run_config, "world": dist.world,
-                                         "stats": env.stats.state(), "weights": env.weights,
-                                         "best_score": best_score, "best_step": best_step,
-                                         "reinitialisations": trainer.reinitialisations,
-                                         "train_wall": time.time() - t_train})
+                save_state(state_path, trainer, {"grpo": gen, "env": env_gen}, best, env, {
+                    "step": t + 1, "config": run_config, "world": dist.world,
+                    "best_score": best_score, "best_step": best_step,
+                    "train_wall": time.time() - t_train})
                 bar.set_postfix(acc=round(summary["accuracy"], 3),
                                 depth=round(summary["depth_mean"], 2))
     train_wall = time.time() - t_train

@@ -6,7 +6,9 @@
 
 Two phases: (1) the rollout cache (``rollouts.py``): each training prompt generated once per
 depth, resumable, sharded across ranks; (2) GRPO (``grpo.py``) on cache lookups, with the
-reward of ``rewards.py``. The output directory gets ``controller.safetensors`` and
+reward of ``rewards.py``. With ``--ponder.granularity token`` there is no cache: every step
+generates its answers with the controller deciding at each token (``online.py``; slow, a GPU
+job). The output directory gets ``controller.safetensors`` and
 ``config.json`` (loadable with ``--model_args controller=<dir>``), ``train_log.jsonl`` and
 ``card.md``; ``checkpoint.safetensors`` lets an interrupted run continue exactly where its last
 checkpoint was (same seed, same result as an uninterrupted run).
@@ -62,10 +64,10 @@ class TrainConfig:
             raise PonderError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         if self.log_every < 1:
             raise PonderError("log_every must be >= 1")
-        if self.ponder.granularity != "prompt":
+        if self.ponder.granularity == "token" and self.rollout.samples != 1:
             raise PonderError(
-                "only granularity=prompt can be trained (from the rollout cache); token-level "
-                "training needs online rollouts, which are not implemented")
+                "granularity=token trains on online rollouts with greedy text (the randomness "
+                "is in the halting decisions): rollout.samples must be 1")
         prompts = self.rollout.prompts
         if not isinstance(prompts, dict) or not prompts or not all(
                 isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0

@@ -119,8 +119,9 @@ def test_bad_config_is_a_clear_error(tmp_path):
         parse_args(["--output", str(tmp_path), "--grpo.nope", "1"])
     with pytest.raises(PonderError, match="output"):
         parse_args([])
-    with pytest.raises(PonderError, match="granularity=prompt"):
-        parse_args(["--output", str(tmp_path), "--ponder.granularity", "token"])
+    with pytest.raises(PonderError, match="rollout.samples must be 1"):
+        parse_args(["--output", str(tmp_path), "--ponder.granularity", "token",
+                     "--rollout.samples", "4"])
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("grpo:\n  steps: 7\nseed: 3\n")
     cfg = parse_args(["--config", str(yaml_file), "--output", str(tmp_path), "--grpo.lr=0.001"])

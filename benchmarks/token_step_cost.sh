@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Seconds per GRPO step of token-level training (online rollouts) on the embedded backbone, on a
+# small step (P=2 prompts x G=4 answers, 64 new tokens, no held-out evaluation), to extrapolate
+# the paper's configuration (P=8, G=8, 256-500 tokens, 2500 steps). The controller at
+# initialisation ponders ~K_max steps at every token, so this is the expensive end.
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/token_step_cost.sh
+set -euo pipefail
+out="${OUT:-results/token_cost}"
+rm -rf "$out"
+/usr/bin/time -f "token-level training wall %e s" python -m lm_eval_ponder.train --output "$out" \
+  --ponder.granularity token --grpo.steps "${STEPS:-3}" --log_every 1 \
+  --grpo.prompts_per_step 2 --grpo.group_size 4 --rollout.max_gen_toks "${MAX_TOKS:-64}" \
+  --val_fraction 0
+python - "$out" <<'PY'
+import json, sys
+logs = [json.loads(l) for l in open(f"{sys.argv[1]}/train_log.jsonl") if "alert" not in l]
+times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(logs, logs[1:])]
+print("elapsed per step:", [l["elapsed_s"] for l in logs], "s/step after the first:", times)
+print("gen tokens per answer:", [round(l.get("flops_mean", 0) / 1e9, 2) for l in logs], "GFLOPs")
+PY

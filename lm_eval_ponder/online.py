@@ -1,0 +1,267 @@
+"""Token-granularity training (``--ponder.granularity token``): GRPO on online rollouts.
+
+Why online. With ``granularity="token"`` the controller decides afresh at every decoded token,
+on a state that depends on every earlier decision, so an outcome is a function of the whole
+sequence of depths and cannot be looked up per depth as ``rollouts.py`` does. Each GRPO step
+therefore generates its P x G answers with the controller in the loop (``grpo.TokenPolicy``
+samples a halting depth per row per token and records the state it saw), scores them with the
+same reward (``environment.RewardBook``) and updates on the recorded decisions
+(``grpo.step_tokens``): log pi(trajectory) is the sum of every token's halting log-probability.
+
+Cost. One step is P prompts x (one batched generation of G rows + one perplexity pass), so the
+paper's 2500 steps x 8 x 8 answers are 160k generations: a GPU job. docs/results.md gives the
+measured seconds per step on this CPU. Everything else matches the prompt-level trainer: the
+paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
+``log_every`` steps, atomic checkpoints with exact resume, the same seed giving the same
+controller, and data parallelism (each rank generates its share of the batch's prompts).
+
+Choices. Text is decoded greedily (the randomness is in the halting decisions); the teacher
+ponders its drawn depth at every token of a trajectory; the held-out figures in the log and
+``select=best`` use inference-time halting (first phi <= tau) on the held-out training
+prompts, ranked by accuracy, then fewer FLOPs. PPL_base and sigma_PPL, unless configured, come
+from the first step's answers (all ranks' correct answers, else all answers) and are then fixed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from lm_eval_ponder import checkpoint as ckpt
+from lm_eval_ponder import grading
+from lm_eval_ponder.controller import PonderController, save_controller
+from lm_eval_ponder.environment import RewardBook, split_prompts
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.flops import controller_flops, generation_flops
+from lm_eval_ponder.grpo import GRPOTrainer, TokenPolicy, step_tokens
+from lm_eval_ponder.pondering import SteeringHook, cumulative_offsets
+from lm_eval_ponder.rollouts import Prompt, build_prompts, relative_error, response_perplexities
+from lm_eval_ponder.stats import count_generated_tokens
+from lm_eval_ponder.train import TrainConfig, config_dict
+
+
+class OnlineEnvironment(RewardBook):
+    """Generates answers to training prompts with a token-level policy in the loop."""
+
+    def __init__(self, lm, prompts: list[Prompt], cfg: TrainConfig,
+                 controller: PonderController) -> None:
+        ppl_ref = None
+        if cfg.reward.ppl_baseline is not None and cfg.reward.sigma_ppl is not None:
+            ppl_ref = (cfg.reward.ppl_baseline, cfg.reward.sigma_ppl)
+        super().__init__(cfg.reward, ppl_ref)
+        from lm_eval.models.utils import handle_stop_sequences
+
+        self.lm, self.prompts = lm, prompts
+        self.max_gen_toks = cfg.rollout.max_gen_toks
+        self.k_max = cfg.ponder.k_max
+        eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
+        self.until = handle_stop_sequences(None, eos=eos)  # as the rollout cache: EOS only
+        self.eos_ids = {lm.eot_token_id}
+        if lm.tokenizer.pad_token_id is not None:
+            self.eos_ids.add(lm.tokenizer.pad_token_id)
+        c = controller
+        self._controller_shape = (c.hidden_size, c.hidden,
+                                  None if c.projection is None else int(c.projection.shape[0]))
+
+    @torch.no_grad()
+    def rollout(self, i: int, policy: TokenPolicy):
+        """G = len(policy.teacher) answers to prompt i: (records, trajectories).
+
+        The G rows share one unpadded prompt, so every row's last position is its own last
+        token, as in ``--model ponder``. We call HFLM's ``_model_generate`` (not PonderLM's,
+        which would add its own hook) inside a token-mode hook driven by ``policy``.
+        """
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.models.utils import postprocess_generated_text
+
+        lm, p, rows = self.lm, self.prompts[i], len(policy.teacher)
+        ids, mask = lm.tok_batch_encode([p.context])
+        ids, mask = ids.repeat(rows, 1).to(lm.device), mask.repeat(rows, 1).to(lm.device)
+        hook = SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, policy,
+                            mode="token")
+        with hook:
+            out = HFLM._model_generate(lm, context=ids, attention_mask=mask, stop=self.until,
+                                       max_length=ids.shape[1] + self.max_gen_toks,
+                                       do_sample=False)
+        generated = out[:, ids.shape[1]:].tolist()
+        used = [count_generated_tokens(lm.tok_decode, t, self.until, self.eos_ids)
+                for t in generated]
+        texts = [postprocess_generated_text(generation=lm.tok_decode(t), stop=self.until,
+                                            think_end_token=None) for t in generated]
+        ppls = response_perplexities(lm, [p.context] * rows, texts)
+        trajectories = policy.trajectories(used)
+        records = []
+        for text, n, ppl, (_, depths) in zip(texts, used, ppls, trajectories):
+            correct, pred = grading.grade(p.kind, text, p.gold)
+            flops = generation_flops(lm.flops_spec, ids.shape[1], n) + controller_flops(
+                self._controller_shape[0], self._controller_shape[1],
+                (self.k_max + 1) * len(depths), self._controller_shape[2])
+            records.append({"key": p.key, "task": p.task, "level": p.level, "text": text,
+                            "gen_tokens": n, "prompt_tokens": int(ids.shape[1]),
+                            "flops": float(flops), "correct": bool(correct), "pred": pred,
+                            "rel_error": relative_error(p.kind, pred, p.gold), "ppl": ppl,
+                            "depth_mean": float(depths.float().mean())})
+        return records, trajectories
+
+    def evaluate(self, trainer: GRPOTrainer, ids: list[int]) -> dict[str, float]:
+        """Inference-time figures (halt at the first phi <= tau) on prompts ``ids``."""
+        if not ids:
+            return {}
+        recs = []
+        for i in ids:
+            policy = TokenPolicy(trainer, torch.zeros(1, dtype=torch.bool),
+                                 torch.zeros(1, dtype=torch.long), greedy=True)
+            recs += self.rollout(i, policy)[0]
+        n = len(recs)
+        return {"accuracy": sum(r["correct"] for r in recs) / n,
+                "flops": sum(r["flops"] for r in recs) / n,
+                "gen_tokens": sum(r["gen_tokens"] for r in recs) / n,
+                "depth": sum(r["depth_mean"] for r in recs) / n}
+
+
+def _rank_key(figures: dict) -> tuple[float, float]:
+    return (figures.get("accuracy", -math.inf), -figures.get("flops", math.inf))
+
+
+def run_online(cfg: TrainConfig) -> Path:
+    from tqdm.auto import tqdm
+
+    from lm_eval_ponder.runner import (LOG, _append, _Dist, _load_backbone, batch_figures,
+                                       identity_of, iteration, save_state, trim_log)
+    from lm_eval_ponder.steering import load_vector
+
+    dist = _Dist()
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    offsets = cumulative_offsets(cfg.ponder)
+    lm = _load_backbone(cfg, offsets.tolist())
+    identity = identity_of(lm)
+    prompts = build_prompts(lm, cfg.rollout)
+    torch.manual_seed(cfg.seed)
+    controller = PonderController(identity["hidden_size"], cfg.controller_hidden,
+                                  cfg.controller_temperature)
+    env = OnlineEnvironment(lm, prompts, cfg, controller)
+    vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
+    trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
+                          cfg.ponder.tau, cfg.grpo, cfg.seed)
+    gen = trainer.generator
+    train_ids, val_ids = split_prompts([p.key for p in prompts], cfg.val_fraction)
+    P = cfg.grpo.prompts_per_step
+    if P % dist.world:
+        raise PonderError(f"grpo.prompts_per_step ({P}) must be divisible by the number of "
+                          f"processes ({dist.world})")
+
+    run_config = config_dict(cfg)
+    state_path, log_path = out / ckpt.FILE, out / LOG
+    start, best, best_key, best_step, train_wall = 0, None, (-math.inf, -math.inf), -1, 0.0
+    if state_path.is_file():
+        meta = ckpt.read_meta(state_path)
+        if meta["config"] != run_config or meta.get("world", 1) != dist.world:
+            raise PonderError(f"{out} holds a checkpoint of a run with another config; use "
+                              "another --output or delete the checkpoint to start over")
+        meta, best = ckpt.load_checkpoint(state_path, controller, trainer.optimizer,
+                                          {"grpo": gen})
+        start, best_key, best_step = meta["step"], tuple(meta["best_key"]), meta["best_step"]
+        env.stats.load(meta["stats"])
+        env.weights, env.ppl_ref = meta["weights"], meta["ppl_ref"]
+        trainer.reinitialisations, train_wall = meta["reinitialisations"], meta["train_wall"]
+        print(f"resuming {out} at step {start}", flush=True)
+    if dist.rank == 0:
+        trim_log(log_path, start)
+
+    def score(records: list[dict]) -> dict[str, torch.Tensor]:
+        if env.ppl_ref is None:  # first step: the reference from every rank's answers
+            ppl = dist.gather(torch.tensor([r["ppl"] if r["ppl"] is not None else math.nan
+                                            for r in records], dtype=torch.float64))
+            ok = dist.gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
+            chosen = ppl[ok] if bool(ok.any()) else ppl
+            env.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
+        return env.score(records, [r["flops"] for r in records])
+
+    window: list[dict] = []
+    t_train = time.time() - train_wall
+    bar = tqdm(range(start, cfg.grpo.steps), desc="GRPO (token level, online)",
+               disable=dist.rank != 0, initial=start, total=cfg.grpo.steps)
+    train_tensor = torch.tensor(train_ids)
+    for t in bar:
+        def step(local, t=t):
+            return step_tokens(trainer, t, local, env.rollout, score,
+                               gradient_hook=lambda: dist.average_gradients(controller),
+                               gather=dist.gather)
+
+        iteration(t, step, train_tensor, P, gen, env, dist, window, log_path, cfg)
+        if (t + 1) % cfg.log_every == 0 or t + 1 == cfg.grpo.steps:
+            summary = batch_figures(window, env.weights, env.k_max, t + 1, cfg,
+                                    time.time() - t_train, trainer.reinitialisations)
+            window = []
+            if dist.rank == 0:
+                summary["val_greedy"] = env.evaluate(trainer, val_ids)
+                key = _rank_key(summary["val_greedy"] or {"accuracy": summary["accuracy"],
+                                                          "flops": summary["flops_mean"]})
+                if key >= best_key:
+                    best_key, best_step = key, t + 1
+                    best = {k: v.detach().clone() for k, v in controller.state_dict().items()}
+                summary["best_step"] = best_step
+                _append(log_path, summary)
+                save_state(state_path, trainer, {"grpo": gen}, best, env, {
+                    "step": t + 1, "config": run_config, "world": dist.world,
+                    "ppl_ref": env.ppl_ref, "best_key": list(best_key), "best_step": best_step,
+                    "train_wall": time.time() - t_train})
+                bar.set_postfix(acc=round(summary["accuracy"], 3),
+                                depth=round(summary["depth_mean"], 2))
+    train_wall = time.time() - t_train
+    dist.assert_same(controller)
+    if dist.rank == 0:
+        chosen = cfg.grpo.steps
+        if cfg.select == "best" and best is not None:
+            controller.load_state_dict(best)
+            chosen = best_step
+        figures = {"val": env.evaluate(trainer, val_ids)} if val_ids else {}
+        generations = cfg.grpo.steps * P * cfg.grpo.group_size
+        extra = {"backbone": identity, "ponder": run_config["ponder"],
+                 "layer": identity["layer"], "train_config": run_config, "seed": cfg.seed,
+                 "selected_step": chosen,
+                 "data": {"prompts_sha256": _prompts_sha(prompts), "n_prompts": len(prompts),
+                          "n_train": len(train_ids), "n_val": len(val_ids)},
+                 "figures": figures, "cost": {"generations": generations,
+                                              "train_wall_s": round(train_wall, 1)}}
+        save_controller(controller, out, extra_config=extra)
+        (out / "card.md").write_text(_card(cfg, identity, extra))
+    dist.barrier()
+    return out
+
+
+def _prompts_sha(prompts: list[Prompt]) -> str:
+    import hashlib
+
+    blob = json.dumps([[p.task, p.doc_id, p.context] for p in prompts]).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
+    tasks = ", ".join(f"{k} ({v} train-split prompts)" for k, v in cfg.rollout.prompts.items())
+    lines = [
+        f"# Token-level ponder controller for {identity['backbone_name']}", "",
+        f"- Backbone: `{identity['backbone']}` (source sha256 `{identity['backbone_sha256']}`)",
+        f"- Steering vector: `{identity['steering_dir']}` (sha256 "
+        f"`{identity['steering_sha256']}`), layer {identity['layer']}",
+        f"- Pondering: {json.dumps(extra['ponder'])}",
+        f"- Data: {tasks}; {extra['data']['n_train']} for training, {extra['data']['n_val']} "
+        "held out. No test split is used.",
+        f"- Online GRPO: {cfg.grpo.steps} steps x {cfg.grpo.prompts_per_step} prompts x "
+        f"G={cfg.grpo.group_size} = {extra['cost']['generations']} generations of at most "
+        f"{cfg.rollout.max_gen_toks} tokens, {extra['cost']['train_wall_s']} s; seed {cfg.seed}",
+        f"- Shipped weights: step {extra['selected_step']}", "",
+    ]
+    if extra["figures"].get("val"):
+        f = extra["figures"]["val"]
+        lines += ["Held-out training prompts, inference-time halting:", "",
+                  "| accuracy | gen tokens | FLOPs | mean depth per token |", "|---|---|---|---|",
+                  f"| {f['accuracy']:.3f} | {f['gen_tokens']:.1f} | {f['flops']:.3e} | "
+                  f"{f['depth']:.2f} |", ""]
+    return "\n".join(lines)

@@ -1,0 +1,209 @@
+"""Token-level training on online rollouts (``online.py`` and ``grpo.step_tokens``): rollouts
+are exactly what ``--model ponder`` generates, the update learns in the right direction, and
+``python -m lm_eval_ponder.train --ponder.granularity token`` runs, resumes and loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from safetensors.torch import load_file
+
+import lm_eval_ponder.grpo as grpo
+from lm_eval_ponder.controller import PonderController, save_controller
+from lm_eval_ponder.grpo import GRPOConfig, GRPOTrainer, TokenPolicy, step_tokens
+from lm_eval_ponder.model import PonderLM
+from lm_eval_ponder.online import OnlineEnvironment
+from lm_eval_ponder.pondering import PonderConfig, cumulative_offsets
+from lm_eval_ponder.rollouts import Prompt
+from lm_eval_ponder.train import main, parse_args
+
+PONDER = dict(k_max=2, alpha0=0.5, alpha_start=-0.5, beta=0.3)
+OFFSETS = cumulative_offsets(PonderConfig(**PONDER))
+
+
+def fixed_controller(bias: float) -> PonderController:
+    """phi = sigmoid(bias) on every state: halts at once (bias << 0) or never (bias >> 0)."""
+    ctrl = PonderController(64, hidden=16)
+    with torch.no_grad():
+        for p in ctrl.parameters():
+            p.zero_()
+        ctrl.head.bias.fill_(bias)
+    return ctrl
+
+
+@pytest.fixture(scope="module")
+def lm(tiny_model_dir, tiny_vector_dir):
+    return PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir), batch_size=4,
+                    device="cpu", alpha=float(OFFSETS[0]))
+
+
+PROMPT = Prompt("k0", "arith_ponder", "0", 1, "Q: 2+3=?\nA:", "5", "numeric")
+
+
+@pytest.mark.parametrize("bias,depth", [(-30.0, 0), (30.0, 2)])
+def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, tiny_vector_dir,
+                                                            tmp_path, bias, depth):
+    """An online rollout driven by the greedy policy of a controller that always halts at
+    `depth` yields the same text, tokens and FLOPs as `--model ponder` with that controller at
+    granularity=token, and the teacher policy at that depth yields the same text again."""
+    path = save_controller(fixed_controller(bias), tmp_path / "c")
+    run = PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir), batch_size=4,
+                   device="cpu", controller=str(path), granularity="token", **PONDER)
+    gen = {"until": [], "max_gen_toks": 6, "do_sample": False}
+    [want] = run.generate_until([Instance("generate_until", {}, (PROMPT.context, gen), 0)],
+                                disable_tqdm=True)
+    cfg = parse_args(["--output", str(tmp_path / "o"), "--rollout.max_gen_toks", "6",
+                      "--ponder.k_max", "2", "--controller_hidden", "16"])
+    ctrl = fixed_controller(bias)
+    trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, OFFSETS, 0.2,
+                          GRPOConfig(group_size=2), seed=0)
+    env = OnlineEnvironment(lm, [PROMPT], cfg, ctrl)
+    greedy = TokenPolicy(trainer, torch.zeros(1, dtype=torch.bool),
+                         torch.zeros(1, dtype=torch.long), greedy=True)
+    [rec], [(states, depths)] = env.rollout(0, greedy)
+    assert rec["text"] == str(want) and rec["gen_tokens"] == want.stats["gen_tokens"]
+    assert rec["flops"] == pytest.approx(want.stats["flops"], rel=1e-9)
+    assert depths.tolist() == [depth] * len(depths) and len(states) == len(depths)
+    teacher = TokenPolicy(trainer, torch.ones(2, dtype=torch.bool),
+                          torch.full((2,), depth, dtype=torch.long))
+    recs, _ = env.rollout(0, teacher)
+    assert [r["text"] for r in recs] == [str(want)] * 2
+
+
+def synthetic_rollout(target_sign: float, tokens: int = 4):
+    """A fake backbone: each row sees `tokens` random states; the reward is target_sign x its
+    mean depth, so the optimum is depth K everywhere (sign +1) or depth 0 everywhere (-1)."""
+    gen = torch.Generator().manual_seed(7)
+
+    def rollout(i, policy):
+        rows = len(policy.teacher)
+        for _ in range(tokens):
+            policy(torch.randn(rows, 8, generator=gen))
+        trajs = policy.trajectories([tokens] * rows)
+        recs = [{"reward": target_sign * float(d.float().mean()), "flops": 1.0 + float(d.sum())}
+                for _, d in trajs]
+        return recs, trajs
+
+    def score(records):
+        return {"reward": torch.tensor([r["reward"] for r in records], dtype=torch.float64),
+                "flops": torch.tensor([r["flops"] for r in records], dtype=torch.float64)}
+
+    return rollout, score
+
+
+@pytest.mark.parametrize("sign,want_depth", [(-1.0, 0), (1.0, 2)])
+def test_token_level_update_learns_the_rewarded_direction(sign, want_depth):
+    """GRPO on per-token decisions moves the greedy depth to whichever end is rewarded; a
+    wrong advantage sign or log-probability would send both cases the same way."""
+    torch.manual_seed(0)
+    ctrl = PonderController(8, hidden=16)
+    cfg = GRPOConfig(group_size=4, prompts_per_step=2, t1=0, t2=0, lr=5e-3,
+                     quality_gates=False, eps_div=0.0)
+    offsets = torch.tensor([0.0, 0.5, 1.0])
+    trainer = GRPOTrainer(ctrl, torch.ones(8), offsets, 0.5, cfg, seed=0)
+    rollout, score = synthetic_rollout(sign)
+    for t in range(150):
+        step_tokens(trainer, t, torch.tensor([0, 1]), rollout, score)
+    z = torch.randn(200, 8, generator=torch.Generator().manual_seed(3))
+    depths = trainer.greedy_depths(z)
+    assert (depths == want_depth).float().mean() >= 0.95
+
+
+def test_imitation_stage_learns_the_teacher_depth():
+    torch.manual_seed(0)
+    ctrl = PonderController(8, hidden=16)
+    cfg = GRPOConfig(group_size=4, prompts_per_step=2, t1=1000, t2=1000, lr=5e-3,
+                     teacher_min=1, teacher_max=1, eps_div=0.0)
+    # a step about as long as the states and not along (1,..,1), which LayerNorm removes, so
+    # z_0, z_1 and z_2 can be told apart
+    trainer = GRPOTrainer(ctrl, torch.linspace(-3, 3, 8), torch.tensor([0.0, 0.5, 1.0]), 0.5,
+                          cfg, seed=0)
+    rollout, score = synthetic_rollout(1.0)
+    z = torch.randn(200, 8, generator=torch.Generator().manual_seed(3))
+    before = (trainer.greedy_depths(z) == 1).float().mean()
+    for t in range(150):
+        res = step_tokens(trainer, t, torch.tensor([0, 1]), rollout, score)
+    assert bool(res.teacher.all())
+    # Random states that LayerNorm rescales limit how well a 16-unit controller separates
+    # z_0, z_1 and z_2: it plateaus at ~75% depth 1 (the reward pushes toward 2 instead).
+    assert before < 0.3 and (trainer.greedy_depths(z) == 1).float().mean() >= 0.7
+
+
+def args(model_dir, vector_dir, out, *extra):
+    return ["--output", str(out), "--pretrained", str(model_dir), "--steering", str(vector_dir),
+            "--ponder.granularity", "token",
+            "--rollout.prompts", "{arith_ponder: 4, gsm8k_ponder: 1}",
+            "--rollout.max_gen_toks", "4", "--rollout.apply_chat_template", "false",
+            "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.steps", "6",
+            "--log_every", "2", "--grpo.prompts_per_step", "2", "--grpo.group_size", "2",
+            "--grpo.t1", "2", "--grpo.t2", "4", "--controller_hidden", "16",
+            "--val_fraction", "0.3", *extra]
+
+
+@pytest.fixture(scope="module")
+def token_run(tiny_model_dir, tiny_vector_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("token") / "a"
+    assert main(args(tiny_model_dir, tiny_vector_dir, out)) == 0
+    return out
+
+
+def test_token_training_writes_a_loadable_controller(token_run, tiny_model_dir, tiny_vector_dir):
+    config = json.loads((token_run / "config.json").read_text())
+    assert config["ponder"]["granularity"] == "token"
+    assert config["cost"]["generations"] == 6 * 2 * 2
+    logs = [json.loads(x) for x in (token_run / "train_log.jsonl").read_text().splitlines()]
+    logs = [x for x in logs if "alert" not in x]
+    assert [x["step"] for x in logs] == [2, 4, 6] and [x["stage"] for x in logs] == [2, 3, 3]
+    for key in ("accuracy", "flops_mean", "depth_hist", "R_acc", "R_flops", "balance_ratio",
+                "val_greedy"):
+        assert key in logs[-1]
+    assert "No test split is used" in (token_run / "card.md").read_text()
+    lm = PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir),
+                  controller=str(token_run), batch_size=2, device="cpu")
+    assert lm.ponder_config.granularity == "token"
+
+
+def test_token_training_resumes_to_the_same_controller(token_run, tiny_model_dir,
+                                                       tiny_vector_dir, tmp_path, monkeypatch):
+    out = tmp_path / "interrupted"
+    real = grpo.step_tokens
+    import lm_eval_ponder.online as online
+
+    def dying(trainer, t, *a, **k):
+        if t == 3:
+            raise KeyboardInterrupt  # after the step-2 checkpoint, mid-window
+        return real(trainer, t, *a, **k)
+
+    monkeypatch.setattr(online, "step_tokens", dying)
+    with pytest.raises(KeyboardInterrupt):
+        main(args(tiny_model_dir, tiny_vector_dir, out))
+    monkeypatch.setattr(online, "step_tokens", real)
+    main(args(tiny_model_dir, tiny_vector_dir, out))
+    a = load_file(str(token_run / "controller.safetensors"))
+    b = load_file(str(out / "controller.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    steps = [json.loads(x)["step"] for x in (out / "train_log.jsonl").read_text().splitlines()
+             if "alert" not in x]
+    assert steps == [2, 4, 6]
+
+
+def test_token_training_two_processes(tiny_model_dir, tiny_vector_dir, tmp_path):
+    """torchrun with two CPU processes: each rank generates its prompts' answers, the first
+    step's perplexity reference and every step's reward statistics come from the whole batch,
+    and the ranks end with identical controllers (``run`` checks it and fails otherwise)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "dp"
+    argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.steps", "2")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "-m", "lm_eval_ponder.train", *argv], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads((out / "config.json").read_text())
+    assert config["ponder"]["granularity"] == "token" and config["cost"]["generations"] == 8

@@ -2,9 +2,9 @@
 # Issue 4's comparison extended to the first 200 GSM8K test questions: runs questions 50..199 for
 # Direct, CoT, BoN-5 (controller=none), FR alpha=-0.2 and FP-Direct (shipped controller) with the
 # same settings as benchmarks/baselines.sh, alpha_sweep.sh and fp_eval.sh (chat template, batch 32,
-# 256 new tokens), so the report merges them with the first-50 runs into 200 per method.
-# lm-eval 0.4.13 re-numbers doc_id from 0 under --samples (api/task.py doc_iterator), so each
-# samples file is re-keyed to the original test index afterwards (benchmarks/rekey_samples.py).
+# 256 new tokens); the report merges them by doc_id with those first-50 runs into 200 per method.
+# lm-eval --samples keeps the test set's own doc_id in the samples files (checked below), and a
+# run directory that already has results is skipped, so an interrupted script can be re-run.
 # Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/gsm8k200.sh
 set -euo pipefail
 out="${OUT:-results/gsm8k200}"
@@ -16,7 +16,13 @@ run() {  # run <dir> <model_args> <tasks> <marker-json>
   /usr/bin/time -f "$1 wall %e s" lm_eval --model ponder --model_args "$2" --apply_chat_template \
     --batch_size "${BATCH:-32}" --log_samples --output_path "$dir" \
     --gen_kwargs "max_gen_toks=${MAX_TOKS:-256}" --samples "$samples" --tasks "$3"; fi
-  python benchmarks/rekey_samples.py "$dir" "$first" "$last"
+  python - "$dir" "$first" "$last" <<'PY'
+import json, pathlib, sys
+d, lo, hi = pathlib.Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+for f in d.rglob("samples_*.jsonl"):
+    ids = sorted(json.loads(line)["doc_id"] for line in f.open())
+    assert ids == list(range(lo, hi + 1)), f"{f}: doc_ids are not {lo}..{hi}"
+PY
   echo "$4" > "$dir/ponder_run.json"
 }
 run fp "controller=auto" gsm8k_ponder '{"method": "FP-Direct"}'

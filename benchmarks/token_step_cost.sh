@@ -16,5 +16,6 @@ import json, sys
 logs = [json.loads(l) for l in open(f"{sys.argv[1]}/train_log.jsonl") if "alert" not in l]
 times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(logs, logs[1:])]
 print("elapsed per step:", [l["elapsed_s"] for l in logs], "s/step after the first:", times)
-print("gen tokens per answer:", [round(l.get("flops_mean", 0) / 1e9, 2) for l in logs], "GFLOPs")
+print("mean GFLOPs per answer:", [round(l["flops_mean"] / 1e9, 2) for l in logs],
+      "mean depth per token:", [round(l["depth_mean"], 2) for l in logs])
 PY

@@ -21,6 +21,7 @@ import csv
 import html
 import json
 import math
+import re
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -168,6 +169,31 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
             rows.setdefault(key, {"backbone": key[0], "method": key[1]})[dataset] = \
                 {**f, "win": key == win}
     return list(rows.values()), notes
+
+
+def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
+    """Per decoding policy (``suite --decoding``), best FP variant against the best of Direct,
+    CoT and BoN on each dataset: a win or a loss only when the 95% CIs are disjoint."""
+    groups: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        m = re.fullmatch(r"(.*?)(?: \[(.+)\])?", r["method"])
+        groups[(r["backbone"], m.group(2) or "greedy")][m.group(1)] = r
+    if len({decoding for _, decoding in groups}) < 2:
+        return []
+    out = []
+    for (backbone, decoding), methods in sorted(groups.items()):
+        for d in datasets:
+            fp = [(m, r[d]) for m, r in methods.items() if m.startswith("FP-") and d in r]
+            base = [(m, r[d]) for m, r in methods.items() if m in ("Direct", "CoT", "BoN") and d in r]
+            if not fp or not base:
+                continue
+            (fm, f), (bm, b) = (max(x, key=lambda kv: kv[1]["acc"]) for x in (fp, base))
+            verdict = ("FP wins" if f["lo"] > b["hi"] else "FP loses" if f["hi"] < b["lo"]
+                       else "tie within the 95% CIs")
+            out.append(f"decoding {decoding}, {backbone}, {d}: {fm} {f['acc']:.3f} "
+                       f"({f['tokens']:.0f} tokens) vs {bm} {b['acc']:.3f} "
+                       f"({b['tokens']:.0f} tokens): {verdict}")
+    return out
 
 
 def _md_cell(f: dict | None) -> str:
@@ -397,6 +423,7 @@ def report(paths: list[str | Path], out: str | Path) -> str:
     runs = load_runs(paths)
     rows, notes = leaderboard(runs)
     datasets = sorted({r.dataset for r in runs})
+    notes += decoding_verdicts(rows, datasets)
     md = write_tables(rows, datasets, notes, out)
     common = _common(runs)
     images = plots(common, out)

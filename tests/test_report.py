@@ -77,3 +77,24 @@ def test_wilson_and_pareto():
 def test_missing_results_is_a_clear_error(tmp_path):
     with pytest.raises(PonderError, match="no lm-eval results"):
         rp.load_runs([tmp_path])
+
+
+def test_decoding_policies_get_a_verdict_each(tmp_path):
+    """Rows labelled by `suite --decoding` ("FP-Direct [t0.7]") are compared per policy: a win
+    only with disjoint CIs, otherwise a tie."""
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "ponder_run.json").write_text(json.dumps({"method": "{base}"}))
+    write_run(tmp_path / "g", "direct", {"controller": "none"}, "arith_ponder",
+              [(i < 10, 50, 0, 1) for i in range(40)])
+    for name, method, rows in (("fp", "FP-Direct", [(True, 30, 1, 1)] * 40),
+                               ("fpt", "FP-Direct [t0.7]", [(i < 12, 30, 1, 1) for i in range(40)]),
+                               ("dt", "Direct [t0.7]", [(i < 10, 50, 0, 1) for i in range(40)])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ponder_run.json").write_text(json.dumps({"method": method}))
+        write_run(tmp_path / name, "run", {"controller": "x"}, "arith_ponder", rows)
+    rows, _ = rp.leaderboard(rp.load_runs([tmp_path]))
+    verdicts = rp.decoding_verdicts(rows, ["arith"])
+    assert len(verdicts) == 2
+    assert verdicts[0].startswith("decoding greedy") and verdicts[0].endswith("FP wins")
+    assert verdicts[1].startswith("decoding t0.7") and "tie within the 95% CIs" in verdicts[1]
+    assert rp.decoding_verdicts([r for r in rows if "[" not in r["method"]], ["arith"]) == []

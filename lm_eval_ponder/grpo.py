@@ -305,9 +305,11 @@ class TokenPolicy:
     """
 
     def __init__(self, trainer: "GRPOTrainer", teacher: torch.Tensor,
-                 teacher_depth: torch.Tensor, greedy: bool = False) -> None:
+                 teacher_depth: torch.Tensor, greedy: bool = False,
+                 generator: torch.Generator | None = None) -> None:
         self.trainer, self.teacher, self.teacher_depth = trainer, teacher, teacher_depth
         self.greedy = greedy
+        self.generator = trainer.generator if generator is None else generator
         self.states: list[torch.Tensor] = []  # per decoded token: [rows, d] float32
         self.depths: list[torch.Tensor] = []  # per decoded token: [rows] long
 
@@ -319,7 +321,8 @@ class TokenPolicy:
         if self.greedy:
             depth = halting_depth(p, tr.tau)
         else:
-            depth = sample_depths(p, tr.generator, tr.tau if tr.cfg.threshold_in_training else None)
+            depth = sample_depths(p, self.generator,
+                                  tr.tau if tr.cfg.threshold_in_training else None)
             depth = torch.where(self.teacher, self.teacher_depth, depth)
         self.states.append(z)
         self.depths.append(depth)
@@ -349,8 +352,13 @@ def token_trajectory_terms(trainer: "GRPOTrainer", states: torch.Tensor,
 def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
                 rollout: TokenRollout, score: Callable[[list[dict]], dict[str, torch.Tensor]],
                 gradient_hook: Callable[[], None] | None = None,
-                gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
+                gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                sampler: torch.Generator | None = None) -> StepResult:
     """One iteration with ``granularity="token"``: online rollouts, then the same objective.
+
+    ``sampler`` draws the per-token halting decisions. It must not be ``trainer.generator``
+    in a data-parallel run: the number of draws depends on each rank's answer lengths, and the
+    trainer's generator has to stay identical on every rank (batch draws, re-initialisation).
 
     ``rollout(prompt_index, policy)`` generates G answers to one prompt with ``policy`` deciding
     at every token and returns their records and trajectories; ``score(records)`` gives the
@@ -365,7 +373,7 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     t_depth = teacher_depths(P * G, cfg, trainer.k_max, trainer.generator).view(P, G)
     records, trajs = [], []
     for j, i in enumerate(prompt_ids.tolist()):
-        recs, tr = rollout(i, TokenPolicy(trainer, teacher[j], t_depth[j]))
+        recs, tr = rollout(i, TokenPolicy(trainer, teacher[j], t_depth[j], generator=sampler))
         records += recs
         trajs.append(tr)
     outcome = score(records)

@@ -190,9 +190,12 @@ def run_online(cfg: TrainConfig) -> Path:
     train_tensor = torch.tensor(train_ids)
     for t in bar:
         def step(local, t=t):
+            # per step and rank, so ranks explore independently and a resumed run draws the
+            # same decisions without saving every rank's generator
+            sampler = torch.Generator().manual_seed(cfg.seed * 1_000_003 + t * 1009 + dist.rank)
             return step_tokens(trainer, t, local, env.rollout, score,
                                gradient_hook=lambda: dist.average_gradients(controller),
-                               gather=dist.gather)
+                               gather=dist.gather, sampler=sampler)
 
         iteration(t, step, train_tensor, P, gen, env, dist, window, log_path, cfg)
         if (t + 1) % cfg.log_every == 0 or t + 1 == cfg.grpo.steps:

@@ -55,12 +55,16 @@ class _Dist:
 
     def assert_same(self, module: torch.nn.Module) -> None:
         """Every rank must end with the same weights (averaged gradients, same init)."""
+        flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+        self.assert_equal(flat, "ranks ended with different controllers")
+
+    def assert_equal(self, tensor: torch.Tensor, what: str) -> None:
+        """Raise unless ``tensor`` is identical on every rank (one all_reduce)."""
         if self.world > 1:
-            flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
-            spread = flat.clone()
+            spread = tensor.clone()
             self.dist.all_reduce(spread, op=self.dist.ReduceOp.MAX)
-            if not torch.equal(spread, flat):
-                raise RuntimeError("internal: ranks ended with different controllers")
+            if not torch.equal(spread, tensor):
+                raise RuntimeError(f"internal: {what}")
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
@@ -131,6 +135,7 @@ def iteration(t: int, step, train_ids: torch.Tensor, n_prompts: int, gen: torch.
     every rank), run this rank's shard, gather the outcomes, update the reward state, extend
     the log window and log a diversity alert."""
     ids = train_ids[torch.randint(0, len(train_ids), (n_prompts,), generator=gen)]
+    dist.assert_equal(ids, "ranks drew different global batches (generator out of step)")
     res = step(ids[dist.rank :: dist.world])
     outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
     env.observe(outcome, t)

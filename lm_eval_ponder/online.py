@@ -35,11 +35,11 @@ from lm_eval_ponder import checkpoint as ckpt
 from lm_eval_ponder import grading
 from lm_eval_ponder.controller import PonderController, save_controller
 from lm_eval_ponder.environment import RewardBook, split_prompts
-from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.flops import controller_flops, generation_flops
 from lm_eval_ponder.grpo import GRPOTrainer, TokenPolicy, step_tokens
 from lm_eval_ponder.pondering import SteeringHook, cumulative_offsets
-from lm_eval_ponder.rollouts import Prompt, build_prompts, relative_error, response_perplexities
+from lm_eval_ponder.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
+                                     response_perplexities)
 from lm_eval_ponder.stats import count_generated_tokens
 from lm_eval_ponder.train import TrainConfig, config_dict
 
@@ -131,7 +131,8 @@ def run_online(cfg: TrainConfig) -> Path:
     from tqdm.auto import tqdm
 
     from lm_eval_ponder.runner import (LOG, _append, _Dist, _load_backbone, batch_figures,
-                                       identity_of, iteration, save_state, trim_log)
+                                       identity_of, iteration, load_state, save_state,
+                                       trim_log)
     from lm_eval_ponder.steering import load_vector
 
     dist = _Dist()
@@ -151,26 +152,16 @@ def run_online(cfg: TrainConfig) -> Path:
                           cfg.ponder.tau, cfg.grpo, cfg.seed)
     gen = trainer.generator
     train_ids, val_ids = split_prompts([p.key for p in prompts], cfg.val_fraction)
-    P = cfg.grpo.prompts_per_step
-    if P % dist.world:
-        raise PonderError(f"grpo.prompts_per_step ({P}) must be divisible by the number of "
-                          f"processes ({dist.world})")
+    P = dist.check_batch(cfg.grpo.prompts_per_step)
 
     run_config = config_dict(cfg)
     state_path, log_path = out / ckpt.FILE, out / LOG
     start, best, best_key, best_step, train_wall = 0, None, (-math.inf, -math.inf), -1, 0.0
-    if state_path.is_file():
-        meta = ckpt.read_meta(state_path)
-        if meta["config"] != run_config or meta.get("world", 1) != dist.world:
-            raise PonderError(f"{out} holds a checkpoint of a run with another config; use "
-                              "another --output or delete the checkpoint to start over")
-        meta, best = ckpt.load_checkpoint(state_path, controller, trainer.optimizer,
-                                          {"grpo": gen})
+    meta, loaded = load_state(state_path, trainer, {"grpo": gen}, env, run_config, dist.world)
+    if meta is not None:
+        best = loaded
         start, best_key, best_step = meta["step"], tuple(meta["best_key"]), meta["best_step"]
-        env.stats.load(meta["stats"])
-        env.weights, env.ppl_ref = meta["weights"], meta["ppl_ref"]
-        trainer.reinitialisations, train_wall = meta["reinitialisations"], meta["train_wall"]
-        print(f"resuming {out} at step {start}", flush=True)
+        env.ppl_ref, train_wall = meta["ppl_ref"], meta["train_wall"]
     if dist.rank == 0:
         trim_log(log_path, start)
 
@@ -229,7 +220,7 @@ def run_online(cfg: TrainConfig) -> Path:
         extra = {"backbone": identity, "ponder": run_config["ponder"],
                  "layer": identity["layer"], "train_config": run_config, "seed": cfg.seed,
                  "selected_step": chosen,
-                 "data": {"prompts_sha256": _prompts_sha(prompts), "n_prompts": len(prompts),
+                 "data": {"prompts_sha256": prompts_sha(prompts), "n_prompts": len(prompts),
                           "n_train": len(train_ids), "n_val": len(val_ids)},
                  "figures": figures, "cost": {"generations": generations,
                                               "train_wall_s": round(train_wall, 1)}}
@@ -237,13 +228,6 @@ def run_online(cfg: TrainConfig) -> Path:
         (out / "card.md").write_text(_card(cfg, identity, extra))
     dist.barrier()
     return out
-
-
-def _prompts_sha(prompts: list[Prompt]) -> str:
-    import hashlib
-
-    blob = json.dumps([[p.task, p.doc_id, p.context] for p in prompts]).encode()
-    return hashlib.sha256(blob).hexdigest()
 
 
 def _card(cfg: TrainConfig, identity: dict, extra: dict) -> str:

@@ -289,8 +289,13 @@ def cache_identity(lm, cfg: RolloutConfig, offsets: list[float], prompts: list[P
         "generation": generation_kwargs(cfg),
         "samples": cfg.samples,
         "seed": cfg.seed,
-        "prompts_sha256": _sha([asdict(p) for p in prompts]),
+        "prompts_sha256": prompts_sha(prompts),
     }
+
+
+def prompts_sha(prompts: list[Prompt]) -> str:
+    """The data hash a controller's config.json records: every prompt, exactly as rendered."""
+    return _sha([asdict(p) for p in prompts])
 
 
 def prepare_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str | os.PathLike,

@@ -66,6 +66,13 @@ class _Dist:
             if not torch.equal(spread, tensor):
                 raise RuntimeError(f"internal: {what}")
 
+    def check_batch(self, prompts_per_step: int) -> int:
+        """Every rank takes an equal shard of the global batch of prompts."""
+        if prompts_per_step % self.world:
+            raise PonderError(f"grpo.prompts_per_step ({prompts_per_step}) must be divisible by "
+                              f"the number of processes ({self.world})")
+        return prompts_per_step
+
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world == 1:
             return tensor
@@ -154,6 +161,26 @@ def save_state(path: Path, trainer: GRPOTrainer, generators: dict, best, env,
         "reinitialisations": trainer.reinitialisations})
 
 
+def load_state(path: Path, trainer: GRPOTrainer, generators: dict, env, run_config: dict,
+               world: int) -> tuple[dict | None, dict | None]:
+    """Resume from ``save_state``'s checkpoint, if any: (meta, best weights), or (None, None).
+
+    A checkpoint of another config or world size is refused rather than silently mixed in.
+    """
+    if not path.is_file():
+        return None, None
+    meta = ckpt.read_meta(path)
+    if meta["config"] != run_config or meta.get("world", 1) != world:
+        raise PonderError(f"{path.parent} holds a checkpoint of a run with another config; use "
+                          "another --output or delete the checkpoint to start over")
+    meta, best = ckpt.load_checkpoint(path, trainer.controller, trainer.optimizer, generators)
+    env.stats.load(meta["stats"])
+    env.weights = meta["weights"]
+    trainer.reinitialisations = meta["reinitialisations"]
+    print(f"resuming {path.parent} at step {meta['step']}", flush=True)
+    return meta, best
+
+
 def trim_log(log_path: Path, start: int) -> None:
     """On resume, drop log lines written after the checkpoint (they will be written again)."""
     if log_path.is_file():
@@ -227,27 +254,17 @@ def run(cfg: TrainConfig) -> Path:
                           cfg.ponder.tau, cfg.grpo, cfg.seed)
     trainer.generator = gen
     train_ids, val_ids = env.split(cfg.val_fraction)
-    P = cfg.grpo.prompts_per_step
-    if P % dist.world:
-        raise PonderError(f"grpo.prompts_per_step ({P}) must be divisible by the number of "
-                          f"processes ({dist.world})")
+    P = dist.check_batch(cfg.grpo.prompts_per_step)
 
     run_config = config_dict(cfg)
     state_path = out / ckpt.FILE
     start, best, best_score, best_step, train_wall = 0, None, -math.inf, -1, 0.0
-    if state_path.is_file():
-        meta = ckpt.read_meta(state_path)
-        if meta["config"] != run_config or meta.get("world", 1) != dist.world:
-            raise PonderError(f"{out} holds a checkpoint of a run with another config; use "
-                              "another --output or delete the checkpoint to start over")
-        meta, best = ckpt.load_checkpoint(state_path, controller, trainer.optimizer,
-                                          {"grpo": gen, "env": env_gen})
+    meta, loaded = load_state(state_path, trainer, {"grpo": gen, "env": env_gen}, env,
+                              run_config, dist.world)
+    if meta is not None:
+        best = loaded
         start, best_score, best_step = meta["step"], meta["best_score"], meta["best_step"]
-        env.stats.load(meta["stats"])
-        env.weights = meta["weights"]
-        trainer.reinitialisations = meta["reinitialisations"]
         train_wall = meta["train_wall"]
-        print(f"resuming {out} at step {start}", flush=True)
     log_path = out / LOG
     if dist.rank == 0:
         trim_log(log_path, start)

@@ -86,3 +86,15 @@ def tiny_vector_dir(tmp_path_factory) -> Path:
             "n_layers": 4}
     return save_vector(SteeringVector(vectors, [0, 1, 2, 3], meta),
                        tmp_path_factory.mktemp("tiny-vec"))
+
+
+def train_two_processes(argv: list[str]) -> None:
+    """``torchrun --nproc_per_node 2 -m lm_eval_ponder.train ARGV`` on the CPU (gloo)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                           "2", "-m", "lm_eval_ponder.train", *argv], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -194,16 +194,10 @@ def test_token_training_two_processes(tiny_model_dir, tiny_vector_dir, tmp_path)
     """torchrun with two CPU processes: each rank generates its prompts' answers, the first
     step's perplexity reference and every step's reward statistics come from the whole batch,
     and the ranks end with identical controllers (``run`` checks it and fails otherwise)."""
-    import os
-    import subprocess
-    import sys
+    from conftest import train_two_processes
 
     out = tmp_path / "dp"
     argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.steps", "2")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                           "2", "-m", "lm_eval_ponder.train", *argv], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    train_two_processes(argv)
     config = json.loads((out / "config.json").read_text())
     assert config["ponder"]["granularity"] == "token" and config["cost"]["generations"] == 8

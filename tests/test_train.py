@@ -131,17 +131,11 @@ def test_bad_config_is_a_clear_error(tmp_path):
 def test_two_process_data_parallel_run(run_a, tiny_model_dir, tiny_vector_dir, tmp_path):
     """torchrun with two CPU processes (gloo): each rank generates its share of the cache,
     gradients are averaged, and the ranks end with identical controllers (checked in run)."""
-    import os
-    import subprocess
-    import sys
+    from conftest import train_two_processes
 
     out = tmp_path / "dp"
     argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.prompts_per_step", "4")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                           "2", "-m", "lm_eval_ponder.train", *argv], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    train_two_processes(argv)
     for rank in (0, 1):
         assert (out / "rollouts" / f"rollouts.rank{rank}.jsonl").stat().st_size > 0
     controller, config = load_controller(out)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.machinery
 import sys
 
-MODEL_TARGET = "lm_eval_ponder.model:PonderLM"
+MODEL_TARGET = "lm_eval_ponder.evaluation.lm:PonderLM"
 
 
 def tasks_dir() -> str:

@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("--max-toks", type=int, default=128)
     args = parser.parse_args()
 
-    from lm_eval_ponder.model import PonderLM
+    from lm_eval_ponder.evaluation.lm import PonderLM
 
     start = time.perf_counter()
     base_acc, base_tok = evaluate(PonderLM(batch_size=args.limit), args.limit, args.max_toks)

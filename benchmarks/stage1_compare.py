@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from lm_eval_ponder.train import main as train
+from lm_eval_ponder.training.cli import main as train
 
 
 def run(cache: str, out: Path, seeds: int, extra: list[str]) -> None:

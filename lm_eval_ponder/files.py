@@ -28,3 +28,14 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], None]) -> Non
 
 def atomic_write_text(target: str | os.PathLike, text: str) -> None:
     atomic_write(target, lambda tmp: Path(tmp).write_text(text))
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+    """Append one JSON line and fsync it: a log line written is a log line kept, even if the
+    process is killed right after (resumed runs trim what follows their checkpoint)."""
+    import json
+
+    with open(path, "a") as f:
+        f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -78,7 +78,7 @@ def tiny_vector_dir(tmp_path_factory) -> Path:
     """A random unit steering vector per layer of the tiny Llama (hidden 64, 4 layers)."""
     import torch
 
-    from lm_eval_ponder.steering import SteeringVector, save_vector
+    from lm_eval_ponder.steering.vector import SteeringVector, save_vector
 
     gen = torch.Generator().manual_seed(1)
     vectors = torch.nn.functional.normalize(torch.randn(4, 64, generator=gen), dim=-1)

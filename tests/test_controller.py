@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lm_eval_ponder.controller import (
+from lm_eval_ponder.pondering.controller import (
     MAX_PARAMS,
     PROJECTION_DIM,
     PonderController,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_ponder import data as D
+from lm_eval_ponder.evaluation import data as D
 from lm_eval_ponder.errors import PonderDataError, PonderError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,7 +240,7 @@ def test_gpqa_shuffle_reproducible_and_varied():
 
 def test_gpqa_shuffle_same_in_another_process():
     code = (
-        "import json, sys; from lm_eval_ponder.data import gpqa_multiple_choice as g; "
+        "import json, sys; from lm_eval_ponder.evaluation.data import gpqa_multiple_choice as g; "
         "rows = json.loads(sys.argv[1]); print(''.join(g(r)['answer'] for r in rows))"
     )
     rows = [_synthetic(i) for i in range(20)]

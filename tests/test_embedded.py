@@ -68,7 +68,7 @@ def test_ponder_matches_hf_token_for_token(embedded_dir):
 def test_embedded_weights_unchanged_after_a_run(embedded_dir):
     import hashlib
 
-    from lm_eval_ponder.model import PonderLM
+    from lm_eval_ponder.evaluation.lm import PonderLM
 
     lm = PonderLM(batch_size=8)
 
@@ -89,7 +89,7 @@ def test_shipped_vector_fixed_alpha_and_controller_run(tmp_path):
     (constant, always-K_max) controller both run through lm-eval with per-sample accounting."""
     import torch
 
-    from lm_eval_ponder.controller import PonderController, save_controller
+    from lm_eval_ponder.pondering.controller import PonderController, save_controller
 
     controller = PonderController(576)
     with torch.no_grad():
@@ -110,7 +110,7 @@ def test_default_model_uses_the_shipped_controller():
     and the ponder settings it was trained with; controller=none is the plain baseline."""
     import json
 
-    from lm_eval_ponder.model import PonderLM
+    from lm_eval_ponder.evaluation.lm import PonderLM
     from lm_eval_ponder.resources import shipped_controller_dir
 
     shipped = shipped_controller_dir(bb.EMBEDDED_NAME)

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from lm_eval_ponder import grading
-from lm_eval_ponder.grading import (
+from lm_eval_ponder.evaluation import grading
+from lm_eval_ponder.evaluation.grading import (
     canonical_answer,
     extract_boxed,
     extract_choice,

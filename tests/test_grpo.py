@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-import lm_eval_ponder.grpo as grpo
-from lm_eval_ponder.controller import PonderController
+import lm_eval_ponder.training.grpo as grpo
+from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.grpo import GRPOConfig, GRPOTrainer
+from lm_eval_ponder.training.grpo import GRPOConfig, GRPOTrainer
 
 
 def test_curriculum_schedule():

@@ -15,8 +15,8 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.flops import flops_floor, generation_flops
-from lm_eval_ponder.model import PonderLM
-from lm_eval_ponder.stats import GenerationText, count_generated_tokens, response_stats
+from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.evaluation.accounting import GenerationText, count_generated_tokens, response_stats
 
 PROMPTS = ["What is 3 + 5?", "Add 12 and 30.", "Hi", "Compute 7 times 8 please, then stop."]
 

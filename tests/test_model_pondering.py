@@ -7,11 +7,11 @@ import pytest
 import torch
 from lm_eval.api.model import CachingLM
 
-from lm_eval_ponder.controller import PonderController, save_controller
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.flops import controller_flops, generation_flops
-from lm_eval_ponder.model import PonderLM
-from lm_eval_ponder.steering import SteeringVector, save_vector
+from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.steering.vector import SteeringVector, save_vector
 from test_model import requests
 
 GREEDY = {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}

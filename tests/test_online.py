@@ -11,14 +11,15 @@ import torch
 from lm_eval.api.instance import Instance
 from safetensors.torch import load_file
 
-import lm_eval_ponder.grpo as grpo
-from lm_eval_ponder.controller import PonderController, save_controller
-from lm_eval_ponder.grpo import GRPOConfig, GRPOTrainer, TokenPolicy, step_tokens
-from lm_eval_ponder.model import PonderLM
-from lm_eval_ponder.online import OnlineEnvironment
-from lm_eval_ponder.pondering import PonderConfig, cumulative_offsets
-from lm_eval_ponder.rollouts import Prompt
-from lm_eval_ponder.train import main, parse_args
+import lm_eval_ponder.training.grpo as grpo
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
+from lm_eval_ponder.training.grpo import GRPOConfig, GRPOTrainer, TokenPolicy, step_tokens
+from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.training.online import OnlineEnvironment
+from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
+from lm_eval_ponder.training.rollouts import Prompt
+from lm_eval_ponder.training.cli import main
+from lm_eval_ponder.training.config import parse_args
 
 PONDER = dict(k_max=2, alpha0=0.5, alpha_start=-0.5, beta=0.3)
 OFFSETS = cumulative_offsets(PonderConfig(**PONDER))
@@ -170,7 +171,7 @@ def test_token_training_resumes_to_the_same_controller(token_run, tiny_model_dir
                                                        tiny_vector_dir, tmp_path, monkeypatch):
     out = tmp_path / "interrupted"
     real = grpo.step_tokens
-    import lm_eval_ponder.online as online
+    import lm_eval_ponder.training.online as online
 
     def dying(trainer, t, *a, **k):
         if t == 3:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_ponder import tasklib
+from lm_eval_ponder.evaluation import tasklib
 
 INSTALLED_PTH = Path(sysconfig.get_paths()["purelib"]) / "lm_eval_ponder.pth"
 ALL_TASKS = [f"{d}_ponder{v}" for d in ("gsm8k", "math500", "gpqa", "arith") for v in ("", "_cot", "_bon")]
@@ -77,7 +77,7 @@ def evaluate(model, tasks, limit=3, **kwargs):
 
 @pytest.fixture(scope="module")
 def tiny_ponder(tiny_model_dir):
-    from lm_eval_ponder.model import PonderLM
+    from lm_eval_ponder.evaluation.lm import PonderLM
 
     return PonderLM(pretrained=str(tiny_model_dir), batch_size=4, device="cpu")
 

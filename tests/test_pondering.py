@@ -10,12 +10,11 @@ import torch.nn as nn
 import transformers
 
 from lm_eval_ponder.backbone import decoder_layers
-from lm_eval_ponder.controller import PonderController
+from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.pondering import (
+from lm_eval_ponder.pondering.dynamics import (
     ControllerDecide,
     PonderConfig,
-    SteeringHook,
     candidate_states,
     cumulative_offsets,
     displacement_bound,
@@ -23,6 +22,7 @@ from lm_eval_ponder.pondering import (
     ponder,
     step_size,
 )
+from lm_eval_ponder.pondering.hook import SteeringHook
 
 D, LAYER, SCALE, NEW = 64, 1, 4.0, 6
 

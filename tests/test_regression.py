@@ -41,7 +41,7 @@ def measure() -> dict:
     from lm_eval.tasks import TaskManager
 
     import lm_eval_ponder_autoload
-    from lm_eval_ponder.model import PonderLM
+    from lm_eval_ponder.evaluation.lm import PonderLM
 
     figures = {}
     for case, model_args in CASES.items():

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lm_eval_ponder import report as rp
+from lm_eval_ponder.reporting import report as rp
 from lm_eval_ponder.errors import PonderError
 
 

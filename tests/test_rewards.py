@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lm_eval_ponder import rewards as R
+from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.errors import PonderError
 
 CFG = R.RewardConfig()

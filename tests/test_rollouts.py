@@ -8,12 +8,12 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_ponder import data
-from lm_eval_ponder.controller import PonderController, save_controller
+from lm_eval_ponder.evaluation import data
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.model import PonderLM
-from lm_eval_ponder.pondering import PonderConfig, cumulative_offsets
-from lm_eval_ponder.rollouts import (
+from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
+from lm_eval_ponder.training.rollouts import (
     RolloutCache, RolloutConfig, build_cache, generation_kwargs, train_documents)
 
 OFFSETS = cumulative_offsets(PonderConfig(k_max=2, alpha0=0.5, alpha_start=-0.5)).tolist()
@@ -88,7 +88,7 @@ def test_cached_state_is_the_hooks_state(lm, cache):
         seen.append(z_last.float().clone())
         return torch.zeros(z_last.shape[0])
 
-    from lm_eval_ponder.pondering import SteeringHook
+    from lm_eval_ponder.pondering.hook import SteeringHook
 
     p = cache.prompts()[0]
     ids, mask = lm.tok_batch_encode([p.context])

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm_eval_ponder import extraction as E
-from lm_eval_ponder import inspection as I
-from lm_eval_ponder import steering as S
+from lm_eval_ponder.steering import extraction as E
+from lm_eval_ponder.steering import inspection as I
+from lm_eval_ponder.steering import vector as S
 from lm_eval_ponder.errors import PonderError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -274,7 +274,7 @@ def test_cli_help():
 
 
 def test_cli_errors_exit_2(tmp_path, capsys):
-    from lm_eval_ponder import steer
+    from lm_eval_ponder.steering import cli as steer
 
     assert steer.main(["inspect", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
@@ -285,7 +285,7 @@ def test_cli_errors_exit_2(tmp_path, capsys):
 
 def test_cli_extract_and_inspect_tiny(tmp_path, tok, monkeypatch, capsys):
     """The extract/inspect commands end to end on a tiny saved model (train split only)."""
-    from lm_eval_ponder import steer
+    from lm_eval_ponder.steering import cli as steer
 
     model_dir = tmp_path / "tiny"
     _model(len(tok)).save_pretrained(model_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lm_eval_ponder import suite
+from lm_eval_ponder.reporting import suite
 from lm_eval_ponder.errors import PonderError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from lm_eval_ponder import tasklib
-from lm_eval_ponder.stats import GenerationText
+from lm_eval_ponder.evaluation import tasklib
+from lm_eval_ponder.evaluation.accounting import GenerationText
 
 
 def text(s: str, tokens: int, flops: float) -> GenerationText:

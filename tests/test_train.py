@@ -9,11 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import lm_eval_ponder.grpo as grpo
-from lm_eval_ponder.controller import load_controller
+import lm_eval_ponder.training.grpo as grpo
+from lm_eval_ponder.pondering.controller import load_controller
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.model import PonderLM
-from lm_eval_ponder.train import main, parse_args
+from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.training.cli import main
+from lm_eval_ponder.training.config import parse_args
 
 
 def args(model_dir, vector_dir, out, *extra):

@@ -1,6 +1,6 @@
 """gpqa_ponder tasks: bindings of lm_eval_ponder.tasklib for choice answers."""
 
-from lm_eval_ponder import tasklib
+from lm_eval_ponder.evaluation import tasklib
 
 load = tasklib.gpqa_dataset
 doc_to_text_plain = tasklib.make_prompt(tasklib.PLAIN_PROMPT, tasklib.CHOICE_SUFFIX, with_choices=True)

@@ -1,6 +1,6 @@
 """gsm8k_ponder tasks: bindings of lm_eval_ponder.tasklib for numeric answers."""
 
-from lm_eval_ponder import tasklib
+from lm_eval_ponder.evaluation import tasklib
 
 load = tasklib.gsm8k_dataset
 doc_to_text_plain = tasklib.make_prompt(tasklib.PLAIN_PROMPT, "", with_choices=False)

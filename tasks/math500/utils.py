@@ -1,6 +1,6 @@
 """math500_ponder tasks: bindings of lm_eval_ponder.tasklib for math answers."""
 
-from lm_eval_ponder import tasklib
+from lm_eval_ponder.evaluation import tasklib
 
 load = tasklib.math500_dataset
 doc_to_text_plain = tasklib.make_prompt(tasklib.PLAIN_PROMPT, tasklib.BOXED_SUFFIX, with_choices=False)

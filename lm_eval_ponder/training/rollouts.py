@@ -35,7 +35,7 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
-from lm_eval_ponder import grading
+from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import atomic_write, atomic_write_text
 
@@ -74,7 +74,7 @@ def train_documents(task: str, n: int) -> list[dict]:
     arith: the ladder's train split (interleaved by level, disjoint from test by
     construction); GSM8K: its train split. MATH500 and GPQA Diamond have no train split.
     """
-    from lm_eval_ponder import data
+    from lm_eval_ponder.evaluation import data
 
     family = task.split("_ponder")[0]
     if family == "arith":
@@ -194,7 +194,7 @@ def relative_error(kind: str, pred: str | None, gold: str) -> float | None:
     """|y_hat - y| / |y| for numeric answers (the partial-credit input); None otherwise."""
     if kind != "numeric" or pred is None:
         return None
-    p, g = grading._parse_number(pred), grading._parse_number(gold)
+    p, g = grading.parse_number(pred), grading.parse_number(gold)
     if p is None or g is None:
         return None
     return float(abs(p - g) / (abs(g) + 1e-9)) if g != 0 else float(abs(p))

@@ -10,79 +10,29 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import torch
 
-from lm_eval_ponder import checkpoint as ckpt
-from lm_eval_ponder.controller import PonderController, save_controller
-from lm_eval_ponder.environment import CachedEnvironment, outcome_key
+from lm_eval_ponder.training import checkpoint as ckpt
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
+from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.flops import controller_flops
-from lm_eval_ponder.grpo import GRPOTrainer, curriculum_probability
-from lm_eval_ponder.pondering import cumulative_offsets
-from lm_eval_ponder.rewards import COMPONENTS
-from lm_eval_ponder.rollouts import RolloutCache, generate_missing, prepare_cache
-from lm_eval_ponder.train import TrainConfig, config_dict
+from lm_eval_ponder.training.grpo import GRPOTrainer, curriculum_probability
+from lm_eval_ponder.pondering.dynamics import cumulative_offsets
+from lm_eval_ponder.training.rewards import COMPONENTS
+from lm_eval_ponder.training.rollouts import RolloutCache, generate_missing, prepare_cache
+from lm_eval_ponder.training.config import TrainConfig, config_dict
+from lm_eval_ponder.training.distributed import Distributed
+from lm_eval_ponder.files import append_jsonl
 
 LOG = "train_log.jsonl"
 
 
-class _Dist:
-    """The few collective operations we need; no-ops in a single process."""
-
-    def __init__(self) -> None:
-        import torch.distributed as dist
-
-        self.dist = dist
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            self.dist.barrier()
-
-    def average_gradients(self, module: torch.nn.Module) -> None:
-        if self.world > 1:
-            for p in module.parameters():
-                if p.grad is not None:
-                    self.dist.all_reduce(p.grad)
-                    p.grad /= self.world
-
-    def assert_same(self, module: torch.nn.Module) -> None:
-        """Every rank must end with the same weights (averaged gradients, same init)."""
-        flat = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
-        self.assert_equal(flat, "ranks ended with different controllers")
-
-    def assert_equal(self, tensor: torch.Tensor, what: str) -> None:
-        """Raise unless ``tensor`` is identical on every rank (one all_reduce)."""
-        if self.world > 1:
-            spread = tensor.clone()
-            self.dist.all_reduce(spread, op=self.dist.ReduceOp.MAX)
-            if not torch.equal(spread, tensor):
-                raise RuntimeError(f"internal: {what}")
-
-    def check_batch(self, prompts_per_step: int) -> int:
-        """Every rank takes an equal shard of the global batch of prompts."""
-        if prompts_per_step % self.world:
-            raise PonderError(f"grpo.prompts_per_step ({prompts_per_step}) must be divisible by "
-                              f"the number of processes ({self.world})")
-        return prompts_per_step
-
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.world == 1:
-            return tensor
-        parts = [torch.empty_like(tensor) for _ in range(self.world)]
-        self.dist.all_gather(parts, tensor.contiguous())
-        return torch.cat(parts)
-
-
-def _load_backbone(cfg: TrainConfig, offsets: list[float]):
-    from lm_eval_ponder.model import PonderLM
+def load_backbone(cfg: TrainConfig, offsets: list[float]):
+    from lm_eval_ponder.evaluation.lm import PonderLM
 
     kwargs = {"batch_size": cfg.rollout.batch_size}
     if cfg.device:
@@ -123,7 +73,7 @@ def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, ste
     }
 
 
-def window_entry(outcome: dict[str, torch.Tensor], res, dist: "_Dist") -> dict:
+def window_entry(outcome: dict[str, torch.Tensor], res, dist: "Distributed") -> dict:
     """One step's contribution to the log window (the whole batch, gathered over ranks)."""
     entry = {k: outcome[k] for k in ("flops", "correct", "reward", "acc", "flops_reward",
                                      "comp", "qual", "rep")}
@@ -137,7 +87,7 @@ def window_entry(outcome: dict[str, torch.Tensor], res, dist: "_Dist") -> dict:
 
 
 def iteration(t: int, step, train_ids: torch.Tensor, n_prompts: int, gen: torch.Generator,
-              env, dist: "_Dist", window: list[dict], log_path: Path, cfg: TrainConfig):
+              env, dist: "Distributed", window: list[dict], log_path: Path, cfg: TrainConfig):
     """One GRPO iteration around ``step(local_prompt_ids)``: draw the global batch (same on
     every rank), run this rank's shard, gather the outcomes, update the reward state, extend
     the log window and log a diversity alert."""
@@ -148,7 +98,7 @@ def iteration(t: int, step, train_ids: torch.Tensor, n_prompts: int, gen: torch.
     env.observe(outcome, t)
     window.append(window_entry(outcome, res, dist))
     if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
-        _append(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
+        append_jsonl(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
                            "action": "controller re-initialised"})
     return res
 
@@ -211,11 +161,7 @@ def identity_of(lm) -> dict:
 
 
 def run(cfg: TrainConfig) -> Path:
-    if cfg.ponder.granularity == "token":
-        from lm_eval_ponder.online import run_online
-
-        return run_online(cfg)
-    dist = _Dist()
+    dist = Distributed()
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -224,7 +170,7 @@ def run(cfg: TrainConfig) -> Path:
 
     # ---- phase 1: rollout cache
     t0 = time.time()
-    lm = _load_backbone(cfg, offsets.tolist())
+    lm = load_backbone(cfg, offsets.tolist())
     identity = identity_of(lm)
     if dist.rank == 0:
         cache, prompts = prepare_cache(lm, cfg.rollout, offsets.tolist(), cache_dir)
@@ -247,7 +193,7 @@ def run(cfg: TrainConfig) -> Path:
     env = CachedEnvironment(cache, cfg.ponder.k_max, cfg.rollout.samples,
                             controller_flops(hidden, cfg.controller_hidden, cfg.ponder.k_max + 1,
                                              projection), cfg.reward, env_gen)
-    from lm_eval_ponder.steering import load_vector
+    from lm_eval_ponder.steering.vector import load_vector
 
     vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
     trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
@@ -293,7 +239,7 @@ def run(cfg: TrainConfig) -> Path:
                 best = {k: v.detach().clone() for k, v in controller.state_dict().items()}
             summary["best_step"] = best_step
             if dist.rank == 0:
-                _append(log_path, summary)
+                append_jsonl(log_path, summary)
                 save_state(state_path, trainer, {"grpo": gen, "env": env_gen}, best, env, {
                     "step": t + 1, "config": run_config, "world": dist.world,
                     "best_score": best_score, "best_step": best_step,
@@ -307,13 +253,6 @@ def run(cfg: TrainConfig) -> Path:
                 identity, cache, cache_wall, train_wall, run_config)
     dist.barrier()
     return out
-
-
-def _append(path: Path, record: dict) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def _finish(cfg, out, controller, best, best_step, env, trainer, train_ids, val_ids, identity,

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.pondering import candidate_states, halting_depth
+from lm_eval_ponder.pondering.dynamics import candidate_states, halting_depth
 
 STAGE1_MODES = ("imitation", "paper")
 

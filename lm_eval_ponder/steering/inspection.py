@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.steering import SteeringVector, _ranges
+from lm_eval_ponder.steering.vector import SteeringVector, format_ranges
 
 
 def _final_norm_weight(model, d: int) -> torch.Tensor | None:
@@ -68,7 +68,7 @@ def inspect_vector(
     lines: list[str] = []
     bb = meta.get("backbone") or {}
     lines.append(f"steering vector: method={meta.get('method')} default layer={layer} "
-                 f"stored layers={_ranges(sv.layers)} hidden={sv.hidden_size}")  # fmt: skip
+                 f"stored layers={format_ranges(sv.layers)} hidden={sv.hidden_size}")  # fmt: skip
     lines.append(f"backbone: {bb.get('name')} (source sha256 {str(bb.get('source_sha256'))[:16]}...)")
     lines.append(f"questions: {meta.get('n_questions')} from {meta.get('question_source')} "
                  f"(sha256 {str(meta.get('questions_sha256'))[:16]}...), chat template: "

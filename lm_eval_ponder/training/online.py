@@ -31,17 +31,22 @@ from pathlib import Path
 
 import torch
 
-from lm_eval_ponder import checkpoint as ckpt
-from lm_eval_ponder import grading
-from lm_eval_ponder.controller import PonderController, save_controller
-from lm_eval_ponder.environment import RewardBook, split_prompts
+from lm_eval_ponder.training import checkpoint as ckpt
+from lm_eval_ponder.evaluation import grading
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
+from lm_eval_ponder.training.environment import RewardBook, split_prompts
 from lm_eval_ponder.flops import controller_flops, generation_flops
-from lm_eval_ponder.grpo import GRPOTrainer, TokenPolicy, step_tokens
-from lm_eval_ponder.pondering import SteeringHook, cumulative_offsets
-from lm_eval_ponder.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
+from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
+from lm_eval_ponder.pondering.dynamics import cumulative_offsets
+from lm_eval_ponder.pondering.hook import SteeringHook
+from lm_eval_ponder.training.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
                                      response_perplexities)
-from lm_eval_ponder.stats import count_generated_tokens
-from lm_eval_ponder.train import TrainConfig, config_dict
+from lm_eval_ponder.evaluation.accounting import count_generated_tokens
+from lm_eval_ponder.training.config import TrainConfig, config_dict
+from lm_eval_ponder.training.distributed import Distributed
+from lm_eval_ponder.training.loop import (LOG, batch_figures, identity_of, iteration,
+                                          load_backbone, load_state, save_state, trim_log)
+from lm_eval_ponder.files import append_jsonl
 
 
 class OnlineEnvironment(RewardBook):
@@ -130,17 +135,14 @@ def _rank_key(figures: dict) -> tuple[float, float]:
 def run_online(cfg: TrainConfig) -> Path:
     from tqdm.auto import tqdm
 
-    from lm_eval_ponder.runner import (LOG, _append, _Dist, _load_backbone, batch_figures,
-                                       identity_of, iteration, load_state, save_state,
-                                       trim_log)
-    from lm_eval_ponder.steering import load_vector
+    from lm_eval_ponder.steering.vector import load_vector
 
-    dist = _Dist()
+    dist = Distributed()
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     offsets = cumulative_offsets(cfg.ponder)
-    lm = _load_backbone(cfg, offsets.tolist())
+    lm = load_backbone(cfg, offsets.tolist())
     identity = identity_of(lm)
     prompts = build_prompts(lm, cfg.rollout)
     torch.manual_seed(cfg.seed)
@@ -201,7 +203,7 @@ def run_online(cfg: TrainConfig) -> Path:
                     best_key, best_step = key, t + 1
                     best = {k: v.detach().clone() for k, v in controller.state_dict().items()}
                 summary["best_step"] = best_step
-                _append(log_path, summary)
+                append_jsonl(log_path, summary)
                 save_state(state_path, trainer, {"grpo": gen}, best, env, {
                     "step": t + 1, "config": run_config, "world": dist.world,
                     "ppl_ref": env.ppl_ref, "best_key": list(best_key), "best_step": best_step,

@@ -130,7 +130,7 @@ class SteeringVector:
         except ValueError:
             raise PonderError(
                 f"layer {layer} is not stored in this steering vector (stored: "
-                f"{_ranges(self.layers)}); re-extract with that layer"
+                f"{format_ranges(self.layers)}); re-extract with that layer"
             ) from None
 
     def vector(self, layer: int | None = None) -> torch.Tensor:
@@ -143,7 +143,7 @@ class SteeringVector:
         return None if norms is None else float(norms[self.index(layer)])
 
 
-def _ranges(values: Sequence[int]) -> str:
+def format_ranges(values: Sequence[int]) -> str:
     values = sorted(values)
     if not values:
         return "none"
@@ -195,7 +195,7 @@ def save_vector(sv: SteeringVector, directory: str | os.PathLike) -> Path:
     return directory
 
 
-def _config_dims(config: Any) -> tuple[int | None, int | None]:
+def config_dims(config: Any) -> tuple[int | None, int | None]:
     """(hidden size, decoder layer count) of a transformers config or a plain dict."""
     if config is None:
         return None, None
@@ -268,7 +268,7 @@ def load_vector(
             f"{meta_path.name} says hidden size {meta['hidden_size']} but the vectors have {sv.hidden_size}"
         )
 
-    hidden, n_layers = _config_dims(model_config)
+    hidden, n_layers = config_dims(model_config)
     if hidden is not None and hidden != sv.hidden_size:
         raise PonderError(
             f"steering vector {directory} has hidden size {sv.hidden_size} but the backbone has "

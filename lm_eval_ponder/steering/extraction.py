@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.steering import (
+from lm_eval_ponder.steering.vector import (
     DEFAULT_LAYER_FRACTION,
     FORMAT,
     FRACTIONAL_NEGATIVE,
@@ -48,7 +48,7 @@ from lm_eval_ponder.steering import (
     PAPER_NEGATIVE,
     PAPER_POSITIVE,
     SteeringVector,
-    _config_dims,
+    config_dims,
     default_layer,
 )
 
@@ -199,7 +199,7 @@ def _model_dims(model) -> tuple[int, int]:
     from lm_eval_ponder.backbone import decoder_layers
 
     n_layers = len(decoder_layers(model))
-    hidden = _config_dims(model.config)[0]
+    hidden = config_dims(model.config)[0]
     if hidden is None:
         hidden = int(model.get_input_embeddings().weight.shape[1])
     return int(hidden), n_layers

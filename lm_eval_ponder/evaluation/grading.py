@@ -124,7 +124,7 @@ def _format_number(value: Fraction) -> str:
     return ("-" if value < 0 else "") + body
 
 
-def _parse_number(text: str | None) -> Fraction | None:
+def parse_number(text: str | None) -> Fraction | None:
     """A number or a simple fraction such as 3/4, after currency and LaTeX are cleaned away."""
     if text is None:
         return None
@@ -140,7 +140,7 @@ def _first_number(segment: str) -> str | None:
     segment = _clean_numeric_text(segment)
     number, fraction = _NUMBER_RE.search(segment), _FRACTION_RE.search(segment)
     if fraction and (number is None or fraction.start() <= number.start()):
-        value = _parse_number(f"{fraction.group(1)}/{fraction.group(2)}")
+        value = parse_number(f"{fraction.group(1)}/{fraction.group(2)}")
     else:
         value = _to_fraction(number.group(0)) if number else None
     return _format_number(value) if value is not None else None
@@ -165,7 +165,7 @@ def extract_numeric(text: str) -> str | None:
 
 def numeric_equal(pred: str | None, gold: str | None, rel_tol: float = 1e-6) -> bool:
     """Integers compare exactly (a tolerance would take 1000001 for 1000000); others relatively."""
-    a, b = _parse_number(pred), _parse_number(gold)
+    a, b = parse_number(pred), parse_number(gold)
     if a is None or b is None:
         return False
     if a == b or (a.denominator == 1 and b.denominator == 1):

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lm_eval_ponder import data, grading
-from lm_eval_ponder.stats import response_stats
+from lm_eval_ponder.evaluation import data
+from lm_eval_ponder.evaluation import grading
+from lm_eval_ponder.evaluation.accounting import response_stats
 
 # The paper's two prompts (Experiments: "Please solve the math problem" + question).
 PLAIN_PROMPT = "Please solve the math problem: "

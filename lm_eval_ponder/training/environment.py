@@ -16,9 +16,9 @@ from collections import defaultdict
 
 import torch
 
-from lm_eval_ponder import rewards as R
+from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.rollouts import RolloutCache
+from lm_eval_ponder.training.rollouts import RolloutCache
 
 
 def outcome_key(component: str) -> str:

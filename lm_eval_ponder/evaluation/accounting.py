@@ -1,0 +1,87 @@
+"""How per-sample accounting travels from the model to a task's ``process_results``.
+
+lm-eval hands ``process_results(doc, results)`` only the generated strings. The ``ponder``
+model returns each string as a ``GenerationText``: a ``str`` subclass that also carries
+``.stats`` (``gen_tokens``, ``prompt_tokens``, ``flops``, ``ponder_steps``). Anything that
+treats it as a string (lm-eval's own tasks, filters, JSON sample logs) sees an ordinary string;
+our tasks read the attribute. It pickles with its stats, so lm-eval's ``--use_cache`` returns
+the accounting of the run that produced the text.
+
+Filters that build new strings (regex extraction) drop the attribute; our tasks therefore do
+their own extraction in ``process_results`` and keep every repeat (Best-of-N) with an identity
+filter. A response without stats (``--model hf``, or a filter that rebuilt the string) is
+reported as NaN, never as a made-up number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+STAT_KEYS = ("gen_tokens", "flops", "ponder_steps")
+
+
+class GenerationText(str):
+    """A generated string plus the accounting of the row that produced it."""
+
+    stats: dict[str, float]
+
+    def __new__(cls, text: str, stats: dict[str, float]) -> GenerationText:
+        obj = super().__new__(cls, text)
+        obj.stats = dict(stats)
+        return obj
+
+    def __reduce__(self):
+        return (GenerationText, (str(self), self.stats))
+
+
+def count_generated_tokens(
+    decode, tokens: Sequence[int], stops: Sequence[str], eos_ids: Sequence[int]
+) -> int:
+    """Tokens this row generated, up to and including its own EOS or completed stop string.
+
+    HFLM's stopping criterion is batch-wide, so a finished row keeps decoding (padding or
+    junk) until every row is done; those tokens were wasted by batching, not spent by this
+    sample. The stop-string search is a binary search on decoded prefixes (decoding a longer
+    prefix never removes a stop string that a shorter one contained), so it costs
+    O(log n) decodes.
+    """
+    limit = len(tokens)
+    eos = set(eos_ids)
+    for i, token in enumerate(tokens):
+        if token in eos:
+            limit = i + 1
+            break
+    stops = [s for s in stops if s]
+    if not stops or limit == 0:
+        return limit
+
+    def has_stop(n: int) -> bool:
+        text = decode(list(tokens[:n]))
+        return any(s in text for s in stops)
+
+    if not has_stop(limit):
+        return limit
+    lo, hi = 1, limit  # has_stop(hi) is True
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if has_stop(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def response_stats(responses: Sequence[str] | str) -> dict[str, float]:
+    """Accounting of one document: sums tokens and FLOPs over all its responses (Best-of-N
+    pays for every sample), averages ponder steps. NaN when any response has no stats."""
+    if isinstance(responses, str):
+        responses = [responses]
+    if not responses or not all(isinstance(r, GenerationText) for r in responses):
+        return {key: math.nan for key in STAT_KEYS}
+    stats = [r.stats for r in responses]  # type: ignore[union-attr]
+    return {
+        "gen_tokens": float(sum(s["gen_tokens"] for s in stats)),
+        "flops": float(sum(s["flops"] for s in stats)),
+        "ponder_steps": float(sum(s.get("ponder_steps", 0.0) for s in stats) / len(stats)),
+    }

@@ -1,0 +1,179 @@
+"""The pondering controller: a small MLP that reads a hidden state and says "keep thinking".
+
+Architecture (paper, Methodology, "Pondering Controller Architecture", eqs. controller_norm,
+controller_hidden, controller_output):
+
+    g0 = LayerNorm(z)                       d -> d
+    g1 = GELU(W1 g0 + b1)                   d -> 512
+    g2 = GELU(W2 g1 + b2)                   512 -> 512
+    p  = sigmoid((w . g2 + b) / temperature)
+
+The paper promises at most 1M parameters. With 512 hidden units that holds for d <= 1024
+(0.79M at d=1024, 0.72M at d=896 for Qwen2.5-0.5B, 0.56M at d=576 for SmolLM2-135M) but not for
+the paper's own larger backbones (d=2048..4096 would need 1.3M..2.4M). Our choice: for
+d > 1024 a *fixed* (never trained) seeded Gaussian projection d -> 1024 sits between the
+LayerNorm and W1, so the learned parameters stay under 1M and the 512-unit layers stay as
+written. The projection is a buffer, saved with the weights, and counted separately
+(``n_fixed``). Any other configuration that would exceed ``MAX_PARAMS`` is refused.
+
+Checkpoints are a directory with ``controller.safetensors`` (weights, never pickle) and
+``config.json`` (sizes and metadata), each written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from safetensors.torch import load_file, save_file
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import atomic_write
+
+MAX_PARAMS = 1_000_000
+PROJECTION_DIM = 1024  # hidden sizes above this are randomly projected down to it
+PROJECTION_SEED = 0
+WEIGHTS_FILE = "controller.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def count_params(hidden_size: int, hidden: int = 512) -> int:
+    """Learned parameters of a controller, without building it (LayerNorm + three Linears)."""
+    d_in = min(hidden_size, PROJECTION_DIM)
+    return 2 * hidden_size + (d_in * hidden + hidden) + (hidden * hidden + hidden) + (hidden + 1)
+
+
+class PonderController(nn.Module):
+    """phi(z) = P(continue pondering | z), the paper's <=1M-parameter halting controller."""
+
+    def __init__(self, hidden_size: int, hidden: int = 512, temperature: float = 1.0) -> None:
+        super().__init__()
+        if hidden_size < 1 or hidden < 1:
+            raise PonderError(f"controller sizes must be positive (got d={hidden_size}, "
+                              f"hidden={hidden})")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise PonderError(f"controller temperature must be > 0 (got {temperature})")
+        n = count_params(hidden_size, hidden)
+        if n > MAX_PARAMS:
+            raise PonderError(
+                f"a controller with hidden_size={hidden_size} and hidden={hidden} would have "
+                f"{n:,} learned parameters, over the paper's budget of {MAX_PARAMS:,}; "
+                "use a smaller `hidden`"
+            )
+        self.hidden_size = hidden_size
+        self.hidden = hidden
+        self.temperature = float(temperature)
+        self.norm = nn.LayerNorm(hidden_size)
+        d_in = hidden_size
+        if hidden_size > PROJECTION_DIM:
+            # Fixed, seeded, scaled so that a unit-variance input keeps its per-unit variance.
+            gen = torch.Generator().manual_seed(PROJECTION_SEED)
+            proj = torch.randn(PROJECTION_DIM, hidden_size, generator=gen) / math.sqrt(hidden_size)
+            self.register_buffer("projection", proj)
+            d_in = PROJECTION_DIM
+        else:
+            self.projection = None
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.head = nn.Linear(hidden, 1)
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def n_fixed(self) -> int:
+        """Numbers in the fixed random projection (0 when d <= PROJECTION_DIM)."""
+        return 0 if self.projection is None else self.projection.numel()
+
+    def logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Pre-temperature logit w.g2 + b (eqs. controller_norm, controller_hidden): z.shape[:-1].
+
+        The input is cast to the controller's dtype/device so a bf16 backbone state can be fed
+        directly; the controller itself stays in float32.
+        """
+        z = z.to(device=self.norm.weight.device, dtype=self.norm.weight.dtype)
+        g = self.norm(z)
+        if self.projection is not None:
+            g = g @ self.projection.T
+        g = nn.functional.gelu(self.fc1(g))
+        g = nn.functional.gelu(self.fc2(g))
+        return self.head(g).squeeze(-1)
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Continue probability sigmoid(logit / temperature) (eq. controller_output)."""
+        return torch.sigmoid(self.logits(z) / self.temperature)
+
+
+def save_controller(
+    controller: PonderController, directory: str | os.PathLike, extra_config: dict | None = None
+) -> Path:
+    """Write ``controller.safetensors`` and ``config.json`` into ``directory``; return it.
+
+    ``extra_config`` (e.g. the steering layer, tau, k_max, the backbone's name) is merged into
+    config.json so a checkpoint says what it was trained for; it must be JSON-serialisable.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {
+        "hidden_size": controller.hidden_size,
+        "hidden": controller.hidden,
+        "temperature": controller.temperature,
+        "n_params": controller.n_params,
+        "n_fixed": controller.n_fixed,
+    }
+    clash = set(config) & set(extra_config or {})
+    if clash:
+        raise PonderError(f"extra_config may not override controller fields: {sorted(clash)}")
+    config.update(extra_config or {})
+    text = json.dumps(config, indent=2, sort_keys=True)  # fail before writing anything
+    tensors = {k: v.detach().cpu().contiguous() for k, v in controller.state_dict().items()}
+    atomic_write(directory / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp))
+    atomic_write(directory / CONFIG_FILE, lambda tmp: Path(tmp).write_text(text + "\n"))
+    return directory
+
+
+def load_controller(
+    directory: str | os.PathLike, expected_hidden_size: int | None = None
+) -> tuple[PonderController, dict]:
+    """Load a checkpoint written by ``save_controller``; return (controller in eval mode, config).
+
+    Refuses, with a PonderError, anything that would silently give a wrong controller: missing
+    files, a controller trained for another backbone width, or tensors whose names/shapes do
+    not match the config.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise PonderError(f"controller directory not found: {directory}")
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        if not (directory / name).is_file():
+            raise PonderError(f"controller checkpoint {directory} has no {name}")
+    try:
+        config = json.loads((directory / CONFIG_FILE).read_text())
+        hidden_size, hidden = int(config["hidden_size"]), int(config["hidden"])
+        temperature = float(config["temperature"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise PonderError(f"unreadable controller config {directory / CONFIG_FILE}: {error}")
+    if expected_hidden_size is not None and hidden_size != expected_hidden_size:
+        raise PonderError(
+            f"controller {directory} was trained for hidden size {hidden_size}, but the backbone "
+            f"has hidden size {expected_hidden_size}: train a controller for this backbone"
+        )
+    controller = PonderController(hidden_size, hidden, temperature)
+    try:
+        tensors = load_file(str(directory / WEIGHTS_FILE))
+    except Exception as error:  # safetensors raises its own error types on corrupt files
+        raise PonderError(f"unreadable controller weights {directory / WEIGHTS_FILE}: {error}")
+    wanted = {k: tuple(v.shape) for k, v in controller.state_dict().items()}
+    found = {k: tuple(v.shape) for k, v in tensors.items()}
+    if wanted != found:
+        raise PonderError(
+            f"controller weights in {directory} do not match its config.json "
+            f"(expected {wanted}, found {found})"
+        )
+    controller.load_state_dict(tensors, strict=True)
+    return controller.eval(), config

@@ -1,0 +1,450 @@
+"""``python -m lm_eval_ponder.report DIR... [--output OUT]``: the paper's Table 1 and figures
+from lm-eval output directories (``--output_path`` with ``--log_samples``).
+
+Every figure is recomputed from the per-sample logs, so the report never trusts a number it
+cannot re-derive. Accuracy carries a Wilson 95% interval and n; the best accuracy of a dataset
+is bolded only when its interval does not overlap the runner-up's (otherwise the table says
+"tie within CI"). Per-level analyses use the documents' ``level`` (arith ladder, MATH500).
+
+Which method a run is: a ``ponder_run.json`` ({"method": ..., "backbone": ...}) in the run's
+directory or a parent wins (``suite`` writes one); otherwise it is read from the model args:
+``alpha=`` -> FR (fixed alpha), ``controller=<dir>`` -> FP-<base>, ``controller=none`` or
+``--model hf`` -> <base>, where <base> is Direct/CoT/BoN from the task. A ``ponder`` run with
+neither (the shipped controller, if the backbone has one) is labelled "<base> (default args)".
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import html
+import json
+import math
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lm_eval_ponder.errors import PonderError, install_excepthook
+
+BASES = {"cot": "CoT", "bon": "BoN"}
+
+
+@dataclass
+class Run:
+    backbone: str
+    method: str
+    dataset: str
+    samples: list[dict] = field(default_factory=list)
+    source: str = ""
+
+
+def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n."""
+    if n == 0:
+        return math.nan, math.nan
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN if either side is constant."""
+    from scipy.stats import spearmanr
+
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return math.nan
+    return float(spearmanr(x, y).statistic)
+
+
+def _label(task: str, model: str, args: dict, marker: dict | None) -> tuple[str, str]:
+    dataset, _, suffix = task.partition("_ponder")
+    base = BASES.get(suffix.lstrip("_"), "Direct")
+    backbone = (marker or {}).get("backbone") or str(args.get("pretrained") or
+                                                     "smollm2-135m-instruct")
+    if marker and marker.get("method"):
+        return backbone, marker["method"].replace("{base}", base)
+    if model != "ponder":
+        return backbone, base
+    controller = args.get("controller")
+    if args.get("alpha") not in (None, "", "none"):
+        return backbone, f"FR (alpha={float(args['alpha']):g})"
+    if controller is not None and str(controller).lower() not in ("none", "", "auto"):
+        return backbone, f"FP-{base}"
+    if controller is not None:
+        return backbone, base
+    return backbone, f"{base} (default args)"
+
+
+def _marker(path: Path, roots: list[Path]) -> dict | None:
+    for parent in [path, *path.parents]:
+        candidate = parent / "ponder_run.json"
+        if candidate.is_file():
+            return json.loads(candidate.read_text())
+        if parent in roots:
+            break
+    return None
+
+
+def load_runs(paths: list[str | Path]) -> list[Run]:
+    """Every (backbone, method, dataset) found under the given lm-eval output directories."""
+    roots = [Path(p).resolve() for p in paths]
+    runs: dict[tuple[str, str, str], Run] = {}
+    for root in roots:
+        if not root.exists():
+            raise PonderError(f"no such results directory: {root}")
+        for result in sorted(root.rglob("results_*.json")):
+            data = json.loads(result.read_text())
+            config = data.get("config", {})
+            args = config.get("model_args") or {}
+            if isinstance(args, str):
+                args = dict(kv.split("=", 1) for kv in args.split(",") if "=" in kv)
+            stamp = result.stem[len("results_"):]
+            marker = _marker(result.parent, roots)
+            for task in data.get("results", {}):
+                if "_ponder" not in task:
+                    continue
+                samples_file = result.parent / f"samples_{task}_{stamp}.jsonl"
+                if not samples_file.is_file():
+                    continue
+                backbone, method = _label(task, str(config.get("model")), args, marker)
+                dataset = task.partition("_ponder")[0]
+                run = runs.setdefault((backbone, method, dataset),
+                                      Run(backbone, method, dataset, source=str(result.parent)))
+                seen = {s["doc_id"] for s in run.samples}
+                with open(samples_file) as f:
+                    for line in f:
+                        s = json.loads(line)
+                        if s["doc_id"] not in seen:
+                            run.samples.append(s)
+    if not runs:
+        raise PonderError(f"no lm-eval results with --log_samples under {', '.join(map(str, paths))}")
+    return sorted(runs.values(), key=lambda r: (r.backbone, r.dataset, r.method))
+
+
+def figures(samples: list[dict]) -> dict[str, float]:
+    n = len(samples)
+    k = sum(float(s["exact_match"]) for s in samples)
+    lo, hi = wilson(k, n)
+    mean = lambda key: sum(float(s.get(key, math.nan)) for s in samples) / n  # noqa: E731
+    flops = mean("flops")
+    return {"n": n, "acc": k / n, "lo": lo, "hi": hi, "tokens": mean("gen_tokens"),
+            "flops": flops, "log10_flops": math.log10(flops) if flops > 0 else math.nan,
+            "depth": mean("ponder_steps")}
+
+
+def _common(runs: list[Run]) -> dict[str, list[Run]]:
+    """Per dataset, restrict every run to the questions all of them answered (fair rows)."""
+    by_dataset: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_dataset[r.dataset].append(r)
+    out = {}
+    for dataset, group in by_dataset.items():
+        ids = set.intersection(*({s["doc_id"] for s in r.samples} for r in group))
+        out[dataset] = [Run(r.backbone, r.method, dataset,
+                            sorted((s for s in r.samples if s["doc_id"] in ids),
+                                   key=lambda s: s["doc_id"]), r.source) for r in group]
+    return out
+
+
+def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
+    """Rows of Table 1 (one per backbone x method) and notes on ties."""
+    common = _common(runs)
+    rows: dict[tuple[str, str], dict] = {}
+    notes = []
+    for dataset, group in sorted(common.items()):
+        figs = {(r.backbone, r.method): figures(r.samples) for r in group if r.samples}
+        ranked = sorted(figs.items(), key=lambda kv: -kv[1]["acc"])
+        win = None
+        if len(ranked) > 1 and ranked[0][1]["lo"] > ranked[1][1]["hi"]:
+            win = ranked[0][0]
+        elif len(ranked) > 1:
+            notes.append(f"{dataset}: best accuracy {ranked[0][0][1]} ({ranked[0][1]['acc']:.3f}) "
+                         f"is a tie within the 95% CI with {ranked[1][0][1]} "
+                         f"({ranked[1][1]['acc']:.3f}); not bolded")
+        for key, f in figs.items():
+            rows.setdefault(key, {"backbone": key[0], "method": key[1]})[dataset] = \
+                {**f, "win": key == win}
+    return list(rows.values()), notes
+
+
+def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
+    """Per decoding policy (``suite --decoding``), best FP variant against the best of Direct,
+    CoT and BoN on each dataset: a win or a loss only when the 95% CIs are disjoint."""
+    groups: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        m = re.fullmatch(r"(.*?)(?: \[(.+)\])?", r["method"])
+        groups[(r["backbone"], m.group(2) or "greedy")][m.group(1)] = r
+    if len({decoding for _, decoding in groups}) < 2:
+        return []
+    out = []
+    for (backbone, decoding), methods in sorted(groups.items()):
+        for d in datasets:
+            fp = [(m, r[d]) for m, r in methods.items() if m.startswith("FP-") and d in r]
+            base = [(m, r[d]) for m, r in methods.items() if m in ("Direct", "CoT", "BoN") and d in r]
+            if not fp or not base:
+                continue
+            (fm, f), (bm, b) = (max(x, key=lambda kv: kv[1]["acc"]) for x in (fp, base))
+            verdict = ("FP wins" if f["lo"] > b["hi"] else "FP loses" if f["hi"] < b["lo"]
+                       else "tie within the 95% CIs")
+            out.append(f"decoding {decoding}, {backbone}, {d}: {fm} {f['acc']:.3f} "
+                       f"({f['tokens']:.0f} tokens) vs {bm} {b['acc']:.3f} "
+                       f"({b['tokens']:.0f} tokens): {verdict}")
+    return out
+
+
+def _md_cell(f: dict | None) -> str:
+    if not f:
+        return "- | - | -"
+    acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']})"
+    if f["win"]:
+        acc = f"**{acc}**"
+    return f"{acc} | {f['tokens']:.1f} | {f['log10_flops']:.2f}"
+
+
+def write_tables(rows: list[dict], datasets: list[str], notes: list[str], out: Path) -> str:
+    head = "| backbone | method | " + " | ".join(
+        f"{d} ACC [95% CI] | {d} Avg Tokens | {d} log10 FLOPs" for d in datasets) + " |"
+    sep = "|" + "---|" * (2 + 3 * len(datasets))
+    lines = [head, sep] + [
+        f"| {r['backbone']} | {r['method']} | " + " | ".join(_md_cell(r.get(d)) for d in datasets)
+        + " |" for r in rows]
+    md = "\n".join(lines) + "\n" + "".join(f"\n- {n}" for n in notes) + "\n"
+    (out / "leaderboard.md").write_text(md)
+    with open(out / "leaderboard.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["backbone", "method", "dataset", "n", "acc", "acc_lo", "acc_hi",
+                    "avg_tokens", "log10_avg_flops", "avg_ponder_depth", "bold"])
+        for r in rows:
+            for d in datasets:
+                if d in r:
+                    x = r[d]
+                    w.writerow([r["backbone"], r["method"], d, x["n"], f"{x['acc']:.4f}",
+                                f"{x['lo']:.4f}", f"{x['hi']:.4f}", f"{x['tokens']:.2f}",
+                                f"{x['log10_flops']:.4f}", f"{x['depth']:.3f}", x["win"]])
+    return md
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated (lower cost and higher-or-equal accuracy)."""
+    front = []
+    for i, (c, a) in enumerate(points):
+        if not any((c2 <= c and a2 >= a) and (c2, a2) != (c, a) for c2, a2 in points):
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def by_level(run: Run) -> dict[int, list[dict]]:
+    levels: dict[int, list[dict]] = defaultdict(list)
+    for s in run.samples:
+        level = s["doc"].get("level")
+        if isinstance(level, str) and level.strip().isdigit():
+            level = int(level)
+        if isinstance(level, int):
+            levels[level].append(s)
+    return dict(sorted(levels.items()))
+
+
+def depth_difficulty(runs: list[Run]) -> list[tuple[str, str, float, int]]:
+    """Spearman(ponder depth, level) of every run that ponders, per dataset with levels."""
+    out = []
+    for r in runs:
+        pairs = [(lv, float(s["ponder_steps"])) for lv, ss in by_level(r).items() for s in ss]
+        if pairs and any(d for _, d in pairs):
+            out.append((r.method, r.dataset, spearman(*map(list, zip(*pairs))), len(pairs)))
+    return out
+
+
+def strong_win_rate(fp: Run, base: Run) -> dict[int, float]:
+    """Per level, the fraction of questions where FP is correct and the baseline is wrong,
+    or both are correct and FP used fewer tokens (our definition of a strong win)."""
+    other = {s["doc_id"]: s for s in base.samples}
+    out = {}
+    for level, ss in by_level(fp).items():
+        pairs = [(s, other[s["doc_id"]]) for s in ss if s["doc_id"] in other]
+        if pairs:
+            wins = sum(1 for a, b in pairs if a["exact_match"] and (
+                not b["exact_match"] or a["gen_tokens"] < b["gen_tokens"]))
+            out[level] = wins / len(pairs)
+    return out
+
+
+def plots(common: dict[str, list[Run]], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for dataset, group in sorted(common.items()):
+        group = [r for r in group if r.samples]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        figs = [figures(r.samples) for r in group]
+        pts = [(f["flops"], f["acc"]) for f in figs]
+        for r, (c, a) in zip(group, pts):
+            ax.scatter(c, a, label=r.method)
+        front = pareto_front(pts)
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--", lw=1,
+                marker="o", markersize=12, markerfacecolor="none",
+                label="Pareto frontier (circled)")
+        ax.set_xscale("log")
+        ax.set(xlabel="mean FLOPs per question", ylabel="accuracy", title=dataset)
+        ax.legend(fontsize=7)
+        written.append(_save(fig, out / f"pareto_{dataset}.png"))
+        levelled = [(r, by_level(r)) for r in group]
+        levelled = [(r, lv) for r, lv in levelled if lv]
+        if not levelled:
+            continue
+        levels = sorted({k for _, lv in levelled for k in lv})
+        fig, axes = plt.subplots(1, len(levels), figsize=(3 * len(levels), 3), squeeze=False)
+        for ax, level in zip(axes[0], levels):
+            for r, lv in levelled:
+                if level in lv:
+                    f = figures(lv[level])
+                    ax.scatter(f["flops"], f["acc"], label=r.method)
+            ax.set_xscale("log")
+            ax.set(title=f"level {level}", xlabel="FLOPs")
+        axes[0][0].set_ylabel("accuracy")
+        axes[0][-1].legend(fontsize=6)
+        written.append(_save(fig, out / f"pareto_levels_{dataset}.png"))
+        for key, ylabel, name in (("tokens", "mean generated tokens", "tokens"),
+                                  ("depth", "mean ponder depth", "depth")):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for r, lv in levelled:
+                ax.plot(list(lv), [figures(v)[key] for v in lv.values()], "o-", label=r.method)
+            ax.set(xlabel="level", ylabel=ylabel, title=dataset)
+            ax.legend(fontsize=7)
+            written.append(_save(fig, out / f"{name}_by_level_{dataset}.png"))
+        fp_runs = [r for r in group if r.method.startswith("FP-")]
+        bases = {r.method: r for r in group if r.method in ("Direct", "CoT")}
+        if fp_runs and bases:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for fp in fp_runs:
+                for name, base in bases.items():
+                    rate = strong_win_rate(fp, base)
+                    ax.plot(list(rate), list(rate.values()), "o-", label=f"{fp.method} vs {name}")
+            ax.set(xlabel="level", ylabel="strong win rate", title=dataset, ylim=(0, 1))
+            ax.legend(fontsize=7)
+            written.append(_save(fig, out / f"win_rate_{dataset}.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dict]:
+    """The rule (stated in the page): for each dataset with an FP run and both CoT and Direct,
+    the first ``per_dataset`` questions in document order where the FP run is correct and at
+    least one of CoT/Direct is wrong, plus the first question where FP is wrong and a baseline
+    is right. No other selection."""
+    cases = []
+    for dataset, group in sorted(common.items()):
+        named = {r.method: r for r in group}
+        fp = next((r for r in group if r.method.startswith("FP-Direct")), None) or \
+            next((r for r in group if r.method.startswith("FP-")), None)
+        if fp is None or "CoT" not in named or "Direct" not in named:
+            continue
+        idx = {m: {s["doc_id"]: s for s in named[m].samples} for m in ("CoT", "Direct")}
+        good, bad = [], []
+        for s in fp.samples:
+            others = [idx[m].get(s["doc_id"]) for m in ("CoT", "Direct")]
+            if None in others:
+                continue
+            if s["exact_match"] and any(not o["exact_match"] for o in others):
+                good.append((s, others))
+            elif not s["exact_match"] and any(o["exact_match"] for o in others) and not bad:
+                bad.append((s, others))
+        for s, others in good[:per_dataset] + bad:
+            cases.append({"dataset": dataset, "question": s["doc"].get("question")
+                          or s["doc"].get("problem") or "", "target": s["target"],
+                          "answers": [(fp.method, s), ("CoT", others[0]), ("Direct", others[1])]})
+    return cases
+
+
+def write_html(md_rows: list[dict], datasets: list[str], notes: list[str], images: list[Path],
+               cases: list[dict], spearmans: list, out: Path) -> None:
+    def cell(f):
+        if not f:
+            return "<td>-</td><td>-</td><td>-</td>"
+        acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']})"
+        acc = f"<b>{acc}</b>" if f["win"] else acc
+        return f"<td>{acc}</td><td>{f['tokens']:.1f}</td><td>{f['log10_flops']:.2f}</td>"
+
+    head = "".join(f"<th>{d} ACC</th><th>{d} tokens</th><th>{d} log10 FLOPs</th>"
+                   for d in datasets)
+    body = "".join(f"<tr><td>{html.escape(r['backbone'])}</td><td>{html.escape(r['method'])}"
+                   "</td>" + "".join(cell(r.get(d)) for d in datasets) + "</tr>" for r in md_rows)
+    parts = ["<!doctype html><meta charset='utf-8'><title>lm-eval-ponder leaderboard</title>",
+             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
+             "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}"
+             "table{border-collapse:collapse}pre{white-space:pre-wrap;background:#f6f6f6;"
+             "padding:6px;font-size:12px}</style>",
+             "<h1>Leaderboard</h1><table><tr><th>backbone</th><th>method</th>" + head + "</tr>"
+             + body + "</table>",
+             "<p>Accuracy: Wilson 95% interval, n questions (the questions every method of the "
+             "dataset answered). Bold only when the interval does not overlap the runner-up's."
+             "</p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"]
+    if spearmans:
+        parts.append("<h2>Ponder depth vs difficulty</h2><ul>" + "".join(
+            f"<li>{html.escape(m)} on {d}: Spearman {rho:.3f} (n={n})</li>"
+            for m, d, rho, n in spearmans) + "</ul>")
+    parts.append("<h2>Figures</h2>")
+    for img in images:
+        data = base64.b64encode(img.read_bytes()).decode()
+        parts.append(f"<p>{img.name}<br><img src='data:image/png;base64,{data}'></p>")
+    parts.append("<h2>Cases</h2><p>Rule: per dataset, the first two questions (document order)"
+                 " where FP is right and CoT or Direct is wrong, and the first where FP is wrong"
+                 " and a baseline is right. Nothing else is selected.</p>")
+    for c in cases:
+        parts.append(f"<h3>{c['dataset']}</h3><pre>{html.escape(c['question'])}</pre>"
+                     f"<p>target: {html.escape(str(c['target']))}</p><table><tr>")
+        for name, s in c["answers"]:
+            text = s["filtered_resps"][0] if s.get("filtered_resps") else ""
+            text = text if isinstance(text, str) else json.dumps(text)
+            parts.append(f"<td valign='top'><b>{html.escape(name)}</b> — "
+                         f"{'correct' if s['exact_match'] else 'wrong'}, "
+                         f"{s['gen_tokens']:.0f} tokens<pre>{html.escape(text)}</pre></td>")
+        parts.append("</tr></table>")
+    (out / "leaderboard.html").write_text("\n".join(parts))
+
+
+def report(paths: list[str | Path], out: str | Path) -> str:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = load_runs(paths)
+    rows, notes = leaderboard(runs)
+    datasets = sorted({r.dataset for r in runs})
+    notes += decoding_verdicts(rows, datasets)
+    md = write_tables(rows, datasets, notes, out)
+    common = _common(runs)
+    images = plots(common, out)
+    spear = depth_difficulty([r for g in common.values() for r in g])
+    write_html(rows, datasets, notes, images, case_studies(common), spear, out)
+    lines = [md] + [f"Spearman(ponder depth, level) {m} on {d}: {rho:.3f} (n={n})"
+                    for m, d, rho, n in spear]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    install_excepthook()
+    parser = argparse.ArgumentParser(prog="python -m lm_eval_ponder.report",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", help="lm-eval --output_path directories")
+    parser.add_argument("--output", default=None, help="report directory (default: the first "
+                        "path)")
+    a = parser.parse_args(argv)
+    print(report(a.paths, a.output or a.paths[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""``python -m lm_eval_ponder.suite``: every method on every dataset through lm-eval, then the
+report.
+
+    python -m lm_eval_ponder.suite --output results/suite --limit 20
+    python -m lm_eval_ponder.suite --pretrained Qwen/Qwen2.5-0.5B-Instruct --tasks gsm8k,math500 \
+        --controller controllers/qwen --decoding greedy,t0.7 --output results/qwen
+
+Each (decoding, method, dataset) is one ``lm_eval`` run in its own directory, written by the
+real CLI (so the files are exactly what users get) with a ``ponder_run.json`` naming the method.
+A run whose directory already holds results is skipped, so an interrupted suite continues
+where it stopped. Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``),
+FP-Direct, FP-CoT, FP-BoN (the controller: ``--controller`` or the one shipped for the
+backbone; skipped, with a message, when there is none).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lm_eval_ponder.errors import PonderError, install_excepthook
+
+DATASETS = ("arith", "gsm8k", "math500", "gpqa")
+METHODS = ("Direct", "CoT", "BoN", "FR", "FP-Direct", "FP-CoT", "FP-BoN")
+SUFFIX = {"Direct": "", "CoT": "_cot", "BoN": "_bon"}
+DECODINGS = {
+    "greedy": "do_sample=False",
+    "t0.7": "do_sample=True,temperature=0.7",
+    "top_p0.95": "do_sample=True,temperature=0.7,top_p=0.95",
+    "top_k40": "do_sample=True,temperature=0.7,top_k=40",
+}
+
+
+def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: float,
+         controller: str | None) -> list[dict]:
+    runs = []
+    for decoding in decodings:
+        for method in methods:
+            base = method.removeprefix("FP-") if method != "FR" else "Direct"
+            if method.startswith("FP-"):
+                if controller is None:
+                    continue
+                args = f"controller={controller}"
+            elif method == "FR":
+                args = f"alpha={alpha}"
+            else:
+                args = "controller=none"
+            for dataset in datasets:
+                label = f"FR (alpha={alpha:g})" if method == "FR" else method
+                if decoding != "greedy":
+                    label += f" [{decoding}]"
+                runs.append({"decoding": decoding, "method": method, "label": label,
+                             "dataset": dataset, "task": f"{dataset}_ponder{SUFFIX[base]}",
+                             "model_args": args})
+    return runs
+
+
+def run_suite(a: argparse.Namespace) -> Path:
+    out = Path(a.output)
+    methods = [m.strip() for m in a.methods.split(",")]
+    datasets = [d.strip() for d in a.tasks.split(",")]
+    decodings = [d.strip() for d in a.decoding.split(",")]
+    for name, given, known in (("method", methods, METHODS), ("dataset", datasets, DATASETS),
+                               ("decoding", decodings, DECODINGS)):
+        bad = [x for x in given if x not in known]
+        if bad:
+            raise PonderError(f"unknown {name}(s) {bad}; choose from {list(known)}")
+    controller = a.controller
+    if controller is None:
+        from lm_eval_ponder import backbone as bb
+        from lm_eval_ponder.resources import shipped_controller_dir
+
+        name = Path(a.pretrained).name.lower() if a.pretrained else bb.EMBEDDED_NAME
+        shipped = shipped_controller_dir(name)
+        if shipped is not None and (shipped / "controller.safetensors").is_file():
+            controller = str(shipped)
+    if controller in ("none", ""):
+        controller = None
+    if controller is None and any(m.startswith("FP-") for m in methods):
+        print("suite: no controller for this backbone (pass --controller DIR); FP methods "
+              "are skipped", file=sys.stderr)
+    backbone = a.pretrained or "smollm2-135m-instruct"
+    runs = plan(methods, datasets, decodings, a.alpha, controller)
+    for i, r in enumerate(runs, 1):
+        target = out / r["decoding"] / r["method"].replace(" ", "_") / r["dataset"]
+        if list(target.rglob("results_*.json")):
+            print(f"[{i}/{len(runs)}] {r['label']} {r['dataset']}: done, skipped", flush=True)
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
+        if a.steering and r["method"] not in ("Direct", "CoT", "BoN"):
+            model_args += f",steering={a.steering}"
+        gen = f"max_gen_toks={a.max_gen_toks}," + DECODINGS[r["decoding"]]
+        if r["method"].endswith("BoN") and r["decoding"] == "greedy":
+            gen = f"max_gen_toks={a.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
+        cmd = [sys.executable, "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
+               "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
+               "--batch_size", str(a.batch_size),
+               "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
+               "--seed", str(a.seed)]
+        if a.limit:
+            cmd += ["--limit", str(a.limit)]
+        print(f"[{i}/{len(runs)}] {r['label']} {r['dataset']}: {' '.join(cmd[2:])}", flush=True)
+        start = time.time()
+        done = subprocess.run(cmd)
+        if done.returncode != 0:
+            raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
+                              f"{done.returncode}); fix the error above and re-run: finished "
+                              "runs are kept")
+        (target / "ponder_run.json").write_text(json.dumps(
+            {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
+             "wall_s": round(time.time() - start, 1), "command": cmd[1:]}, indent=1))
+    from lm_eval_ponder.reporting.report import report
+
+    print(report([out], out / "report"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    install_excepthook()
+    p = argparse.ArgumentParser(prog="python -m lm_eval_ponder.suite",
+                                description="Run every method on every dataset, then report.")
+    p.add_argument("--output", required=True)
+    p.add_argument("--pretrained", default=None, help="Hub id or local dir (default: embedded)")
+    p.add_argument("--controller", default=None, help="controller dir (default: shipped one)")
+    p.add_argument("--steering", default=None, help="steering dir (default: shipped one)")
+    p.add_argument("--no_chat_template", dest="chat_template", action="store_false",
+                   help="do not pass --apply_chat_template (base models)")
+    p.add_argument("--tasks", default="arith,gsm8k,math500,gpqa", help="datasets, comma-separated")
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--decoding", default="greedy", help=f"comma-separated: {list(DECODINGS)}")
+    p.add_argument("--alpha", type=float, default=-0.2, help="the FR baseline's fixed alpha")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--batch_size", type=int, default=32)
+    p.add_argument("--max_gen_toks", type=int, default=500)
+    p.add_argument("--seed", type=int, default=0)
+    run_suite(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Command line for steering vectors: ``python -m lm_eval_ponder.steer {extract,inspect}``.
+
+    python -m lm_eval_ponder.steer extract --output controllers/smollm2-135m-instruct
+    python -m lm_eval_ponder.steer inspect controllers/smollm2-135m-instruct
+
+``extract`` loads the backbone (default: the embedded SmolLM2-135M-Instruct) in float32, frozen,
+takes the first ``--n-questions`` GSM8K TRAIN questions (or a seeded random sample with
+``--seed``), and stores the vectors of every decoder layer; ``--layer`` only picks the default
+(``DEFAULT_LAYER_FRACTION`` of depth otherwise). ``inspect`` prints the logit lens, the norms
+per layer and the cosine between layers. User mistakes print ``error: ...`` and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from lm_eval_ponder.errors import PonderError
+
+DEFAULT_N_QUESTIONS = 256
+TRAIN_SPLITS = ("train",)  # extraction never reads test questions
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    # no import of lm_eval_ponder.steering/extraction/inspection here: they import torch, and --help
+    # should be instant
+    parser = argparse.ArgumentParser(
+        prog="python -m lm_eval_ponder.steer",
+        description="Extract and inspect FR-Ponder steering vectors.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{extract,inspect}")
+
+    ex = sub.add_parser(
+        "extract",
+        help="extract a steering vector (all layers) from GSM8K train questions",
+        description="Contrastive extraction at the last prompt token of every decoder layer.",
+    )
+    _backbone_args(ex)
+    ex.add_argument("--method", choices=("paper", "fractional"), default="paper",
+                    help="paper: 'Let's think step by step...' vs 'The answer is:' summed "
+                         "difference; fractional: Fractional Reasoning's prompts, mean + PC1")  # fmt: skip
+    ex.add_argument("--layer", type=int, default=None,
+                    help="default steering layer recorded in the vector (0-based decoder block); "
+                         "default: int(DEFAULT_LAYER_FRACTION * n_layers), see "
+                         "lm_eval_ponder.steering (15 of 30 on SmolLM2-135M). All layers are stored.")  # fmt: skip
+    ex.add_argument("--n-questions", type=int, default=DEFAULT_N_QUESTIONS,
+                    help=f"number of GSM8K questions (default {DEFAULT_N_QUESTIONS})")
+    ex.add_argument("--split", choices=TRAIN_SPLITS, default="train",
+                    help="GSM8K split; only train is allowed (test questions are for evaluation)")
+    ex.add_argument("--batch-size", type=int, default=8)
+    ex.add_argument("--seed", type=int, default=None,
+                    help="sample the questions at random with this seed (default: the first N, "
+                         "as Fractional Reasoning does)")  # fmt: skip
+    ex.add_argument("--no-chat-template", action="store_true",
+                    help="tokenise the plain prompt instead of a one-turn chat")
+    ex.add_argument("--output", default=None,
+                    help="output directory (default controllers/<backbone name>)")
+    ex.add_argument("--overwrite", action="store_true", help="replace an existing vector")
+    ex.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    ex.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    ins = sub.add_parser(
+        "inspect",
+        help="report a vector's logit lens, norms per layer and layer cosines",
+        description="Print a text report about a saved steering vector.",
+    )
+    ins.add_argument("vector", help="directory holding steering.safetensors + steering.json")
+    _backbone_args(ins, inspect=True)
+    ins.add_argument("--top-k", type=int, default=15)
+    ins.add_argument("--output", default=None, help="also write the report to this file")
+    return parser
+
+
+def _backbone_args(parser: argparse.ArgumentParser, inspect: bool = False) -> None:
+    default = (
+        "the backbone recorded in the vector if it is the embedded one or a local directory, "
+        "else the embedded one" if inspect else "the embedded SmolLM2-135M-Instruct"
+    )
+    parser.add_argument("--pretrained", default=None,
+                        help=f"Hub id or local model directory (default: {default})")
+    parser.add_argument("--gguf-file", default=None, help="a GGUF file (converted once, cached)")
+
+
+def _load_backbone(pretrained: str | None, gguf_file: str | None, device: str | None = None):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lm_eval_ponder.backbone import freeze, resolve_backbone
+
+    resolved = resolve_backbone(pretrained, gguf_file)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
+        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
+    except OSError as exc:
+        raise PonderError(f"cannot load the backbone {resolved.path}: {exc}") from None
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    return resolved, freeze(model), tokenizer
+
+
+def _questions(n: int, split: str, seed: int | None) -> tuple[list[str], dict]:
+    import random
+
+    from lm_eval_ponder.evaluation.data import load_gsm8k
+
+    if split not in TRAIN_SPLITS:
+        raise PonderError(f"steering questions must come from a train split, got {split!r}")
+    if n < 1:
+        raise PonderError(f"--n-questions must be at least 1, got {n}")
+    dataset = load_gsm8k(split)
+    if n > len(dataset):
+        raise PonderError(f"--n-questions {n} exceeds the {len(dataset)} GSM8K {split} questions")
+    if seed is None:
+        indices = list(range(n))
+        selection = f"first {n}"
+    else:
+        indices = sorted(random.Random(seed).sample(range(len(dataset)), n))
+        selection = f"random {n} (seed {seed}, random.Random.sample, sorted)"
+    questions = [dataset[i]["question"] for i in indices]
+    return questions, {"dataset": "gsm8k", "split": split, "selection": selection,
+                       "n_available": len(dataset)}  # fmt: skip
+
+
+def cmd_extract(args: argparse.Namespace) -> int:
+    import torch
+
+    from lm_eval_ponder.steering.extraction import METHODS
+    from lm_eval_ponder.steering.vector import META_FILE, save_vector
+
+    if args.batch_size < 1:
+        raise PonderError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.output and (Path(args.output) / META_FILE).exists() and not args.overwrite:
+        raise PonderError(f"{args.output} already holds a steering vector; pass --overwrite to replace it")
+    questions, source = _questions(args.n_questions, args.split, args.seed)
+    t0 = time.perf_counter()
+    resolved, model, tokenizer = _load_backbone(args.pretrained, args.gguf_file, args.device)
+    load_s = time.perf_counter() - t0
+    output = Path(args.output or f"controllers/{resolved.name}")
+    if (output / META_FILE).exists() and not args.overwrite:
+        raise PonderError(f"{output} already holds a steering vector; pass --overwrite to replace it")
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
+    t1 = time.perf_counter()
+    sv = METHODS[args.method](
+        model, tokenizer, questions, layer=args.layer, batch_size=args.batch_size,
+        chat_template=not args.no_chat_template, progress=not args.no_progress,
+        backbone=resolved, question_source=source,
+    )  # fmt: skip
+    extract_s = time.perf_counter() - t1
+    sv.meta["timing_s"] = {"load": round(load_s, 2), "extract": round(extract_s, 2)}
+    save_vector(sv, output)
+    j = sv.index()
+    print(
+        f"wrote {output} ({args.method}, {len(sv.layers)} layers, default layer {sv.default_layer}, "
+        f"{len(questions)} questions): raw mean-difference norm {sv.meta['raw_norm']['mean'][j]:.2f}, "
+        f"residual norm {sv.meta['residual_norm'][j]:.2f} at layer {sv.default_layer}; "
+        f"load {load_s:.1f} s, extraction {extract_s:.1f} s"
+    )
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from lm_eval_ponder.backbone import EMBEDDED_NAME
+    from lm_eval_ponder.steering.inspection import inspect_vector
+    from lm_eval_ponder.steering.vector import load_vector
+
+    sv = load_vector(args.vector)  # read first: a bad path fails before loading a model
+    pretrained, gguf = args.pretrained, args.gguf_file
+    recorded = sv.meta.get("backbone") or {}
+    if pretrained is None and gguf is None and recorded.get("name") not in (None, EMBEDDED_NAME):
+        path = recorded.get("path")
+        if path and Path(path).is_dir():
+            pretrained = path
+    resolved, model, tokenizer = _load_backbone(pretrained, gguf)
+    sv = load_vector(args.vector, model.config, resolved.source_sha256)
+    report = inspect_vector(sv, model, tokenizer, top_k=args.top_k)
+    sys.stdout.write(report)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(report, encoding="utf-8")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return {"extract": cmd_extract, "inspect": cmd_inspect}[args.command](args)
+    except PonderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

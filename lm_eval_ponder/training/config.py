@@ -1,0 +1,172 @@
+"""``python -m lm_eval_ponder.train``: train a halting controller with GRPO on a frozen backbone.
+
+    python -m lm_eval_ponder.train --output runs/smollm2            # embedded defaults
+    python -m lm_eval_ponder.train --config my.yaml --grpo.steps 3000 --seed 1
+    torchrun --nproc_per_node 2 -m lm_eval_ponder.train ...          # or accelerate launch
+
+Two phases: (1) the rollout cache (``rollouts.py``): each training prompt generated once per
+depth, resumable, sharded across ranks; (2) GRPO (``grpo.py``) on cache lookups, with the
+reward of ``rewards.py``. With ``--ponder.granularity token`` there is no cache: every step
+generates its answers with the controller deciding at each token (``online.py``; slow, a GPU
+job). The output directory gets ``controller.safetensors`` and
+``config.json`` (loadable with ``--model_args controller=<dir>``), ``train_log.jsonl`` and
+``card.md``; ``checkpoint.safetensors`` lets an interrupted run continue exactly where its last
+checkpoint was (same seed, same result as an uninterrupted run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.training.grpo import GRPOConfig
+from lm_eval_ponder.pondering.dynamics import PonderConfig
+from lm_eval_ponder.training.rewards import RewardConfig
+from lm_eval_ponder.training.rollouts import RolloutConfig
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on; saved in config.json and checked on resume."""
+
+    output: str = ""
+    pretrained: str | None = None  # Hub id, local dir or GGUF; None: the embedded SmolLM2
+    gguf_file: str | None = None
+    steering: str | None = None  # vector dir; None: the one shipped for the backbone
+    layer: int | None = None  # steering layer; None: the vector's default
+    cache_dir: str | None = None  # None: <output>/rollouts
+    device: str | None = None  # None: cuda if available, else cpu (the backbone only)
+    seed: int = 0
+    val_fraction: float = 0.2  # held-out *training* prompts, for choosing the checkpoint
+    log_every: int = 100  # the paper logs every 100 steps; also the checkpoint interval
+    # "last": the final weights (default); "best": the best held-out score, worth it only when the
+    # held-out set is large enough to tell checkpoints apart (16 prompts here cannot)
+    select: str = "last"
+    controller_hidden: int = 512
+    controller_temperature: float = 1.0
+    ponder: PonderConfig = field(default_factory=PonderConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+    def validate(self) -> TrainConfig:
+        if not self.output:
+            raise PonderError("--output DIR is required")
+        if self.select not in ("best", "last"):
+            raise PonderError(f"select must be 'best' or 'last', got {self.select!r}")
+        if not 0 <= self.val_fraction < 1:
+            raise PonderError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.log_every < 1:
+            raise PonderError("log_every must be >= 1")
+        if self.ponder.granularity == "token" and self.rollout.samples != 1:
+            raise PonderError(
+                "granularity=token trains on online rollouts with greedy text (the randomness "
+                "is in the halting decisions): rollout.samples must be 1")
+        prompts = self.rollout.prompts
+        if not isinstance(prompts, dict) or not prompts or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+                for k, v in prompts.items()):
+            raise PonderError(f"rollout.prompts must map task names to positive counts, e.g. "
+                              f"'{{arith_ponder: 50, gsm8k_ponder: 14}}', got {prompts!r}")
+        self.ponder.validate()
+        self.grpo.validate()
+        self.reward.validate()
+        return self
+
+
+# ----------------------------------------------------------------------------- config I/O
+def _convert(value: Any, current: Any) -> Any:
+    import yaml
+
+    if isinstance(value, str):
+        parsed = yaml.safe_load(value) if value != "" else None
+    else:
+        parsed = value
+    if isinstance(current, tuple) and isinstance(parsed, list):
+        return tuple(parsed)
+    if isinstance(current, float) and isinstance(parsed, int) and not isinstance(parsed, bool):
+        return float(parsed)
+    return parsed
+
+
+def set_key(cfg: Any, dotted: str, value: Any) -> None:
+    """Set ``a.b.c`` on nested dataclasses (and dicts), converting strings like YAML does."""
+    parts = dotted.replace("-", "_").split(".")
+    obj = cfg
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(obj, dict):
+            if last:
+                obj[part] = _convert(value, obj.get(part))
+                return
+            obj = obj.setdefault(part, {})
+            continue
+        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in
+                                                             dataclasses.fields(obj)}:
+            raise PonderError(f"unknown config key {dotted!r} (see --help for the keys)")
+        if last:
+            current = getattr(obj, part)
+            new = _convert(value, current)
+            if dataclasses.is_dataclass(current) and isinstance(new, dict):
+                for k, v in new.items():
+                    set_key(current, k, v)
+            else:
+                setattr(obj, part, new)
+            return
+        obj = getattr(obj, part)
+
+
+def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            out += flat_keys(value, f"{prefix}{f.name}.")
+        else:
+            out.append((f"{prefix}{f.name}", value))
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    import yaml
+
+    keys = "\n".join(f"  --{k} {json.dumps(v, default=str)}" for k, v in flat_keys(TrainConfig()))
+    parser = argparse.ArgumentParser(
+        prog="python -m lm_eval_ponder.train",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a pondering controller with GRPO (FR-Ponder) on a frozen backbone.",
+        epilog="Every config key can be given as --key value (defaults shown):\n" + keys)
+    parser.add_argument("--config", help="YAML file with any of the keys below (nested)")
+    args, rest = parser.parse_known_args(argv)
+    cfg = TrainConfig()
+    if args.config:
+        try:
+            loaded = yaml.safe_load(Path(args.config).read_text()) or {}
+        except (OSError, yaml.YAMLError) as error:
+            raise PonderError(f"cannot read config {args.config}: {error}") from None
+        if not isinstance(loaded, dict):
+            raise PonderError(f"{args.config} must hold a mapping of config keys")
+        for key, value in loaded.items():
+            set_key(cfg, key, value)
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        if not token.startswith("--"):
+            raise PonderError(f"unexpected argument {token!r}; options look like --key value")
+        key, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(rest):
+                raise PonderError(f"--{key} needs a value")
+            value, i = rest[i + 1], i + 1
+        set_key(cfg, key, value)
+        i += 1
+    return cfg.validate()
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    return json.loads(json.dumps(asdict(cfg), default=list))

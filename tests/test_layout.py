@@ -1,0 +1,117 @@
+"""The package layout follows the data path, with no import circle and no private name crossing
+a module boundary (issue: "A layout that shows the data path"). Parsed with ``ast``: nothing is
+imported, so the test also covers modules that need optional heavy dependencies."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
+STAGES = ("steering", "pondering", "training", "evaluation", "reporting")
+# Top-level modules that only re-export documented entry points and import paths.
+SHIMS = {"train", "steer", "report", "suite", "controller", "model", "stats"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports(tree: ast.Module, known: set[str]) -> list[tuple[str, list[str]]]:
+    """(imported module, names taken from it) for every import of the package, at any depth."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names if a.name.startswith("lm_eval_ponder")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lm_eval_ponder"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                out.append((sub, []) if sub in known else (node.module, [alias.name]))
+    return out
+
+
+def test_stages_are_subpackages():
+    for stage in STAGES:
+        assert (PKG / stage / "__init__.py").is_file(), stage
+
+
+def test_no_import_circle():
+    mods = modules()
+    known = set(mods)
+    graph = {m: {target for target, _ in imports(tree, known) if target in known and target != m}
+             for m, tree in mods.items()}
+    # importing a module imports its package first: lm_eval_ponder.training.loop -> training
+    # is not an edge we care about, so only module-to-module edges are followed.
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+
+
+def test_no_private_name_crosses_a_module():
+    mods = modules()
+    known = set(mods)
+    offences = []
+    for m, tree in mods.items():
+        aliases = {}
+        for target, names in imports(tree, known):
+            offences += [f"{m} imports {target}.{n}" for n in names
+                         if n.startswith("_") and not n.startswith("__")]
+        for node in ast.walk(tree):  # module objects bound to a name, then ``name._private``
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lm_eval_ponder"):
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in known:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname and a.name in known:
+                        aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                offences.append(f"{m} uses {aliases[node.value.id]}.{node.attr}")
+    assert not offences, "\n".join(offences)
+
+
+def test_top_level_holds_foundations_and_entry_points_only():
+    top = {p.stem for p in PKG.glob("*.py")} - {"__init__"}
+    foundations = {"backbone", "flops", "errors", "files", "resources", "hooks"}
+    assert top <= foundations | SHIMS, sorted(top - foundations - SHIMS)
+    for shim in SHIMS & top:  # a shim re-exports; it defines nothing of its own
+        tree = ast.parse((PKG / f"{shim}.py").read_text())
+        defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not defined, f"{shim}.py defines {defined}: code belongs in a stage subpackage"
+
+
+def test_foundations_do_not_import_stages():
+    """Shared foundations sit below every stage: they never import a stage."""
+    mods = modules()
+    known = set(mods)
+    for name in ("backbone", "flops", "errors", "files", "resources", "hooks"):
+        m = f"lm_eval_ponder.{name}"
+        if m not in mods:
+            continue
+        bad = [t for t, _ in imports(mods[m], known)
+               if any(t.startswith(f"lm_eval_ponder.{s}") for s in STAGES)]
+        assert not bad, f"{m} imports {bad}"

@@ -98,3 +98,76 @@ def train_two_processes(argv: list[str]) -> None:
                            "2", "-m", "lm_eval_ponder.train", *argv], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ the steering tests' model
+# tests/steering/test_{vector,extraction,inspection,steer_cli}.py share this smaller Llama
+# (hidden 32, 3 layers, a chat template) and the vector extracted from it. The fixtures are
+# module-scoped: each module that asks for them builds its own. A module that defines its own
+# ``model`` fixture (tests/pondering/test_hook.py) gets that one instead.
+
+QUESTIONS = [
+    "Tom has 3 apples and buys 4 more. How many apples does he have?",
+    "A train goes 60 km in 2 hours. What is its speed?",
+    "Sara reads 5 pages a day for 7 days. How many pages?",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+def _tokenizer(chat: bool = True):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}
+    for ch in string.ascii_letters + string.digits + string.punctuation + " \n":
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+        pad_token="<pad>",
+    )  # fmt: skip
+    if chat:
+        tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _model(vocab_size: int, hidden: int = 32, layers: int = 3, seed: int = 0):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, tie_word_embeddings=False,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return _model(len(tok))
+
+
+@pytest.fixture(scope="module")
+def paper(model, tok):
+    from lm_eval_ponder.steering import extraction as E
+
+    return E.extract_paper(
+        model, tok, QUESTIONS, batch_size=2, progress=False,
+        backbone={"name": "tiny", "path": "/x", "source_sha256": "a" * 64},
+        question_source={"dataset": "unit-test"},
+    )  # fmt: skip

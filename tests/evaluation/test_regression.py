@@ -3,9 +3,10 @@ FP-Direct with the shipped controller, compared with figures recorded in a golde
 
 Refresh the golden file on purpose (after a change that is meant to move these figures):
 
-    LM_EVAL_PONDER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_regression.py
+    LM_EVAL_PONDER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/evaluation/test_regression.py
 
-and commit tests/golden/regression_smollm2.json with a sentence on why the figures moved.
+and commit tests/evaluation/golden/regression_smollm2.json with a sentence on why the figures
+moved.
 """
 
 from __future__ import annotations
@@ -102,11 +103,13 @@ def test_regression_against_golden():
                                       "figures": now}, indent=2, sort_keys=True) + "\n")
         pytest.skip(f"golden file rewritten: {GOLDEN}")
     assert GOLDEN.is_file(), (f"no golden file {GOLDEN}: create it with "
-                              "LM_EVAL_PONDER_UPDATE_GOLDEN=1 pytest tests/test_regression.py")
+                              "LM_EVAL_PONDER_UPDATE_GOLDEN=1 pytest "
+                              "tests/evaluation/test_regression.py")
     golden = json.loads(GOLDEN.read_text())
     problems = compare(golden["figures"], now)
     assert not problems, (
         "regression figures moved beyond tolerance:\n  " + "\n  ".join(problems) +
         "\nIf the change is intended, refresh the golden file with "
-        "LM_EVAL_PONDER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_regression.py "
-        "and commit tests/golden/regression_smollm2.json saying why the figures moved.")
+        "LM_EVAL_PONDER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest "
+        "tests/evaluation/test_regression.py and commit "
+        "tests/evaluation/golden/regression_smollm2.json saying why the figures moved.")

@@ -1,8 +1,11 @@
-"""The shared task logic: prompts, scoring of single and Best-of-N responses, accounting."""
+"""The shared task logic (lm_eval_ponder.evaluation.tasklib): prompts, scoring of single and
+Best-of-N responses (garbage included), accounting."""
 
 from __future__ import annotations
 
 import math
+
+import pytest
 
 from lm_eval_ponder.evaluation import tasklib
 from lm_eval_ponder.evaluation.accounting import GenerationText
@@ -56,3 +59,10 @@ def test_missing_stats_are_nan_not_zero():
     metrics = tasklib.score("numeric", {}, ["The answer is 4"], "4")
     assert metrics["exact_match"] == 1.0
     assert math.isnan(metrics["gen_tokens"]) and math.isnan(metrics["flops"])
+
+
+@pytest.mark.parametrize("response", ["", "   ", "\x00\x01garbage###", "The answer is"])
+@pytest.mark.parametrize("kind,gold", [("numeric", "42"), ("math", "\\frac{1}{2}"), ("choice", "B")])
+def test_empty_or_garbage_generation_is_graded_wrong(kind, gold, response):
+    metrics = tasklib.score(kind, {}, [response], gold)
+    assert metrics["exact_match"] == 0.0

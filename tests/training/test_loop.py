@@ -1,5 +1,7 @@
-"""``python -m lm_eval_ponder.train`` end to end on the tiny Llama: outputs, logs, seeds,
-resuming after an interruption, config handling, and loading the result in ``--model ponder``."""
+"""The prompt-level training loop (lm_eval_ponder.training.loop) run end to end by ``python -m
+lm_eval_ponder.train`` on the tiny Llama: outputs, logs, seeds, resuming after an interruption,
+refusing another config's checkpoint, two processes, and loading the result in ``--model
+ponder``."""
 
 from __future__ import annotations
 
@@ -10,11 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 import lm_eval_ponder.training.grpo as grpo
-from lm_eval_ponder.pondering.controller import load_controller
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.pondering.controller import load_controller
 from lm_eval_ponder.training.cli import main
-from lm_eval_ponder.training.config import parse_args
 
 
 def args(model_dir, vector_dir, out, *extra):
@@ -103,30 +104,6 @@ def test_model_runs_with_the_trained_settings(run_a, tiny_model_dir, tiny_vector
     assert PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir),
                     controller=str(run_a), k_max=1, batch_size=2,
                     device="cpu").ponder_config.k_max == 1  # the user's value wins
-
-
-def test_help_lists_every_key(capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main(["--help"])
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
-    for key in ("--grpo.steps", "--grpo.t1", "--reward.lambda_flops", "--rollout.prompts",
-                "--ponder.k_max"):
-        assert key in text
-
-
-def test_bad_config_is_a_clear_error(tmp_path):
-    with pytest.raises(PonderError, match="unknown config key 'grpo.nope'"):
-        parse_args(["--output", str(tmp_path), "--grpo.nope", "1"])
-    with pytest.raises(PonderError, match="output"):
-        parse_args([])
-    with pytest.raises(PonderError, match="rollout.samples must be 1"):
-        parse_args(["--output", str(tmp_path), "--ponder.granularity", "token",
-                     "--rollout.samples", "4"])
-    yaml_file = tmp_path / "c.yaml"
-    yaml_file.write_text("grpo:\n  steps: 7\nseed: 3\n")
-    cfg = parse_args(["--config", str(yaml_file), "--output", str(tmp_path), "--grpo.lr=0.001"])
-    assert (cfg.grpo.steps, cfg.seed, cfg.grpo.lr) == (7, 3, 0.001)
 
 
 def test_two_process_data_parallel_run(run_a, tiny_model_dir, tiny_vector_dir, tmp_path):

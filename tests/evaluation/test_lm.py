@@ -1,11 +1,9 @@
-"""PonderLM against HFLM on a tiny random Llama: equivalence, per-row accounting, frozen weights,
-the --use_cache guard, and clear errors for bad backbones."""
+"""PonderLM (lm_eval_ponder.evaluation.lm) against HFLM on a tiny random Llama: equivalence,
+per-row accounting, frozen weights, the --use_cache guard, and clear errors for bad backbones."""
 
 from __future__ import annotations
 
 import hashlib
-import math
-import pickle
 
 import pytest
 import torch
@@ -14,9 +12,9 @@ from lm_eval.api.model import CachingLM
 from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.flops import flops_floor, generation_flops
+from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.accounting import GenerationText, count_generated_tokens, response_stats
+from lm_eval_ponder.flops import flops_floor, generation_flops
 
 PROMPTS = ["What is 3 + 5?", "Add 12 and 30.", "Hi", "Compute 7 times 8 please, then stop."]
 
@@ -98,24 +96,6 @@ def test_repeats_keep_their_own_stats(hf_and_ponder):
         assert isinstance(text, GenerationText)
         prompt_len = len(ponder.tok_encode(req.args[0]))
         assert text.stats["prompt_tokens"] == prompt_len
-
-
-def test_count_generated_tokens_eos_and_stop():
-    decode = lambda toks: "".join(chr(t) for t in toks)  # noqa: E731
-    toks = [ord(c) for c in "abc###def"]
-    assert count_generated_tokens(decode, toks, ["###"], eos_ids=[]) == 6
-    assert count_generated_tokens(decode, toks, [], eos_ids=[ord("c")]) == 3
-    assert count_generated_tokens(decode, toks, ["zz"], eos_ids=[]) == 9
-    assert count_generated_tokens(decode, [], ["x"], eos_ids=[]) == 0
-
-
-def test_generation_text_pickles_and_stats_aggregate():
-    text = GenerationText("42", {"gen_tokens": 3, "flops": 10.0, "ponder_steps": 2.0})
-    back = pickle.loads(pickle.dumps(text))
-    assert back == "42" and back.stats == text.stats
-    two = response_stats([text, GenerationText("1", {"gen_tokens": 5, "flops": 1.0})])
-    assert two == {"gen_tokens": 8.0, "flops": 11.0, "ponder_steps": 1.0}
-    assert math.isnan(response_stats(["plain string"])["flops"])
 
 
 def test_use_cache_refuses_mixed_settings(tiny_model_dir, tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Tests for lm_eval_ponder.data: data sources, GPQA choice shuffling, the arith ladder.
+"""Tests for lm_eval_ponder.evaluation.data: data sources, GPQA choice shuffling, the arith ladder.
 
 GPQA text never appears here: shuffle behaviour is checked on synthetic rows, and the real file
 is only counted and shape-checked (assertions compare counts, so a failure prints no question).
@@ -22,7 +22,7 @@ import pytest
 from lm_eval_ponder.evaluation import data as D
 from lm_eval_ponder.errors import PonderDataError, PonderError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data"
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"no shared data at {SHARED}")

@@ -1,4 +1,4 @@
-"""Tests for lm_eval_ponder.grading: extraction, equivalence, time limits and voting.
+"""Tests for lm_eval_ponder.evaluation.grading: extraction, equivalence, time limits and voting.
 
 Many cases pair a right answer with a near miss ("72" vs "720", (1,2) vs (2,1)), so that a grader
 that is too lenient fails as surely as one that is too strict.

@@ -1,5 +1,6 @@
-"""--model ponder with steering switched on, on a tiny random Llama: alpha=0 and controller=none
-are token-identical to the baseline, offsets change outputs, per-row ponder accounting."""
+"""--model ponder (lm_eval_ponder.evaluation.lm) with steering switched on, on a tiny random
+Llama: alpha=0 and controller=none are token-identical to the baseline, offsets change outputs,
+per-row ponder accounting."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import pytest
 import torch
 from lm_eval.api.model import CachingLM
 
-from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.flops import controller_flops, generation_flops
 from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.flops import controller_flops, generation_flops
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.steering.vector import SteeringVector, save_vector
-from test_model import requests
+from test_lm import requests
 
 GREEDY = {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}
 

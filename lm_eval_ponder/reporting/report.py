@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lm_eval_ponder.errors import PonderError, install_excepthook
+from lm_eval_ponder.errors import PonderError, command
 
 BASES = {"cot": "CoT", "bon": "BoN"}
 
@@ -41,14 +41,14 @@ class Run:
     source: str = ""
 
 
-def wilson(k: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a proportion k/n."""
+def wilson(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n (scipy's ``BinomTestResult``)."""
+    from scipy.stats import binomtest
+
     if n == 0:
         return math.nan, math.nan
-    p = k / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    ci = binomtest(int(round(k)), n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -434,8 +434,8 @@ def report(paths: list[str | Path], out: str | Path) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
-    install_excepthook()
     parser = argparse.ArgumentParser(prog="python -m lm_eval_ponder.report",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="lm-eval --output_path directories")

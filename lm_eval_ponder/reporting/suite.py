@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from lm_eval_ponder.errors import PonderError, install_excepthook
+from lm_eval_ponder.errors import PonderError, command
+
+LOGGER = logging.getLogger(__name__)
 
 DATASETS = ("arith", "gsm8k", "math500", "gpqa")
 METHODS = ("Direct", "CoT", "BoN", "FR", "FP-Direct", "FP-CoT", "FP-BoN")
@@ -81,14 +84,14 @@ def run_suite(a: argparse.Namespace) -> Path:
     if controller in ("none", ""):
         controller = None
     if controller is None and any(m.startswith("FP-") for m in methods):
-        print("suite: no controller for this backbone (pass --controller DIR); FP methods "
-              "are skipped", file=sys.stderr)
+        LOGGER.warning("suite: no controller for this backbone (pass --controller DIR); FP "
+                       "methods are skipped")
     backbone = a.pretrained or "smollm2-135m-instruct"
     runs = plan(methods, datasets, decodings, a.alpha, controller)
     for i, r in enumerate(runs, 1):
         target = out / r["decoding"] / r["method"].replace(" ", "_") / r["dataset"]
         if list(target.rglob("results_*.json")):
-            print(f"[{i}/{len(runs)}] {r['label']} {r['dataset']}: done, skipped", flush=True)
+            LOGGER.info("[%d/%d] %s %s: done, skipped", i, len(runs), r["label"], r["dataset"])
             continue
         target.mkdir(parents=True, exist_ok=True)
         model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
@@ -104,7 +107,7 @@ def run_suite(a: argparse.Namespace) -> Path:
                "--seed", str(a.seed)]
         if a.limit:
             cmd += ["--limit", str(a.limit)]
-        print(f"[{i}/{len(runs)}] {r['label']} {r['dataset']}: {' '.join(cmd[2:])}", flush=True)
+        LOGGER.info("[%d/%d] %s %s: %s", i, len(runs), r["label"], r["dataset"], " ".join(cmd[2:]))
         start = time.time()
         done = subprocess.run(cmd)
         if done.returncode != 0:
@@ -120,8 +123,8 @@ def run_suite(a: argparse.Namespace) -> Path:
     return out
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
-    install_excepthook()
     p = argparse.ArgumentParser(prog="python -m lm_eval_ponder.suite",
                                 description="Run every method on every dataset, then report.")
     p.add_argument("--output", required=True)

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.errors import PonderError, command
 
 DEFAULT_N_QUESTIONS = 256
 TRAIN_SPLITS = ("train",)  # extraction never reads test questions
@@ -184,14 +184,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
-    parser = _build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return {"extract": cmd_extract, "inspect": cmd_inspect}[args.command](args)
-    except PonderError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    args = _build_parser().parse_args(argv)
+    return {"extract": cmd_extract, "inspect": cmd_inspect}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.hooks import block_hidden
 from lm_eval_ponder.steering.vector import (
     DEFAULT_LAYER_FRACTION,
     FORMAT,
@@ -77,11 +78,6 @@ def _render_example(tokenizer, text: str, use_chat: bool) -> str:
     return tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
     )
-
-
-def _block_output(output: Any) -> torch.Tensor:
-    """A decoder block's hidden-state output (a tensor, or the first item of a tuple)."""
-    return output[0] if isinstance(output, (tuple, list)) else output
 
 
 @torch.no_grad()
@@ -128,7 +124,7 @@ def last_token_states(
 
     def make_hook(layer: int):
         def hook(_module, _inputs, output):
-            captured[layer] = _block_output(output)[:, -1, :].detach().float().cpu()
+            captured[layer] = block_hidden(output)[:, -1, :].detach().float().cpu()
 
         return hook
 
@@ -283,8 +279,9 @@ def _unit_rows(matrix: torch.Tensor, what: str, layers: list[int]) -> torch.Tens
     return (matrix / norms).float()
 
 
-def _paper_direction(pos: torch.Tensor, neg: torch.Tensor, stored: list[int]) -> tuple[torch.Tensor, dict]:
-    """The paper's estimator from the float64 states [N, L, d]: (unit vectors, its own meta)."""
+def paper_direction(pos: torch.Tensor, neg: torch.Tensor, stored: list[int]) -> tuple[torch.Tensor, dict]:
+    """The paper's estimator, eq. (steering): h = sum_i (h_i+ - h_i-) / Z per layer, from the
+    float64 states [N, L, d]; returns (unit vectors, its own meta)."""
     diff_sum = (pos - neg).sum(dim=0)  # [L, d], float64
     vectors = _unit_rows(diff_sum, "the summed difference", stored)
     raw = diff_sum.norm(dim=-1)
@@ -292,7 +289,7 @@ def _paper_direction(pos: torch.Tensor, neg: torch.Tensor, stored: list[int]) ->
     return vectors, {"raw_norm": {"sum": [float(x) for x in raw], "mean": [float(x) for x in raw / n]}}
 
 
-def _fractional_direction(pos: torch.Tensor, neg: torch.Tensor, stored: list[int]) -> tuple[torch.Tensor, dict]:
+def fractional_direction(pos: torch.Tensor, neg: torch.Tensor, stored: list[int]) -> tuple[torch.Tensor, dict]:
     """Mean difference + sign-aligned PC1 of the differences concatenated over layers."""
     diffs = pos - neg  # [N, L, d] float64
     n, n_stored, d = diffs.shape
@@ -370,7 +367,7 @@ def extract_paper(
     ``backbone`` (a ``ResolvedBackbone`` or dict) and ``question_source`` are recorded in meta.
     """
     return _extract(
-        "paper", PAPER_POSITIVE, PAPER_NEGATIVE, _paper_direction, model, tokenizer,
+        "paper", PAPER_POSITIVE, PAPER_NEGATIVE, paper_direction, model, tokenizer,
         _questions_list(questions), layer, batch_size, chat_template, progress, backbone,
         question_source,
     )  # fmt: skip
@@ -398,7 +395,7 @@ def extract_fractional(
     if len(questions) < 2:
         raise PonderError("the fractional method fits a PCA and needs at least two questions")
     return _extract(
-        "fractional", FRACTIONAL_POSITIVE, FRACTIONAL_NEGATIVE, _fractional_direction, model,
+        "fractional", FRACTIONAL_POSITIVE, FRACTIONAL_NEGATIVE, fractional_direction, model,
         tokenizer, questions, layer, batch_size, chat_template, progress, backbone, question_source,
     )  # fmt: skip
 

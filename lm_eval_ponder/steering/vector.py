@@ -48,7 +48,6 @@ pair is detected). Each file is written atomically (temporary file + ``os.replac
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -58,7 +57,7 @@ from typing import Any, Sequence
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import atomic_write
+from lm_eval_ponder.files import atomic_write, file_sha256
 
 FORMAT = "lm_eval_ponder.steering/1"
 VECTORS_FILE = "steering.safetensors"
@@ -161,14 +160,6 @@ def format_ranges(values: Sequence[int]) -> str:
 # --------------------------------------------------------------------------- files
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def save_vector(sv: SteeringVector, directory: str | os.PathLike) -> Path:
     """Write ``steering.safetensors`` + ``steering.json`` into ``directory``; returns it."""
     from safetensors.torch import save_file
@@ -184,7 +175,7 @@ def save_vector(sv: SteeringVector, directory: str | os.PathLike) -> Path:
     meta = dict(sv.meta)
     meta["layers"] = list(sv.layers)
     meta.setdefault("layer", sv.default_layer)
-    meta["vectors_sha256"] = _file_sha256(vec_path)
+    meta["vectors_sha256"] = file_sha256(vec_path)
 
     def write_json(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -240,7 +231,7 @@ def load_vector(
     if not isinstance(meta, dict):
         raise PonderError(f"{meta_path} does not hold a JSON object")
     expected_sha = meta.get("vectors_sha256")
-    if expected_sha and _file_sha256(vec_path) != expected_sha:
+    if expected_sha and file_sha256(vec_path) != expected_sha:
         raise PonderError(
             f"{vec_path.name} does not match {meta_path.name} in {directory} (the file's SHA-256 "
             "differs from the one recorded): the pair was mixed or edited; re-extract"

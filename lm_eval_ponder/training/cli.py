@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from lm_eval_ponder.errors import install_excepthook
+from lm_eval_ponder.errors import command
 from lm_eval_ponder.training.config import parse_args
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
-    install_excepthook()
     cfg = parse_args(argv)
     if cfg.ponder.granularity == "token":
         from lm_eval_ponder.training.online import run_online as run

@@ -87,9 +87,8 @@ class RewardBook:
                 float((outcome[outcome_key(name)].abs() * self.weights[name]).mean()))
         if self.cfg.balance and (step + 1) % self.cfg.balance_every == 0:
             mean_abs = {k: sum(v) / len(v) for k, v in self._magnitudes.items()}
-            acc = mean_abs.get("acc", 0.0)
-            targets = {k: self.cfg.balance_ratio * acc for k in self.cfg.balance if acc > 0}
-            self.weights = R.balance_weights(self.weights, mean_abs, targets,
+            self.weights = R.balance_weights(self.weights, mean_abs,
+                                             R.balance_targets(mean_abs, self.cfg),
                                              self.cfg.balance_eta)
             self._magnitudes.clear()
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -75,6 +75,12 @@ class GRPOConfig:
 
 
 # ----------------------------------------------------------------------------- equations
+def curriculum_stage(t: int, t1: int, t2: int) -> int:
+    """The curriculum stage of (0-based) step t: 1 teacher forcing (t < T1), 2 the teacher ->
+    student transition (T1 <= t < T2), 3 autonomous (t >= T2), as eq. (curriculum_schedule)."""
+    return 1 if t < t1 else 2 if t < t2 else 3
+
+
 def curriculum_probability(t: int, t1: int, t2: int) -> float:
     """p_curriculum(t), eq. (curriculum_schedule): 1 before T1, linear to 0 at T2, then 0."""
     if t < t1:
@@ -82,6 +88,12 @@ def curriculum_probability(t: int, t1: int, t2: int) -> float:
     if t >= t2:
         return 0.0
     return 1.0 - (t - t1) / (t2 - t1)
+
+
+def curriculum_sources(n: int, t: int, cfg: GRPOConfig, generator: torch.Generator) -> torch.Tensor:
+    """source(t) ~ Bernoulli(p_curriculum(t)) per trajectory (eq. curriculum_sampling): True
+    where the teacher acts. Always draws ``n`` numbers, so the generator stays in step."""
+    return torch.rand(n, generator=generator) < curriculum_probability(t, cfg.t1, cfg.t2)
 
 
 def group_advantages(rewards: torch.Tensor, keep: torch.Tensor | None = None,
@@ -189,7 +201,7 @@ def batch_outcome(outcome: dict[str, torch.Tensor], t: int, cfg: GRPOConfig, n_p
     rewards = outcome["reward"].float().view(P, G)
     diversity = flops_diversity(gather(outcome["flops"]) if gather else outcome["flops"])
     keep = torch.ones(P, G, dtype=torch.bool)
-    if cfg.quality_gates and t >= cfg.t2 and "comp" in outcome and "qual" in outcome:
+    if cfg.quality_gates and curriculum_stage(t, cfg.t1, cfg.t2) == 3 and "comp" in outcome and "qual" in outcome:
         keep = quality_gate(outcome["comp"], outcome["qual"], cfg.theta_comp,
                             cfg.theta_qual).view(P, G)
     return rewards, diversity, keep
@@ -238,8 +250,23 @@ class GRPOTrainer:
     @torch.no_grad()
     def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
         """Inference-time depths (first phi <= tau), as ``--model ponder`` will choose them."""
-        p = torch.sigmoid(self.logits(z0) / self.controller.temperature)
+        p = self.controller.probability(self.logits(z0))
         return halting_depth(p, self.tau)
+
+    def update(self, backward: Callable[[], Any], gradient_hook: Callable[[], None] | None) -> None:
+        """The update tail both granularities share: zero the gradients, let ``backward``
+        accumulate them, average them across ranks (``gradient_hook``), clip, step."""
+        self.optimizer.zero_grad(set_to_none=False)
+        backward()
+        if gradient_hook is not None:
+            gradient_hook()
+        nn.utils.clip_grad_norm_(self.controller.parameters(), self.cfg.max_grad_norm)
+        self.optimizer.step()
+
+    def check_diversity(self, diversity: float) -> None:
+        """The diversity alert's remedy, after the update: re-initialise below eps_div."""
+        if diversity < self.cfg.eps_div:
+            self.reinitialise()
 
     def reinitialise(self) -> None:
         """The diversity alert's remedy: fresh weights (from our generator) and optimiser."""
@@ -265,17 +292,16 @@ class GRPOTrainer:
         P, G = len(prompt_ids), cfg.group_size
         logits = self.logits(z0)  # [P, K+1]
         flat = logits.repeat_interleave(G, dim=0)  # [P*G, K+1]
-        p = torch.sigmoid(flat.detach() / temp)
+        p = self.controller.probability(flat.detach())
         student = sample_depths(p, self.generator,
                                 self.tau if cfg.threshold_in_training else None)
-        p_teacher = curriculum_probability(t, cfg.t1, cfg.t2)
-        teacher = torch.rand(P * G, generator=self.generator) < p_teacher
+        teacher = curriculum_sources(P * G, t, cfg, self.generator)
         depths = torch.where(teacher, teacher_depths(P * G, cfg, self.k_max, self.generator),
                              student)
         outcome = reward_fn(prompt_ids.repeat_interleave(G), depths)
         rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
         log_probs = trajectory_log_prob(flat, depths, temp)
-        if t < cfg.t1:
+        if curriculum_stage(t, cfg.t1, cfg.t2) == 1:
             loss = imitation_loss(log_probs) if cfg.stage1 == "imitation" else None
         else:
             adv = group_advantages(rewards, keep, cfg.scale_std).view(-1)
@@ -283,14 +309,8 @@ class GRPOTrainer:
             loss = grpo_loss(log_probs, adv, entropy, keep.view(-1), cfg.entropy_beta)
         updated = loss is not None
         if updated:
-            self.optimizer.zero_grad(set_to_none=False)
-            loss.backward()
-            if gradient_hook is not None:  # e.g. average gradients across ranks
-                gradient_hook()
-            nn.utils.clip_grad_norm_(self.controller.parameters(), cfg.max_grad_norm)
-            self.optimizer.step()
-        if diversity < cfg.eps_div:
-            self.reinitialise()
+            self.update(loss.backward, gradient_hook)
+        self.check_diversity(diversity)
         return StepResult(depths.view(P, G), teacher.view(P, G), outcome, keep,
                           float(loss.detach()) if updated else float("nan"), updated, diversity)
 
@@ -317,7 +337,7 @@ class TokenPolicy:
     def __call__(self, z_last: torch.Tensor) -> torch.Tensor:
         tr = self.trainer
         z = z_last.detach().float().cpu()
-        p = torch.sigmoid(tr.logits(z) / tr.controller.temperature)
+        p = tr.controller.probability(tr.logits(z))
         if self.greedy:
             depth = halting_depth(p, tr.tau)
         else:
@@ -368,8 +388,7 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     """
     cfg = trainer.cfg
     P, G = len(prompt_ids), cfg.group_size
-    p_teacher = curriculum_probability(t, cfg.t1, cfg.t2)
-    teacher = (torch.rand(P * G, generator=trainer.generator) < p_teacher).view(P, G)
+    teacher = curriculum_sources(P * G, t, cfg, trainer.generator).view(P, G)
     t_depth = teacher_depths(P * G, cfg, trainer.k_max, trainer.generator).view(P, G)
     records, trajs = [], []
     for j, i in enumerate(prompt_ids.tolist()):
@@ -378,13 +397,14 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
         trajs.append(tr)
     outcome = score(records)
     rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
-    imitate = t < cfg.t1
+    imitate = curriculum_stage(t, cfg.t1, cfg.t2) == 1
     updated = not imitate or cfg.stage1 == "imitation"
     adv = group_advantages(rewards, keep, cfg.scale_std)
     norm = float(P * G) if imitate else float(keep.sum().clamp(min=1))
     total = 0.0
-    if updated:
-        trainer.optimizer.zero_grad(set_to_none=False)
+
+    def backward() -> None:  # group by group: a whole batch's states need not fit at once
+        nonlocal total
         for j in range(P):
             lp, ent = zip(*(token_trajectory_terms(trainer, s, d) for s, d in trajs[j]))
             lp, ent = torch.stack(lp), torch.stack(ent)
@@ -395,12 +415,10 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
                     * keep[j].sum().clamp(min=1) / norm
             loss.backward()
             total += float(loss.detach())
-        if gradient_hook is not None:
-            gradient_hook()
-        nn.utils.clip_grad_norm_(trainer.controller.parameters(), cfg.max_grad_norm)
-        trainer.optimizer.step()
-    if diversity < cfg.eps_div:
-        trainer.reinitialise()
+
+    if updated:
+        trainer.update(backward, gradient_hook)
+    trainer.check_diversity(diversity)
     mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group] for group in trajs])
     return StepResult(mean_depth.round().long(), teacher, outcome, keep,
                       total if updated else float("nan"), updated, diversity, mean_depth)

@@ -9,6 +9,7 @@ outcomes are gathered so reward statistics stay identical everywhere. Rank 0 wri
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from pathlib import Path
@@ -19,8 +20,7 @@ from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.flops import controller_flops
-from lm_eval_ponder.training.grpo import GRPOTrainer, curriculum_probability
+from lm_eval_ponder.training.grpo import GRPOTrainer, curriculum_probability, curriculum_stage
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.training.rewards import COMPONENTS
 from lm_eval_ponder.training.rollouts import RolloutCache, generate_missing, prepare_cache
@@ -29,6 +29,7 @@ from lm_eval_ponder.training.distributed import Distributed
 from lm_eval_ponder.files import append_jsonl
 
 LOG = "train_log.jsonl"
+LOGGER = logging.getLogger(__name__)
 
 
 def load_backbone(cfg: TrainConfig, offsets: list[float]):
@@ -53,7 +54,7 @@ def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, ste
     ratio = fl_mag / acc_mag if acc_mag > 0 else float("inf")
     return {
         "step": step, "elapsed_s": round(elapsed, 1),
-        "stage": 1 if step < cfg.grpo.t1 else 2 if step < cfg.grpo.t2 else 3,
+        "stage": curriculum_stage(step, cfg.grpo.t1, cfg.grpo.t2),
         "p_teacher": curriculum_probability(step - 1, cfg.grpo.t1, cfg.grpo.t2),
         "teacher_fraction": float(cat["teacher"].float().mean()),
         "accuracy": float(cat["correct"].mean()),
@@ -127,7 +128,7 @@ def load_state(path: Path, trainer: GRPOTrainer, generators: dict, env, run_conf
     env.stats.load(meta["stats"])
     env.weights = meta["weights"]
     trainer.reinitialisations = meta["reinitialisations"]
-    print(f"resuming {path.parent} at step {meta['step']}", flush=True)
+    LOGGER.info("resuming %s at step %d", path.parent, meta["step"])
     return meta, best
 
 
@@ -155,7 +156,7 @@ def identity_of(lm) -> dict:
     """What a controller is trained for: backbone, steering vector, layer and scale."""
     return {"backbone": lm.backbone_info.path, "backbone_name": lm.backbone_info.name,
             "backbone_sha256": lm.backbone_info.source_sha256,
-            "steering_dir": str(lm._steering_dir), "layer": lm.steer_layer,
+            "steering_dir": str(lm.steering_dir), "layer": lm.steer_layer,
             "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
             "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
 
@@ -189,10 +190,8 @@ def run(cfg: TrainConfig) -> Path:
     hidden = identity["hidden_size"]
     torch.manual_seed(cfg.seed)
     controller = PonderController(hidden, cfg.controller_hidden, cfg.controller_temperature)
-    projection = None if controller.projection is None else int(controller.projection.shape[0])
     env = CachedEnvironment(cache, cfg.ponder.k_max, cfg.rollout.samples,
-                            controller_flops(hidden, cfg.controller_hidden, cfg.ponder.k_max + 1,
-                                             projection), cfg.reward, env_gen)
+                            controller.evaluation_flops(cfg.ponder.k_max + 1), cfg.reward, env_gen)
     from lm_eval_ponder.steering.vector import load_vector
 
     vector = load_vector(identity["steering_dir"]).vector(identity["layer"])

@@ -35,7 +35,7 @@ from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.training.environment import RewardBook, split_prompts
-from lm_eval_ponder.flops import controller_flops, generation_flops
+from lm_eval_ponder.flops import generation_flops
 from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.pondering.hook import SteeringHook
@@ -68,9 +68,7 @@ class OnlineEnvironment(RewardBook):
         self.eos_ids = {lm.eot_token_id}
         if lm.tokenizer.pad_token_id is not None:
             self.eos_ids.add(lm.tokenizer.pad_token_id)
-        c = controller
-        self._controller_shape = (c.hidden_size, c.hidden,
-                                  None if c.projection is None else int(c.projection.shape[0]))
+        self.controller = controller
 
     @torch.no_grad()
     def rollout(self, i: int, policy: TokenPolicy):
@@ -102,9 +100,8 @@ class OnlineEnvironment(RewardBook):
         records = []
         for text, n, ppl, (_, depths) in zip(texts, used, ppls, trajectories):
             correct, pred = grading.grade(p.kind, text, p.gold)
-            flops = generation_flops(lm.flops_spec, ids.shape[1], n) + controller_flops(
-                self._controller_shape[0], self._controller_shape[1],
-                (self.k_max + 1) * len(depths), self._controller_shape[2])
+            flops = generation_flops(lm.flops_spec, ids.shape[1], n) + \
+                self.controller.evaluation_flops((self.k_max + 1) * len(depths))
             records.append({"key": p.key, "task": p.task, "level": p.level, "text": text,
                             "gen_tokens": n, "prompt_tokens": int(ids.shape[1]),
                             "flops": float(flops), "correct": bool(correct), "pred": pred,

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 COMPONENTS = ("acc", "flops", "comp", "qual", "rep")
@@ -47,6 +48,7 @@ class RewardConfig:
     eps: float = 1e-8
     lambda_flops: float = 0.1  # strength of the FLOPs penalty (per standard deviation)
     ema_momentum: float = 0.99  # running FLOPs mean/std of eq. flops_reward
+    flops_std_floor: float = 0.01  # the FLOPs std is at least this fraction of the mean
     stage_weights: dict[str, float] = field(default_factory=lambda: {
         "setup": 0.25, "computation": 0.25, "verification": 0.25, "conclusion": 0.25})
     len_target: int = 64  # tokens; shorter outputs get proportionally less R_qual
@@ -89,8 +91,13 @@ def accuracy_reward(correct: bool, rel_error: float | None, cfg: RewardConfig) -
 
 
 def flops_reward(flops: float, mean_hist: float, std_hist: float, cfg: RewardConfig) -> float:
-    """Efficiency, eq. (flops_reward): -lambda_flops (F - mean_hist) / (std_hist + eps)."""
-    return -cfg.lambda_flops * (flops - mean_hist) / (std_hist + cfg.eps)
+    """Efficiency, eq. (flops_reward): -lambda_flops (F - mean_hist) / (std_hist + eps).
+
+    The standard deviation is floored at ``flops_std_floor`` x |mean_hist|, so a near-constant
+    history cannot turn a small FLOPs difference into an enormous penalty.
+    """
+    std = max(std_hist, cfg.flops_std_floor * abs(mean_hist))
+    return -cfg.lambda_flops * (flops - mean_hist) / (std + cfg.eps)
 
 
 def completeness_reward(text: str, cfg: RewardConfig) -> float:
@@ -130,6 +137,13 @@ def repetition_reward(text: str, cfg: RewardConfig) -> float:
 def total_reward(components: dict[str, float], weights: dict[str, float]) -> float:
     """R = sum_i w_i R_i (the paper's composite reward)."""
     return sum(weights.get(name, 0.0) * value for name, value in components.items())
+
+
+def balance_targets(mean_abs: dict[str, float], cfg: RewardConfig) -> dict[str, float]:
+    """Target magnitudes of the adapting weights: ``balance_ratio`` x mean |w_acc R_acc| (no
+    target, hence no change, before any accuracy reward has been seen)."""
+    acc = mean_abs.get("acc", 0.0)
+    return {k: cfg.balance_ratio * acc for k in cfg.balance if acc > 0}
 
 
 def balance_weights(weights: dict[str, float], mean_abs: dict[str, float],
@@ -197,13 +211,31 @@ def reward_components(record: dict, flops: float, stats: RunningStats, ppl_ref: 
                       cfg: RewardConfig) -> dict[str, float]:
     """All five unweighted components of one outcome (a rollout-cache record)."""
     mean = stats.mean if stats.mean is not None else flops
-    # eps of eq. flops_reward: 1% of the running mean, so a near-constant history cannot turn
-    # a small FLOPs difference into an enormous penalty.
-    std = max(stats.std, 0.01 * abs(mean))
-    return {
-        "acc": accuracy_reward(record["correct"], record.get("rel_error"), cfg),
-        "flops": flops_reward(flops, mean, std, cfg),
-        "comp": completeness_reward(record["text"], cfg),
-        "qual": quality_reward(record["gen_tokens"], record.get("ppl"), *ppl_ref, cfg),
-        "rep": repetition_reward(record["text"], cfg),
-    }
+    context = RewardContext(record, flops, mean, stats.std, ppl_ref, cfg)
+    return {name: fn(context) for name, fn in REWARD_FUNCTIONS}
+
+
+@dataclass
+class RewardContext:
+    """What the reward components of one outcome read: the record, its FLOPs, the FLOPs
+    history, the perplexity reference and the config."""
+
+    record: dict
+    flops: float
+    flops_mean: float
+    flops_std: float
+    ppl_ref: tuple[float, float]
+    cfg: RewardConfig
+
+
+# The reward as a list of named functions (TRL's ``reward_funcs`` shape): each component is
+# computed, logged (``R_<name>`` in train_log.jsonl) and weighted under its name.
+REWARD_FUNCTIONS: list[tuple[str, Callable[[RewardContext], float]]] = [
+    ("acc", lambda c: accuracy_reward(c.record["correct"], c.record.get("rel_error"), c.cfg)),
+    ("flops", lambda c: flops_reward(c.flops, c.flops_mean, c.flops_std, c.cfg)),
+    ("comp", lambda c: completeness_reward(c.record["text"], c.cfg)),
+    ("qual", lambda c: quality_reward(c.record["gen_tokens"], c.record.get("ppl"), *c.ppl_ref,
+                                      c.cfg)),
+    ("rep", lambda c: repetition_reward(c.record["text"], c.cfg)),
+]
+assert tuple(name for name, _ in REWARD_FUNCTIONS) == COMPONENTS

@@ -140,53 +140,67 @@ def prompt_states(lm, contexts: list[str], layer: int) -> torch.Tensor:
     generation contexts (``tok_batch_encode``), which is what the steering hook sees.
     """
     from lm_eval_ponder.backbone import decoder_layers
+    from lm_eval_ponder.hooks import last_token_capture
 
-    captured: list[torch.Tensor] = []
-
-    def hook(module, args, output):
-        hidden = output if isinstance(output, torch.Tensor) else output[0]
-        captured.append(hidden[:, -1, :].float().cpu())
-
-    handle = decoder_layers(lm.model)[layer].register_forward_hook(hook)
-    try:
+    with last_token_capture(decoder_layers(lm.model)[layer]) as captured:
         for context in contexts:
             ids, mask = lm.tok_batch_encode([context])
             lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device))
-    finally:
-        handle.remove()
     return torch.cat(captured, dim=0)
 
 
 @torch.no_grad()
-def response_perplexities(lm, contexts: list[str], texts: list[str]) -> list[float | None]:
+def response_perplexities(lm, contexts: list[str], texts: list[str],
+                          logits_budget: int = 1 << 28) -> list[float | None]:
     """Perplexity of each text given its context under the frozen, unsteered backbone.
 
     The coherence input of the quality reward: steering can make text fluent to the steered
     model and odd to the original one, so we ask the original one (no hook is active here).
-    One right-padded batch; None for an empty text.
+    None for an empty text.
+
+    Memory stays bounded whatever the number of texts: rows are scored in chunks, left-padded
+    so every row's response sits at the end, and only the response positions' logits are
+    computed (``logits_to_keep``), at most ``logits_budget`` bytes of them per chunk.
     """
+    import inspect
+
     rows, spans = [], []
     for context, text in zip(contexts, texts):
         ctx = lm.tok_batch_encode([context])[0][0].tolist()
         resp = lm.tokenizer(text, add_special_tokens=False).input_ids
         rows.append(ctx + resp)
         spans.append((len(ctx), len(resp)))
-    width = max(len(r) for r in rows)
+    params = inspect.signature(lm.model.forward).parameters
     pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
-    logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device)).logits
-    out: list[float | None] = []
-    for i, (n_ctx, n_resp) in enumerate(spans):
-        if n_resp == 0:
-            out.append(None)
-            continue
-        pred = logits[i, n_ctx - 1 : n_ctx + n_resp - 1].float()
-        nll = torch.nn.functional.cross_entropy(pred, ids[i, n_ctx : n_ctx + n_resp].to(pred.device))
-        out.append(float(torch.exp(nll)))
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    out: list[float | None] = [None] * len(rows)
+    todo = sorted((i for i in range(len(rows)) if spans[i][1] > 0), key=lambda i: len(rows[i]))
+    start = 0
+    while start < len(todo):
+        keep = spans[todo[start]][1] + 1
+        n = max(1, logits_budget // (4 * keep * vocab))
+        chunk = todo[start : start + n]
+        keep = max(spans[i][1] for i in chunk) + 1
+        chunk = chunk[: max(1, logits_budget // (4 * keep * vocab))]
+        start += len(chunk)
+        width = max(len(rows[i]) for i in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, i in enumerate(chunk):
+            ids[j, width - len(rows[i]):] = torch.tensor(rows[i])
+            mask[j, width - len(rows[i]):] = 1
+        kwargs = {"input_ids": ids.to(lm.device), "attention_mask": mask.to(lm.device)}
+        if "position_ids" in params:  # left padding must not shift the real tokens' positions
+            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(lm.device)
+        if "logits_to_keep" in params:
+            kwargs["logits_to_keep"] = min(keep, width)
+        logits = lm.model(**kwargs).logits
+        for j, i in enumerate(chunk):
+            n_resp = spans[i][1]
+            # the last ``n_resp + 1`` positions predict the response tokens and one beyond
+            pred = logits[j, logits.shape[1] - n_resp - 1 : logits.shape[1] - 1].float()
+            target = ids[j, width - n_resp:].to(pred.device)
+            out[i] = float(torch.exp(torch.nn.functional.cross_entropy(pred, target)))
     return out
 
 
@@ -208,8 +222,9 @@ class RolloutCache:
         path = self.dir / MANIFEST
         if manifest is None:
             if not path.is_file():
-                raise PonderError(f"{self.dir} is not a rollout cache (no {MANIFEST}); build "
-                                  "one with `python -m lm_eval_ponder.train --build-cache-only`")
+                raise PonderError(f"{self.dir} is not a rollout cache (no {MANIFEST}); "
+                                  "`python -m lm_eval_ponder.train --output DIR --cache_dir "
+                                  f"{self.dir}` builds it in its first phase")
             manifest = json.loads(path.read_text())
         elif path.is_file():
             old = json.loads(path.read_text())

@@ -409,7 +409,7 @@ def test_arith_bad_arguments(split, per_level):
 
 
 def test_module_import_is_light():
-    code = "import sys, lm_eval_ponder.data; print('datasets' in sys.modules)"
+    code = "import sys, lm_eval_ponder.evaluation.data; print('datasets' in sys.modules)"
     res = subprocess.run(
         [sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )

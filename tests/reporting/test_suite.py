@@ -3,10 +3,9 @@ resumes (finished runs are skipped) and reports."""
 
 from __future__ import annotations
 
-import pytest
 
 from lm_eval_ponder.reporting import suite
-from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.errors import USAGE_ERROR
 
 
 def test_plan_covers_methods_and_decodings():
@@ -18,9 +17,9 @@ def test_plan_covers_methods_and_decodings():
     assert not [r for r in suite.plan(["FP-Direct"], ["arith"], ["greedy"], -0.2, None)]
 
 
-def test_unknown_names_are_refused(tmp_path):
-    with pytest.raises(PonderError, match="unknown method"):
-        suite.main(["--output", str(tmp_path), "--methods", "Magic"])
+def test_unknown_names_are_refused(tmp_path, capsys):
+    assert suite.main(["--output", str(tmp_path), "--methods", "Magic"]) == USAGE_ERROR
+    assert "lm-eval-ponder error: unknown method" in capsys.readouterr().err
 
 
 def test_suite_runs_resumes_and_reports(tiny_model_dir, tiny_vector_dir, tmp_path, capsys):
@@ -33,4 +32,4 @@ def test_suite_runs_resumes_and_reports(tiny_model_dir, tiny_vector_dir, tmp_pat
     assert "FR (alpha=-0.2)" in report.read_text() and "Direct" in report.read_text()
     capsys.readouterr()
     suite.main(argv)
-    assert capsys.readouterr().out.count("done, skipped") == 2
+    assert capsys.readouterr().err.count("done, skipped") == 2  # status lines: stderr

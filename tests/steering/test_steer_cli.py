@@ -26,7 +26,7 @@ def test_cli_errors_exit_2(tmp_path, capsys):
 
     assert steer.main(["inspect", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: no steering vector")
+    assert err.startswith("lm-eval-ponder error: no steering vector")
     assert steer.main(["extract", "--n-questions", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
 

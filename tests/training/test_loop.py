@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import lm_eval_ponder.training.grpo as grpo
-from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.errors import USAGE_ERROR
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.pondering.controller import load_controller
 from lm_eval_ponder.training.cli import main
@@ -92,9 +92,9 @@ def test_interrupted_run_resumes_to_the_same_controller(run_a, tiny_model_dir, t
     assert steps == [10, 20, 30]  # nothing lost, nothing logged twice
 
 
-def test_checkpoint_of_another_config_is_refused(run_a, tiny_model_dir, tiny_vector_dir):
-    with pytest.raises(PonderError, match="another config"):
-        main(args(tiny_model_dir, tiny_vector_dir, run_a, "--grpo.lr", "0.01"))
+def test_checkpoint_of_another_config_is_refused(run_a, tiny_model_dir, tiny_vector_dir, capsys):
+    assert main(args(tiny_model_dir, tiny_vector_dir, run_a, "--grpo.lr", "0.01")) == USAGE_ERROR
+    assert "another config" in capsys.readouterr().err
 
 
 def test_model_runs_with_the_trained_settings(run_a, tiny_model_dir, tiny_vector_dir):

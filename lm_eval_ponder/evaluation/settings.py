@@ -1,0 +1,186 @@
+"""What ``--model ponder`` was asked to do, and the artefacts that makes it load.
+
+Kept apart from ``evaluation.lm`` so the model class is only the generation seam: this module
+turns lm-eval's string model args into a ``PonderArgs``, then ``load_pondering`` resolves them
+against what is shipped for the backbone and what a controller was trained with, and loads the
+steering vector and controller once, refusing combinations that cannot mean anything (a
+controller trained on another vector, alpha and controller together, a vector without a norm).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import file_sha256
+from lm_eval_ponder.pondering.dynamics import ControllerDecide, PonderConfig, cumulative_offsets
+from lm_eval_ponder.pondering.hook import SteeringHook
+from lm_eval_ponder.resources import shipped_controller_dir
+
+PONDER_TYPES = {"tau": float, "k_max": int, "alpha0": float, "beta": float,
+                "alpha_start": float, "granularity": str}
+
+
+def absent(value: Any) -> bool:
+    """lm-eval passes model args as strings: "none", "null" and "" mean not given."""
+    return value is None or str(value).strip().lower() in ("", "none", "null")
+
+
+def short_sha(path: Path) -> str:
+    """The first 16 hex digits of a file's SHA-256, or "missing": artefact identities."""
+    return file_sha256(path)[:16] if path.is_file() else "missing"
+
+
+@dataclass
+class PonderArgs:
+    """The ponder model args as the user gave them (``None``: not given)."""
+
+    steering: str | None = None
+    controller: str | None = None  # a directory; None with controller_auto=False: no pondering
+    controller_auto: bool = True  # no controller= given: use the one shipped for the backbone
+    alpha: float | None = None
+    layer: int | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # tau, k_max, ... given explicitly
+
+    @classmethod
+    def from_model_args(cls, steering=None, controller="auto", alpha=None, layer=None,
+                        **ponder) -> PonderArgs:
+        explicit = controller is not None and str(controller).strip().lower() != "auto"
+        args = cls(
+            steering=None if absent(steering) else str(steering),
+            controller=(None if absent(controller) else str(controller)) if explicit else None,
+            controller_auto=not explicit and absent(alpha),
+            alpha=None if absent(alpha) else float(alpha),
+            layer=None if absent(layer) else int(layer),
+            overrides={k: v for k, v in ponder.items() if not absent(v)},
+        )
+        if args.alpha is not None and args.controller is not None:
+            raise PonderError("pass either alpha= (fixed offset) or controller=, not both")
+        args.config({}).validate()  # bad values fail before the backbone is loaded
+        return args
+
+    def config(self, trained: dict) -> PonderConfig:
+        """User args over the controller's training settings over ``PonderConfig`` defaults."""
+        merged = {**{k: v for k, v in trained.items() if k in PONDER_TYPES}, **self.overrides}
+        return PonderConfig(**{k: PONDER_TYPES[k](v) for k, v in merged.items()})
+
+
+@dataclass
+class Pondering:
+    """Loaded steering vector (+ controller, or a fixed alpha) for one backbone."""
+
+    steering_dir: Path
+    controller_dir: Path | None
+    controller: torch.nn.Module | None
+    config: PonderConfig
+    layer: int
+    vector: torch.Tensor  # unit steering vector at ``layer``, float32 [d]
+    scale: float  # mean residual norm at ``layer``: offsets are fractions of it
+    alpha: float | None  # the fixed offset, when there is no controller
+
+    @property
+    def granularity(self) -> str:
+        return self.config.granularity if self.controller is not None else "prompt"
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {
+            "steering": short_sha(self.steering_dir / "steering.safetensors"),
+            "layer": self.layer,
+            "alpha": self.alpha,
+            "controller": None if self.controller_dir is None
+            else short_sha(self.controller_dir / "controller.safetensors"),
+            **(vars(self.config) if self.controller is not None else {}),
+        }
+
+    def hook(self, model: torch.nn.Module, device) -> tuple[SteeringHook, ControllerDecide | None]:
+        """A fresh steering hook for one generation call, and the controller's decider (which
+        records the depths it chose), or None for a fixed alpha."""
+        if self.controller is None:
+            alpha = self.alpha
+
+            def decide(z_last: torch.Tensor) -> torch.Tensor:
+                return torch.full(z_last.shape[:1], alpha, device=z_last.device)
+
+            decider = None
+        else:
+            decide = decider = ControllerDecide(
+                self.controller, self.vector.to(device), self.scale,
+                cumulative_offsets(self.config), self.config.tau)
+        hook = SteeringHook(model, self.layer, self.vector, self.scale, decide,
+                            mode=self.granularity)
+        return hook, decider
+
+    def row_stats(self, depths: torch.Tensor | None, gen_tokens: int) -> tuple[float, int]:
+        """(ponder steps, controller evaluations) of one row, from the depths its decisions
+        chose, in order (``SteeringHook.per_row``; None: no controller). A row that finished
+        early under ``model.generate`` kept deciding for padding: only its first ``gen_tokens``
+        decisions count."""
+        if depths is None or len(depths) == 0:
+            return 0.0, 0
+        evals_per_decision = self.config.k_max + 1  # all candidates, one batched call
+        if self.config.granularity == "prompt":
+            return float(depths[0]), evals_per_decision
+        used = depths[: max(gen_tokens, 1)]
+        return used.float().mean().item(), evals_per_decision * len(used)
+
+
+def no_hook():
+    return contextlib.nullcontext(), None
+
+
+def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,
+                   backbone_sha256: str | None) -> Pondering | None:
+    """Load what ``args`` asks for, or None when pondering is off.
+
+    With no ``controller=`` the controller shipped for this backbone is used (if one is
+    shipped); ``controller=none`` switches pondering off. Unset ponder settings come from the
+    controller's config.json (what it was trained with), else from ``PonderConfig``.
+    """
+    from lm_eval_ponder.pondering.controller import load_controller
+    from lm_eval_ponder.steering.vector import load_vector
+
+    shipped = shipped_controller_dir(backbone_name)
+    controller_arg = args.controller
+    if args.controller_auto and shipped is not None and (
+            shipped / "controller.safetensors").is_file():
+        controller_arg = str(shipped)
+    if args.alpha is None and controller_arg is None:
+        return None
+    directory = args.steering or shipped
+    if directory is None:
+        raise PonderError(
+            f"pondering needs a steering vector and none is shipped for {backbone_name!r}: "
+            "pass steering=<dir> (make one with "
+            "`python -m lm_eval_ponder.steer extract --pretrained ... --output DIR`)")
+    steering_dir = Path(directory)
+    steering = load_vector(directory, model_config, backbone_sha256=backbone_sha256)
+    trained: dict = {}
+    controller = controller_dir = None
+    layer = args.layer
+    if controller_arg is not None:
+        controller_dir = Path(controller_arg)
+        controller, config = load_controller(controller_dir,
+                                             expected_hidden_size=model_config.hidden_size)
+        controller.to(device)
+        trained = config.get("ponder") or {}
+        if layer is None and config.get("layer") is not None:
+            layer = int(config["layer"])
+        wanted = (config.get("backbone") or {}).get("steering_sha256")
+        have = short_sha(steering_dir / "steering.safetensors")
+        if wanted and wanted != have:
+            raise PonderError(
+                f"controller {controller_dir} was trained with steering vector {wanted}, but "
+                f"{steering_dir} holds {have}: pass the steering= it was trained with, or "
+                "train a controller for this vector")
+    layer = steering.default_layer if layer is None else layer
+    norm = steering.residual_norm(layer)
+    if norm is None:
+        raise PonderError(f"steering vector {directory} records no residual_norm: re-extract it")
+    return Pondering(steering_dir=steering_dir, controller_dir=controller_dir,
+                     controller=controller, config=args.config(trained).validate(), layer=layer,
+                     vector=steering.vector(layer), scale=float(norm), alpha=args.alpha)

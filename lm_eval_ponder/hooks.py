@@ -1,0 +1,47 @@
+"""Reading and replacing a decoder block's output: the one place that knows its shape.
+
+Decoder blocks return a tensor in some transformers versions and architectures and a tuple
+``(hidden, ...)`` in others (steering-vectors' ``untuple_tensor`` handles the same split). The
+steering hook, the extractor and the rollout cache all read the block output, and the hook
+also replaces it, so both directions live here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+
+def block_hidden(output: Any) -> torch.Tensor:
+    """The hidden states [B, T, d] of a decoder block's output (a tensor, or a tuple's first)."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def with_block_hidden(output: Any, hidden: torch.Tensor) -> Any:
+    """``output`` with its hidden states replaced, in the same container shape."""
+    if isinstance(output, (tuple, list)):
+        return type(output)((hidden, *output[1:]))
+    return hidden
+
+
+@contextlib.contextmanager
+def last_token_capture(module: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Record ``module``'s output at the last position of every forward pass (float32, CPU).
+
+    Yields the list the states are appended to, one [B, d] tensor per forward; the hook is
+    removed on exit, also when the body raises.
+    """
+    captured: list[torch.Tensor] = []
+
+    def hook(_module, _inputs, output):
+        captured.append(block_hidden(output)[:, -1, :].detach().float().cpu())
+
+    handle = module.register_forward_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()

@@ -29,3 +29,14 @@ def test_generation_text_pickles_and_stats_aggregate():
     two = response_stats([text, GenerationText("1", {"gen_tokens": 5, "flops": 1.0})])
     assert two == {"gen_tokens": 8.0, "flops": 11.0, "ponder_steps": 1.0}
     assert math.isnan(response_stats(["plain string"])["flops"])
+
+
+def test_old_use_cache_pickles_still_open():
+    """lm-eval's --use_cache pickles our texts; files written before the layout move name the
+    class ``lm_eval_ponder.stats.GenerationText`` and must still unpickle with their stats."""
+    old = (b"\x80\x04\x95F\x00\x00\x00\x00\x00\x00\x00\x8c\x14lm_eval_ponder.stats\x94\x8c"
+           b"\x0eGenerationText\x94\x93\x94\x8c\x02hi\x94}\x94\x8c\ngen_tokens\x94K\x03s"
+           b"\x86\x94R\x94.")  # pickle.dumps of the old class, protocol 4
+    text = pickle.loads(old)
+    assert isinstance(text, GenerationText) and text == "hi" and text.stats == {"gen_tokens": 3}
+    assert pickle.loads(pickle.dumps(text)).stats == {"gen_tokens": 3}

@@ -110,3 +110,21 @@ def test_bad_ponder_args_are_clear_errors(tiny_model_dir, vector_dir, tmp_path):
     wrong = controller_dir(tmp_path, 1.0, hidden_size=32)
     with pytest.raises(PonderError):
         make(tiny_model_dir, steering=str(vector_dir), controller=str(wrong))
+
+
+def test_loglikelihood_is_refused_while_pondering(tiny_model_dir, vector_dir):
+    """The hook steers the last position of a forward pass: a scored continuation would be
+    neither steered nor unsteered, so loglikelihood tasks are refused with pondering on."""
+    from lm_eval.api.instance import Instance
+
+    req = [Instance("loglikelihood", doc={}, arguments=("2 + 2 =", " 4"), idx=0)]
+    rolling = [Instance("loglikelihood_rolling", doc={}, arguments=("some text",), idx=0)]
+    steered = make(tiny_model_dir, steering=str(vector_dir), alpha=0.3)
+    with pytest.raises(PonderError, match="controller=none"):
+        steered.loglikelihood(req)
+    with pytest.raises(PonderError, match="steers generation only"):
+        steered.loglikelihood_rolling(rolling)
+    plain = make(tiny_model_dir, controller="none")
+    (logprob, greedy), = plain.loglikelihood(req)
+    assert logprob < 0 and isinstance(greedy, bool)
+    assert plain.loglikelihood_rolling(rolling)[0] < 0

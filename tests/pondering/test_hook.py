@@ -190,3 +190,49 @@ def test_controller_decide_records_depths(model, vector) -> None:
         generate(model, ids)
     assert len(decide.depths) == 1 and decide.depths[0].tolist() == [0, 0]  # tau ~ 1: halt now
     assert torch.equal(hook.decisions[0], offsets[decide.depths[0]])
+
+
+def test_rows_that_leave_keep_their_prompt_offsets(model, vector):
+    """Under the generation loop rows leave and join: begin_forward names the original rows of
+    each forward, and a prompt-mode offset decided at a row's prefill follows that row."""
+    calls = []
+
+    def decide(z):
+        calls.append(z.shape[0])
+        return torch.arange(z.shape[0], dtype=torch.float32) + 10 * len(calls)
+
+    hook = SteeringHook(model, LAYER, vector, SCALE, decide, mode="prompt")
+    seen = []
+    layer = decoder_layers(model)[LAYER]
+    probe = layer.register_forward_hook(lambda m, a, out: seen.append(
+        (out[0] if isinstance(out, tuple) else out)[:, -1, :].clone()))
+    ids = torch.randint(3, 100, (3, 5))
+    try:
+        with hook, torch.no_grad():
+            hook.expect_rows(4)
+            hook.begin_forward(torch.tensor([0, 1, 2]), prefill=True)
+            base = model(ids).logits  # prefill rows 0, 1, 2: offsets 10, 11, 12
+            hook.begin_forward(torch.tensor([3]), prefill=True)
+            model(ids[:1])  # row 3 joins: offset 20
+            hook.begin_forward(torch.tensor([2, 3]), prefill=False)
+            model(ids[:2, -1:])  # rows 0 and 1 left: rows 2 and 3 keep 12 and 20
+    finally:
+        probe.remove()
+    assert calls == [3, 1]
+    assert torch.equal(hook._offsets, torch.tensor([10.0, 11.0, 12.0, 20.0]))
+    per_row = hook.per_row(hook.decisions, 4)
+    assert [r.tolist() for r in per_row] == [[10.0], [11.0], [12.0], [20.0]]
+    assert base.shape[0] == 3 and len(seen) == 3
+
+
+def test_token_mode_decisions_regroup_by_row(model, vector):
+    hook = SteeringHook(model, LAYER, vector, SCALE, lambda z: torch.zeros(z.shape[0]),
+                        mode="token")
+    ids = torch.randint(3, 100, (2, 4))
+    with hook, torch.no_grad():
+        hook.expect_rows(2)
+        hook.begin_forward(torch.tensor([0, 1]), prefill=True)
+        model(ids)
+        hook.begin_forward(torch.tensor([1]), prefill=False)
+        model(ids[1:, -1:])
+    assert [len(r) for r in hook.per_row(hook.decisions, 2)] == [1, 2]

@@ -229,3 +229,16 @@ def test_imitation_stage_learns_the_teacher_depth():
     # Random states that LayerNorm rescales limit how well a 16-unit controller separates
     # z_0, z_1 and z_2: it plateaus at ~75% depth 1 (the reward pushes toward 2 instead).
     assert before < 0.3 and (trainer.greedy_depths(z) == 1).float().mean() >= 0.7
+
+
+def test_curriculum_stage_and_sources_are_one_function_each():
+    assert [grpo.curriculum_stage(t, 500, 1500) for t in (0, 499, 500, 1499, 1500)] == \
+        [1, 1, 2, 2, 3]
+    cfg = GRPOConfig(t1=2, t2=6)
+    for t in (0, 3, 7):
+        a, b = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+        got = grpo.curriculum_sources(64, t, cfg, a)
+        want = torch.rand(64, generator=b) < grpo.curriculum_probability(t, cfg.t1, cfg.t2)
+        assert torch.equal(got, want)
+    assert grpo.curriculum_sources(32, 0, cfg, torch.Generator()).all()
+    assert not grpo.curriculum_sources(32, 6, cfg, torch.Generator()).any()

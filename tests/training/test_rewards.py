@@ -101,3 +101,35 @@ def test_bad_reward_config_is_refused():
         R.RewardConfig(rep_betas=(0.3, 0.2, 0.1)).validate()
     with pytest.raises(PonderError, match="unknown reward components"):
         R.RewardConfig(balance=("speed",)).validate()
+
+
+def test_flops_std_floor_lives_in_the_flops_reward():
+    cfg = R.RewardConfig(lambda_flops=1.0)
+    # a near-constant history: the std is floored at 1% of the mean, not ~0
+    assert R.flops_reward(101.0, 100.0, 1e-9, cfg) == pytest.approx(-1.0, rel=1e-6)
+    assert R.flops_reward(110.0, 100.0, 5.0, cfg) == pytest.approx(-2.0, rel=1e-6)
+    floored = R.RewardConfig(lambda_flops=1.0, flops_std_floor=0.1)
+    assert R.flops_reward(110.0, 100.0, 1e-9, floored) == pytest.approx(-1.0, rel=1e-6)
+
+
+def test_balance_targets_follow_accuracy_magnitude():
+    cfg = R.RewardConfig(balance=("flops", "rep"), balance_ratio=0.5)
+    assert R.balance_targets({"acc": 0.4, "flops": 2.0}, cfg) == {"flops": 0.2, "rep": 0.2}
+    assert R.balance_targets({"acc": 0.0, "flops": 2.0}, cfg) == {}  # nothing to aim at yet
+
+
+def test_rewards_are_named_functions_in_component_order():
+    assert tuple(name for name, _ in R.REWARD_FUNCTIONS) == R.COMPONENTS
+    cfg = R.RewardConfig()
+    stats = R.RunningStats(0.9)
+    stats.update([100.0, 140.0])
+    rec = {"correct": True, "rel_error": None, "text": "Let x = 2. Then 2 + 2 = 4. The answer is 4",
+           "gen_tokens": 20, "ppl": 3.0}
+    comps = R.reward_components(rec, 130.0, stats, (2.0, 1.0), cfg)
+    assert comps == {
+        "acc": R.accuracy_reward(True, None, cfg),
+        "flops": R.flops_reward(130.0, stats.mean, stats.std, cfg),
+        "comp": R.completeness_reward(rec["text"], cfg),
+        "qual": R.quality_reward(20, 3.0, 2.0, 1.0, cfg),
+        "rep": R.repetition_reward(rec["text"], cfg),
+    }

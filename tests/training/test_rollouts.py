@@ -121,3 +121,27 @@ def test_cache_refuses_other_settings(lm, cache):
         build_cache(lm, other, OFFSETS, cache.dir, progress=False)
     with pytest.raises(PonderError, match="not a rollout cache"):
         RolloutCache(cache.dir / "nowhere")
+
+
+def test_response_perplexities_chunked_equal_one_row_at_a_time(lm):
+    """Bounded memory: chunked, left-padded scoring of response positions only gives the
+    perplexities of plain unpadded one-row forwards."""
+    from lm_eval_ponder.training.rollouts import response_perplexities
+
+    contexts = ["What is 2+2?", "Hello there, how are you doing today", "x", "Add 1 and 2."]
+    texts = ["4", "fine thanks and you?", "", "The answer is 3"]
+    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    got = response_perplexities(lm, contexts, texts, logits_budget=4 * vocab * 8)  # tiny chunks
+    want = []
+    for context, text in zip(contexts, texts):
+        ctx = lm.tok_batch_encode([context])[0][0].tolist()
+        resp = lm.tokenizer(text, add_special_tokens=False).input_ids
+        if not resp:
+            want.append(None)
+            continue
+        ids = torch.tensor([ctx + resp])
+        logits = lm.model(input_ids=ids).logits[0, len(ctx) - 1: -1]
+        want.append(float(torch.exp(torch.nn.functional.cross_entropy(logits, ids[0, len(ctx):]))))
+    assert got[2] is None and want[2] is None
+    assert [g for g in got if g is not None] == pytest.approx([w for w in want if w is not None],
+                                                              rel=1e-5)

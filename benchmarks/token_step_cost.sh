@@ -8,8 +8,8 @@ set -euo pipefail
 out="${OUT:-results/token_cost}"
 rm -rf "$out"
 /usr/bin/time -f "token-level training wall %e s" python -m lm_eval_ponder.train --output "$out" \
-  --ponder.granularity token --grpo.steps "${STEPS:-3}" --log_every 1 \
-  --grpo.prompts_per_step 2 --grpo.group_size 4 --rollout.max_gen_toks "${MAX_TOKS:-64}" \
+  --ponder.granularity token --grpo.max_steps "${STEPS:-3}" --logging_steps 1 \
+  --grpo.prompts_per_step 2 --grpo.num_generations 4 --rollout.max_completion_length "${MAX_TOKS:-64}" \
   --val_fraction 0
 python - "$out" <<'PY'
 import json, sys

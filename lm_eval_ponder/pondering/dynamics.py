@@ -25,7 +25,7 @@ implements both.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -40,18 +40,23 @@ GRANULARITIES = ("prompt", "token")
 class PonderConfig:
     """Pondering hyper-parameters. alpha0 and alpha_start are fractions of a reference norm."""
 
-    tau: float = 0.2  # halt at the first k with phi(z_k) <= tau (the paper's 0.2)
-    k_max: int = 8  # at most this many ponder steps
+    tau: float = field(
+        default=0.2, metadata={"help": "halt at the first k with phi(z_k) <= tau (the paper's 0.2)"})
+    k_max: int = field(default=8, metadata={"help": "at most this many ponder steps"})
     # Defaults chosen from the fixed-alpha sweep on the embedded backbone (docs/results.md):
     # offsets below -0.2 of the residual norm break answers, offsets above 0 lengthen them and
     # cost accuracy, -0.2 keeps accuracy with ~45% fewer tokens. Starting at -0.2 (concise) and
     # pondering toward "deliberate" with alpha0=0.05, beta=0.3 spans c_k in [-0.2, -0.025]:
     # from the most concise useful state back to about the unsteered one. The paper's form is
     # alpha_start=0 (it can only move toward +0.175, the region that measured worse).
-    alpha0: float = 0.05  # first step size, as a fraction of the reference residual norm
-    beta: float = 0.3  # step decay: alpha_k = alpha0 * exp(-beta * k)
-    alpha_start: float = -0.2  # signed offset before pondering, fraction of the reference norm
-    granularity: str = "prompt"  # "prompt" (ponder once per prompt) | "token" (every step)
+    alpha0: float = field(
+        default=0.05, metadata={"help": "first step size, as a fraction of the reference residual norm"})
+    beta: float = field(
+        default=0.3, metadata={"help": "step decay: alpha_k = alpha0 * exp(-beta * k)"})
+    alpha_start: float = field(
+        default=-0.2, metadata={"help": "signed offset before pondering, fraction of the reference norm"})
+    granularity: str = field(
+        default="prompt", metadata={"help": "'prompt' (ponder once per prompt) | 'token' (every step)"})
 
     def validate(self) -> PonderConfig:
         """Raise PonderError on settings that cannot mean anything; return self for chaining."""

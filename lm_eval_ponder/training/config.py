@@ -1,7 +1,7 @@
 """``python -m lm_eval_ponder.train``: train a halting controller with GRPO on a frozen backbone.
 
     python -m lm_eval_ponder.train --output runs/smollm2            # embedded defaults
-    python -m lm_eval_ponder.train --config my.yaml --grpo.steps 3000 --seed 1
+    python -m lm_eval_ponder.train --config my.yaml --grpo.max_steps 3000 --seed 1
     torchrun --nproc_per_node 2 -m lm_eval_ponder.train ...          # or accelerate launch
 
 Two phases: (1) the rollout cache (``rollouts.py``): each training prompt generated once per
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,29 +31,40 @@ from lm_eval_ponder.training.rewards import RewardConfig
 from lm_eval_ponder.training.rollouts import RolloutConfig
 
 
+LOGGER = logging.getLogger(__name__)
+
 @dataclass
 class TrainConfig:
     """Everything a run depends on; saved in config.json and checked on resume."""
 
-    output: str = ""
-    pretrained: str | None = None  # Hub id, local dir or GGUF; None: the embedded SmolLM2
-    gguf_file: str | None = None
-    steering: str | None = None  # vector dir; None: the one shipped for the backbone
-    layer: int | None = None  # steering layer; None: the vector's default
-    cache_dir: str | None = None  # None: <output>/rollouts
-    device: str | None = None  # None: cuda if available, else cpu (the backbone only)
-    seed: int = 0
-    val_fraction: float = 0.2  # held-out *training* prompts, for choosing the checkpoint
-    log_every: int = 100  # the paper logs every 100 steps; also the checkpoint interval
-    # "last": the final weights (default); "best": the best held-out score, worth it only when the
-    # held-out set is large enough to tell checkpoints apart (16 prompts here cannot)
-    select: str = "last"
-    controller_hidden: int = 512
-    controller_temperature: float = 1.0
-    ponder: PonderConfig = field(default_factory=PonderConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    output: str = field(default="", metadata={"help": "run directory (required)"})
+    pretrained: str | None = field(
+        default=None, metadata={"help": "Hub id, local dir or GGUF; None: the embedded SmolLM2"})
+    gguf_file: str | None = field(default=None, metadata={"help": "GGUF file in pretrained"})
+    steering: str | None = field(
+        default=None, metadata={"help": "vector dir; None: the one shipped for the backbone"})
+    layer: int | None = field(
+        default=None, metadata={"help": "steering layer; None: the vector's default"})
+    cache_dir: str | None = field(default=None, metadata={"help": "None: <output>/rollouts"})
+    device: str | None = field(
+        default=None, metadata={"help": "None: cuda if available, else cpu (the backbone only)"})
+    seed: int = field(default=0, metadata={"help": "one seed for init, sampling, halting"})
+    val_fraction: float = field(
+        default=0.2, metadata={"help": "held-out *training* prompts, for choosing the checkpoint"})
+    logging_steps: int = field(
+        default=100, metadata={"help": "the paper logs every 100 steps; also the checkpoint interval"})
+    select: str = field(default="last", metadata={"help": (
+        "'last': the final weights; 'best': the best held-out score, worth it only when the "
+        "held-out set can tell checkpoints apart (16 prompts cannot)")})
+    controller_hidden: int = field(default=512, metadata={"help": "controller width h"})
+    controller_temperature: float = field(
+        default=1.0, metadata={"help": "T in phi = sigmoid(logit / T)"})
+    ponder: PonderConfig = field(default_factory=PonderConfig,
+                                 metadata={"help": "pondering settings"})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig,
+                                   metadata={"help": "what the rollout cache generates"})
+    grpo: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "GRPO optimisation"})
+    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "the reward"})
 
     def validate(self) -> TrainConfig:
         if not self.output:
@@ -61,8 +73,8 @@ class TrainConfig:
             raise PonderError(f"select must be 'best' or 'last', got {self.select!r}")
         if not 0 <= self.val_fraction < 1:
             raise PonderError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
-        if self.log_every < 1:
-            raise PonderError("log_every must be >= 1")
+        if self.logging_steps < 1:
+            raise PonderError("logging_steps must be >= 1")
         if self.ponder.granularity == "token" and self.rollout.samples != 1:
             raise PonderError(
                 "granularity=token trains on online rollouts with greedy text (the randomness "
@@ -94,9 +106,26 @@ def _convert(value: Any, current: Any) -> Any:
     return parsed
 
 
-def set_key(cfg: Any, dotted: str, value: Any) -> None:
-    """Set ``a.b.c`` on nested dataclasses (and dicts), converting strings like YAML does."""
-    parts = dotted.replace("-", "_").split(".")
+# Keys renamed to TRL's GRPOConfig vocabulary; the old spellings still work, with a warning.
+RENAMED_KEYS = {
+    "grpo.steps": "grpo.max_steps", "grpo.lr": "grpo.learning_rate",
+    "grpo.group_size": "grpo.num_generations", "grpo.scale_std": "grpo.scale_rewards",
+    "rollout.max_gen_toks": "rollout.max_completion_length", "log_every": "logging_steps",
+}
+
+
+def set_key(cfg: Any, dotted: str, value: Any, prefix: str = "") -> None:
+    """Set ``a.b.c`` on nested dataclasses (and dicts), converting strings like YAML does.
+
+    ``prefix`` is the path of ``cfg`` inside the root config (for renamed keys in nested YAML).
+    """
+    dotted = dotted.replace("-", "_")
+    full = prefix + dotted
+    if full in RENAMED_KEYS:
+        LOGGER.warning("config key %r is now %r (TRL's name); please update", full,
+                       RENAMED_KEYS[full])
+        dotted = RENAMED_KEYS[full][len(prefix):]
+    parts = dotted.split(".")
     obj = cfg
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
@@ -108,34 +137,37 @@ def set_key(cfg: Any, dotted: str, value: Any) -> None:
             continue
         if not dataclasses.is_dataclass(obj) or part not in {f.name for f in
                                                              dataclasses.fields(obj)}:
-            raise PonderError(f"unknown config key {dotted!r} (see --help for the keys)")
+            raise PonderError(f"unknown config key {prefix + dotted!r} (see --help for the keys)")
         if last:
             current = getattr(obj, part)
             new = _convert(value, current)
             if dataclasses.is_dataclass(current) and isinstance(new, dict):
+                path = prefix + ".".join(parts[: i + 1]) + "."
                 for k, v in new.items():
-                    set_key(current, k, v)
+                    set_key(current, k, v, prefix=path)
             else:
                 setattr(obj, part, new)
             return
         obj = getattr(obj, part)
 
 
-def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any]]:
+def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) of every leaf of a config, for ``--help``."""
     out = []
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
             out += flat_keys(value, f"{prefix}{f.name}.")
         else:
-            out.append((f"{prefix}{f.name}", value))
+            out.append((f"{prefix}{f.name}", value, f.metadata.get("help", "")))
     return out
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
     import yaml
 
-    keys = "\n".join(f"  --{k} {json.dumps(v, default=str)}" for k, v in flat_keys(TrainConfig()))
+    keys = "\n".join(f"  --{k} {json.dumps(v, default=str)}" + (f"\n        {h}" if h else "")
+                     for k, v, h in flat_keys(TrainConfig()))
     parser = argparse.ArgumentParser(
         prog="python -m lm_eval_ponder.train",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -14,7 +14,7 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 - Stage 1 (t < T1, pure teacher forcing): the paper skips the update, so 500 steps teach
   nothing. Default ``stage1="imitation"``: maximise log pi(teacher actions) instead.
   ``stage1="paper"`` keeps the published schedule; docs/results.md compares the two.
-- Std scaling of advantages is off by default (Dr. GRPO); ``scale_std=True`` turns it on.
+- Std scaling of advantages is off by default (Dr. GRPO); ``scale_rewards=True`` turns it on.
 - Quality gates (autonomous stage only) drop trajectories from the update; the group baseline
   is the mean over the group's surviving trajectories, and a group with fewer than two
   survivors contributes nothing.
@@ -23,7 +23,7 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -39,38 +39,44 @@ STAGE1_MODES = ("imitation", "paper")
 class GRPOConfig:
     """Optimisation hyper-parameters; defaults are the paper's where it gives them."""
 
-    group_size: int = 8  # G, trajectories per prompt
-    prompts_per_step: int = 8  # B / G
-    lr: float = 5e-4  # eta
-    t1: int = 500  # end of pure teacher forcing
-    t2: int = 1500  # end of the teacher -> student transition
-    steps: int = 2500  # total GRPO steps
-    teacher_min: int = 3  # the teacher ponders teacher_min..teacher_max steps
-    teacher_max: int = 5
-    stage1: str = "imitation"  # "imitation" (our fix) | "paper" (no update before T1)
-    entropy_beta: float = 0.01  # beta_ent
-    scale_std: bool = False  # divide advantages by the group std (off: Dr. GRPO)
-    quality_gates: bool = True  # eq. quality_gates in the autonomous stage
-    theta_comp: float = 0.0  # gate: R_comp > theta_comp
-    theta_qual: float = 0.0  # gate: R_qual > theta_qual
-    eps_div: float = 1e-6  # FLOPs-diversity alert threshold
-    threshold_in_training: bool = False  # also halt when phi <= tau while training (paper)
-    max_grad_norm: float = 1.0
+    num_generations: int = field(
+        default=8, metadata={"help": "G, trajectories per prompt (TRL's name)"})
+    prompts_per_step: int = field(default=8, metadata={"help": "B / G"})
+    learning_rate: float = field(default=5e-4, metadata={"help": "eta, Adam's step size"})
+    t1: int = field(default=500, metadata={"help": "end of pure teacher forcing"})
+    t2: int = field(default=1500, metadata={"help": "end of the teacher -> student transition"})
+    max_steps: int = field(default=2500, metadata={"help": "total GRPO steps"})
+    teacher_min: int = field(
+        default=3, metadata={"help": "the teacher ponders teacher_min..teacher_max steps"})
+    teacher_max: int = field(default=5, metadata={"help": "see teacher_min"})
+    stage1: str = field(
+        default="imitation", metadata={"help": "'imitation' (our fix) | 'paper' (no update before T1)"})
+    entropy_beta: float = field(default=0.01, metadata={"help": "beta_ent"})
+    scale_rewards: bool = field(
+        default=False, metadata={"help": "divide advantages by the group std (off: Dr. GRPO)"})
+    quality_gates: bool = field(
+        default=True, metadata={"help": "eq. quality_gates in the autonomous stage"})
+    theta_comp: float = field(default=0.0, metadata={"help": "gate: R_comp > theta_comp"})
+    theta_qual: float = field(default=0.0, metadata={"help": "gate: R_qual > theta_qual"})
+    eps_div: float = field(default=1e-6, metadata={"help": "FLOPs-diversity alert threshold"})
+    threshold_in_training: bool = field(
+        default=False, metadata={"help": "also halt when phi <= tau while training (paper)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
 
     def validate(self) -> GRPOConfig:
-        if self.group_size < 2:
-            raise PonderError(f"group_size must be >= 2 (a group of one has no baseline), "
-                              f"got {self.group_size}")
-        if self.prompts_per_step < 1 or self.steps < 1:
-            raise PonderError("prompts_per_step and steps must be >= 1")
+        if self.num_generations < 2:
+            raise PonderError(f"num_generations must be >= 2 (a group of one has no baseline), "
+                              f"got {self.num_generations}")
+        if self.prompts_per_step < 1 or self.max_steps < 1:
+            raise PonderError("prompts_per_step and max_steps must be >= 1")
         if not 0 <= self.t1 <= self.t2:
             raise PonderError(f"curriculum needs 0 <= t1 <= t2, got t1={self.t1}, t2={self.t2}")
         if not 0 <= self.teacher_min <= self.teacher_max:
             raise PonderError("teacher needs 0 <= teacher_min <= teacher_max")
         if self.stage1 not in STAGE1_MODES:
             raise PonderError(f"stage1 must be one of {STAGE1_MODES}, got {self.stage1!r}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise PonderError(f"lr must be a positive number, got {self.lr}")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise PonderError(f"learning_rate must be a positive number, got {self.learning_rate}")
         return self
 
 
@@ -197,7 +203,7 @@ def batch_outcome(outcome: dict[str, torch.Tensor], t: int, cfg: GRPOConfig, n_p
                   gather: Callable[[torch.Tensor], torch.Tensor] | None
                   ) -> tuple[torch.Tensor, float, torch.Tensor]:
     """(rewards [P, G], FLOPs diversity over all ranks' batch, quality-gate mask [P, G])."""
-    P, G = n_prompts, cfg.group_size
+    P, G = n_prompts, cfg.num_generations
     rewards = outcome["reward"].float().view(P, G)
     diversity = flops_diversity(gather(outcome["flops"]) if gather else outcome["flops"])
     keep = torch.ones(P, G, dtype=torch.bool)
@@ -239,7 +245,7 @@ class GRPOTrainer:
         self.tau = tau
         self.cfg = cfg.validate()
         self.generator = torch.Generator().manual_seed(seed)
-        self.optimizer = torch.optim.Adam(controller.parameters(), lr=cfg.lr)
+        self.optimizer = torch.optim.Adam(controller.parameters(), lr=cfg.learning_rate)
         self.reinitialisations = 0
 
     def logits(self, z0: torch.Tensor) -> torch.Tensor:
@@ -276,7 +282,7 @@ class GRPOTrainer:
             for module in self.controller.modules():
                 if module is not self.controller and hasattr(module, "reset_parameters"):
                     module.reset_parameters()
-        self.optimizer = torch.optim.Adam(self.controller.parameters(), lr=self.cfg.lr)
+        self.optimizer = torch.optim.Adam(self.controller.parameters(), lr=self.cfg.learning_rate)
         self.reinitialisations += 1
 
     def step(self, t: int, prompt_ids: torch.Tensor, z0: torch.Tensor, reward_fn: RewardFn,
@@ -289,7 +295,7 @@ class GRPOTrainer:
         re-initialisation) sees the whole batch and happens on every rank or none.
         """
         cfg, temp = self.cfg, self.controller.temperature
-        P, G = len(prompt_ids), cfg.group_size
+        P, G = len(prompt_ids), cfg.num_generations
         logits = self.logits(z0)  # [P, K+1]
         flat = logits.repeat_interleave(G, dim=0)  # [P*G, K+1]
         p = self.controller.probability(flat.detach())
@@ -304,7 +310,7 @@ class GRPOTrainer:
         if curriculum_stage(t, cfg.t1, cfg.t2) == 1:
             loss = imitation_loss(log_probs) if cfg.stage1 == "imitation" else None
         else:
-            adv = group_advantages(rewards, keep, cfg.scale_std).view(-1)
+            adv = group_advantages(rewards, keep, cfg.scale_rewards).view(-1)
             entropy = trajectory_entropy(flat, depths, temp)
             loss = grpo_loss(log_probs, adv, entropy, keep.view(-1), cfg.entropy_beta)
         updated = loss is not None
@@ -387,7 +393,7 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     the one-shot loss. ``depths`` in the result are each trajectory's mean depth (rounded).
     """
     cfg = trainer.cfg
-    P, G = len(prompt_ids), cfg.group_size
+    P, G = len(prompt_ids), cfg.num_generations
     teacher = curriculum_sources(P * G, t, cfg, trainer.generator).view(P, G)
     t_depth = teacher_depths(P * G, cfg, trainer.k_max, trainer.generator).view(P, G)
     records, trajs = [], []
@@ -399,7 +405,7 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
     imitate = curriculum_stage(t, cfg.t1, cfg.t2) == 1
     updated = not imitate or cfg.stage1 == "imitation"
-    adv = group_advantages(rewards, keep, cfg.scale_std)
+    adv = group_advantages(rewards, keep, cfg.scale_rewards)
     norm = float(P * G) if imitate else float(keep.sum().clamp(min=1))
     total = 0.0
 

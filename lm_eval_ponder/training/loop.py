@@ -218,8 +218,8 @@ def run(cfg: TrainConfig) -> Path:
 
     window: list[dict] = []
     t_train = time.time() - train_wall
-    bar = tqdm(range(start, cfg.grpo.steps), desc="GRPO", disable=dist.rank != 0,
-               initial=start, total=cfg.grpo.steps)
+    bar = tqdm(range(start, cfg.grpo.max_steps), desc="GRPO", disable=dist.rank != 0,
+               initial=start, total=cfg.grpo.max_steps)
     train_tensor = torch.tensor(train_ids)
     for t in bar:
         def step(local, t=t):
@@ -228,7 +228,7 @@ def run(cfg: TrainConfig) -> Path:
                                 gather=dist.gather)
 
         iteration(t, step, train_tensor, P, gen, env, dist, window, log_path, cfg)
-        if (t + 1) % cfg.log_every == 0 or t + 1 == cfg.grpo.steps:
+        if (t + 1) % cfg.logging_steps == 0 or t + 1 == cfg.grpo.max_steps:
             summary = _summary(env, window, trainer, train_ids, val_ids, t + 1, cfg,
                                time.time() - t_train)
             window = []
@@ -260,7 +260,7 @@ def _finish(cfg, out, controller, best, best_step, env, trainer, train_ids, val_
         controller.load_state_dict(best)
         chosen = best_step
     else:
-        chosen = cfg.grpo.steps
+        chosen = cfg.grpo.max_steps
     z = env.z0
     figures = {"train": env.evaluate(train_ids, trainer.greedy_depths(z[train_ids]))}
     if val_ids:
@@ -296,12 +296,12 @@ def _card(cfg, identity, extra, figures, env, chosen) -> str:
         f"- Data: {tasks}; {extra['data']['n_train']} for training, {extra['data']['n_val']} "
         "held out for choosing the checkpoint. No test split is used.",
         f"- Rollouts: {extra['cost']['generations']} generations (prompts x depths x samples), "
-        f"max {cfg.rollout.max_gen_toks} new tokens, "
+        f"max {cfg.rollout.max_completion_length} new tokens, "
         f"{'greedy' if cfg.rollout.samples == 1 else f'{cfg.rollout.samples} samples'}; "
         f"cache phase {extra['cost']['cache_wall_s']} s in this run (building what was missing, "
         "or only loading the backbone and checking the cache)",
-        f"- GRPO: {cfg.grpo.steps} steps, G={cfg.grpo.group_size}, "
-        f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.lr}, T1={cfg.grpo.t1}, "
+        f"- GRPO: {cfg.grpo.max_steps} steps, G={cfg.grpo.num_generations}, "
+        f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.learning_rate}, T1={cfg.grpo.t1}, "
         f"T2={cfg.grpo.t2}, stage 1 = {cfg.grpo.stage1}; seed {cfg.seed}; "
         f"{extra['cost']['train_wall_s']} s",
         f"- Shipped weights: step {chosen} ("

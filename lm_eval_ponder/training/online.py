@@ -12,7 +12,7 @@ Cost. One step is P prompts x (one batched generation of G rows + one perplexity
 paper's 2500 steps x 8 x 8 answers are 160k generations: a GPU job. docs/results.md gives the
 measured seconds per step on this CPU. Everything else matches the prompt-level trainer: the
 paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
-``log_every`` steps, atomic checkpoints with exact resume, the same seed giving the same
+``logging_steps`` steps, atomic checkpoints with exact resume, the same seed giving the same
 controller, and data parallelism (each rank generates its share of the batch's prompts).
 
 Choices. Text is decoded greedily (the randomness is in the halting decisions); the teacher
@@ -61,7 +61,7 @@ class OnlineEnvironment(RewardBook):
         from lm_eval.models.utils import handle_stop_sequences
 
         self.lm, self.prompts = lm, prompts
-        self.max_gen_toks = cfg.rollout.max_gen_toks
+        self.max_gen_toks = cfg.rollout.max_completion_length
         self.k_max = cfg.ponder.k_max
         eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
         self.until = handle_stop_sequences(None, eos=eos)  # as the rollout cache: EOS only
@@ -175,8 +175,8 @@ def run_online(cfg: TrainConfig) -> Path:
 
     window: list[dict] = []
     t_train = time.time() - train_wall
-    bar = tqdm(range(start, cfg.grpo.steps), desc="GRPO (token level, online)",
-               disable=dist.rank != 0, initial=start, total=cfg.grpo.steps)
+    bar = tqdm(range(start, cfg.grpo.max_steps), desc="GRPO (token level, online)",
+               disable=dist.rank != 0, initial=start, total=cfg.grpo.max_steps)
     train_tensor = torch.tensor(train_ids)
     for t in bar:
         def step(local, t=t):
@@ -188,7 +188,7 @@ def run_online(cfg: TrainConfig) -> Path:
                                gather=dist.gather, sampler=sampler)
 
         iteration(t, step, train_tensor, P, gen, env, dist, window, log_path, cfg)
-        if (t + 1) % cfg.log_every == 0 or t + 1 == cfg.grpo.steps:
+        if (t + 1) % cfg.logging_steps == 0 or t + 1 == cfg.grpo.max_steps:
             summary = batch_figures(window, env.weights, env.k_max, t + 1, cfg,
                                     time.time() - t_train, trainer.reinitialisations)
             window = []
@@ -210,12 +210,12 @@ def run_online(cfg: TrainConfig) -> Path:
     train_wall = time.time() - t_train
     dist.assert_same(controller)
     if dist.rank == 0:
-        chosen = cfg.grpo.steps
+        chosen = cfg.grpo.max_steps
         if cfg.select == "best" and best is not None:
             controller.load_state_dict(best)
             chosen = best_step
         figures = {"val": env.evaluate(trainer, val_ids)} if val_ids else {}
-        generations = cfg.grpo.steps * P * cfg.grpo.group_size
+        generations = cfg.grpo.max_steps * P * cfg.grpo.num_generations
         extra = {"backbone": identity, "ponder": run_config["ponder"],
                  "layer": identity["layer"], "train_config": run_config, "seed": cfg.seed,
                  "selected_step": chosen,
@@ -239,9 +239,9 @@ def _card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
         f"- Pondering: {json.dumps(extra['ponder'])}",
         f"- Data: {tasks}; {extra['data']['n_train']} for training, {extra['data']['n_val']} "
         "held out. No test split is used.",
-        f"- Online GRPO: {cfg.grpo.steps} steps x {cfg.grpo.prompts_per_step} prompts x "
-        f"G={cfg.grpo.group_size} = {extra['cost']['generations']} generations of at most "
-        f"{cfg.rollout.max_gen_toks} tokens, {extra['cost']['train_wall_s']} s; seed {cfg.seed}",
+        f"- Online GRPO: {cfg.grpo.max_steps} steps x {cfg.grpo.prompts_per_step} prompts x "
+        f"G={cfg.grpo.num_generations} = {extra['cost']['generations']} generations of at most "
+        f"{cfg.rollout.max_completion_length} tokens, {extra['cost']['train_wall_s']} s; seed {cfg.seed}",
         f"- Shipped weights: step {extra['selected_step']}", "",
     ]
     if extra["figures"].get("val"):

@@ -42,25 +42,37 @@ STAGE_PATTERNS: dict[str, str] = {
 class RewardConfig:
     """Reward hyper-parameters (the paper gives the forms, not the values: ours are stated)."""
 
-    w_exact: float = 1.0  # R_acc for an exact match
-    w_partial: float = 0.5  # scale of partial credit
-    theta_tol: float = 0.1  # partial credit only under this relative error
-    eps: float = 1e-8
-    lambda_flops: float = 0.1  # strength of the FLOPs penalty (per standard deviation)
-    ema_momentum: float = 0.99  # running FLOPs mean/std of eq. flops_reward
-    flops_std_floor: float = 0.01  # the FLOPs std is at least this fraction of the mean
+    w_exact: float = field(default=1.0, metadata={"help": "R_acc for an exact match"})
+    w_partial: float = field(default=0.5, metadata={"help": "scale of partial credit"})
+    theta_tol: float = field(
+        default=0.1, metadata={"help": "partial credit only under this relative error"})
+    eps: float = field(default=1e-8, metadata={"help": "denominator guard"})
+    lambda_flops: float = field(
+        default=0.1, metadata={"help": "strength of the FLOPs penalty (per standard deviation)"})
+    ema_momentum: float = field(
+        default=0.99, metadata={"help": "running FLOPs mean/std of eq. flops_reward"})
+    flops_std_floor: float = field(
+        default=0.01, metadata={"help": "the FLOPs std is at least this fraction of the mean"})
     stage_weights: dict[str, float] = field(default_factory=lambda: {
-        "setup": 0.25, "computation": 0.25, "verification": 0.25, "conclusion": 0.25})
-    len_target: int = 64  # tokens; shorter outputs get proportionally less R_qual
-    ppl_baseline: float | None = None  # None: median PPL of the cache's correct answers
-    sigma_ppl: float | None = None  # None: interquartile range of those PPLs
-    rep_betas: tuple[float, float, float] = (0.02, 0.05, 0.1)  # beta_1 < beta_2 < beta_3
+        "setup": 0.25, "computation": 0.25, "verification": 0.25, "conclusion": 0.25},
+        metadata={"help": "R_comp weight of each stage in STAGE_PATTERNS"})
+    len_target: int = field(
+        default=64, metadata={"help": "tokens; shorter outputs get proportionally less R_qual"})
+    ppl_baseline: float | None = field(
+        default=None, metadata={"help": "None: median PPL of the cache's correct answers"})
+    sigma_ppl: float | None = field(
+        default=None, metadata={"help": "None: interquartile range of those PPLs"})
+    rep_betas: tuple[float, float, float] = field(
+        default=(0.02, 0.05, 0.1), metadata={"help": "beta_1 < beta_2 < beta_3"})
     weights: dict[str, float] = field(default_factory=lambda: {
-        "acc": 1.0, "flops": 1.0, "comp": 0.05, "qual": 0.05, "rep": 1.0})
-    balance: tuple[str, ...] = ("flops",)  # which weights adapt (Theorem 6 update)
-    balance_ratio: float = 0.3  # target mean|R_flops| / mean|R_acc|
-    balance_eta: float = 0.05  # step of the weight update
-    balance_every: int = 10  # steps between weight updates
+        "acc": 1.0, "flops": 1.0, "comp": 0.05, "qual": 0.05, "rep": 1.0},
+        metadata={"help": "w_i of R = sum_i w_i R_i (initial values; balance adapts some)"})
+    balance: tuple[str, ...] = field(
+        default=("flops",), metadata={"help": "which weights adapt (Theorem 6 update)"})
+    balance_ratio: float = field(
+        default=0.3, metadata={"help": "target mean|R_flops| / mean|R_acc|"})
+    balance_eta: float = field(default=0.05, metadata={"help": "step of the weight update"})
+    balance_every: int = field(default=10, metadata={"help": "steps between weight updates"})
 
     def validate(self) -> RewardConfig:
         from lm_eval_ponder.errors import PonderError

@@ -49,15 +49,17 @@ TASK_KINDS = {"arith": "numeric", "gsm8k": "numeric", "math500": "math", "gpqa":
 class RolloutConfig:
     """What to generate. Defaults: the train splits of GSM8K and the arith ladder, greedy."""
 
-    # task -> number of training prompts; train splits only (``train_documents``)
     prompts: dict[str, int] = field(
-        default_factory=lambda: {"arith_ponder": 50, "gsm8k_ponder": 14})
-    max_gen_toks: int = 256  # our CPU measurements use 256 (the paper: 500)
-    samples: int = 1  # outcomes per (prompt, depth); 1 = greedy
-    temperature: float = 0.7  # used only when samples > 1
-    batch_size: int = 32
-    apply_chat_template: bool = True
-    seed: int = 1234
+        default_factory=lambda: {"arith_ponder": 50, "gsm8k_ponder": 14},
+        metadata={"help": "task -> number of training prompts, from train splits only"})
+    max_completion_length: int = field(
+        default=256, metadata={"help": "new tokens per answer; our CPU runs use 256 (paper: 500)"})
+    samples: int = field(default=1, metadata={"help": "outcomes per (prompt, depth); 1 = greedy"})
+    temperature: float = field(default=0.7, metadata={"help": "used only when samples > 1"})
+    batch_size: int = field(default=32, metadata={"help": "rows per generation call"})
+    apply_chat_template: bool = field(
+        default=True, metadata={"help": "render prompts with the tokenizer's chat template"})
+    seed: int = field(default=1234, metadata={"help": "sampling seed when samples > 1"})
 
 
 def task_kind(task: str) -> str:
@@ -126,7 +128,7 @@ def build_prompts(lm, cfg: RolloutConfig) -> list[Prompt]:
 
 
 def generation_kwargs(cfg: RolloutConfig) -> dict:
-    kwargs = {"until": [], "max_gen_toks": cfg.max_gen_toks, "do_sample": cfg.samples > 1}
+    kwargs = {"until": [], "max_gen_toks": cfg.max_completion_length, "do_sample": cfg.samples > 1}
     if cfg.samples > 1:
         kwargs["temperature"] = cfg.temperature
     return kwargs

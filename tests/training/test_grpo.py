@@ -85,8 +85,8 @@ def test_sample_depths_follows_probabilities():
 
 
 def test_config_validation():
-    with pytest.raises(PonderError, match="group_size"):
-        GRPOConfig(group_size=1).validate()
+    with pytest.raises(PonderError, match="num_generations"):
+        GRPOConfig(num_generations=1).validate()
     with pytest.raises(PonderError, match="stage1"):
         GRPOConfig(stage1="skip").validate()
     with pytest.raises(PonderError, match="t1"):
@@ -109,7 +109,7 @@ def synthetic_run(steps: int = 1200, seed: int = 0):
     z[:, 1] = 2.0 * best - K + torch.rand(N, generator=gen) - 0.5
     h = torch.zeros(D)
     h[0] = 1.0
-    cfg = GRPOConfig(prompts_per_step=16, lr=1e-3, t1=0, t2=0, steps=steps,
+    cfg = GRPOConfig(prompts_per_step=16, learning_rate=1e-3, t1=0, t2=0, max_steps=steps,
                      quality_gates=False, entropy_beta=0.01)
     trainer = GRPOTrainer(PonderController(D, hidden=64), h, torch.arange(K + 1.0), 0.2, cfg,
                           seed)
@@ -160,7 +160,7 @@ def test_imitation_stage_teaches_the_teacher():
         torch.manual_seed(0)
         ctrl = PonderController(D, hidden=32)
         before = {k: v.clone() for k, v in ctrl.state_dict().items()}
-        cfg = GRPOConfig(stage1=mode, t1=300, t2=400, lr=3e-3, prompts_per_step=8)
+        cfg = GRPOConfig(stage1=mode, t1=300, t2=400, learning_rate=3e-3, prompts_per_step=8)
         trainer = GRPOTrainer(ctrl, h, offsets, 0.2, cfg, 0)
         for t in range(300):
             ids = torch.randint(0, 64, (8,), generator=gen)
@@ -199,7 +199,7 @@ def test_token_level_update_learns_the_rewarded_direction(sign, want_depth):
     wrong advantage sign or log-probability would send both cases the same way."""
     torch.manual_seed(0)
     ctrl = PonderController(8, hidden=16)
-    cfg = GRPOConfig(group_size=4, prompts_per_step=2, t1=0, t2=0, lr=5e-3,
+    cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=0, t2=0, learning_rate=5e-3,
                      quality_gates=False, eps_div=0.0)
     offsets = torch.tensor([0.0, 0.5, 1.0])
     trainer = GRPOTrainer(ctrl, torch.ones(8), offsets, 0.5, cfg, seed=0)
@@ -214,7 +214,7 @@ def test_token_level_update_learns_the_rewarded_direction(sign, want_depth):
 def test_imitation_stage_learns_the_teacher_depth():
     torch.manual_seed(0)
     ctrl = PonderController(8, hidden=16)
-    cfg = GRPOConfig(group_size=4, prompts_per_step=2, t1=1000, t2=1000, lr=5e-3,
+    cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=1000, t2=1000, learning_rate=5e-3,
                      teacher_min=1, teacher_max=1, eps_div=0.0)
     # a step about as long as the states and not along (1,..,1), which LayerNorm removes, so
     # z_0, z_1 and z_2 can be told apart

@@ -21,9 +21,9 @@ from lm_eval_ponder.training.cli import main
 def args(model_dir, vector_dir, out, *extra):
     return ["--output", str(out), "--pretrained", str(model_dir), "--steering", str(vector_dir),
             "--rollout.prompts", "{arith_ponder: 6, gsm8k_ponder: 2}",
-            "--rollout.max_gen_toks", "5", "--rollout.apply_chat_template", "false",
-            "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.steps", "30",
-            "--log_every", "10", "--grpo.prompts_per_step", "2", "--grpo.t1", "5",
+            "--rollout.max_completion_length", "5", "--rollout.apply_chat_template", "false",
+            "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.max_steps", "30",
+            "--logging_steps", "10", "--grpo.prompts_per_step", "2", "--grpo.t1", "5",
             "--grpo.t2", "15", "--controller_hidden", "16", "--val_fraction", "0.3", *extra]
 
 
@@ -93,7 +93,7 @@ def test_interrupted_run_resumes_to_the_same_controller(run_a, tiny_model_dir, t
 
 
 def test_checkpoint_of_another_config_is_refused(run_a, tiny_model_dir, tiny_vector_dir, capsys):
-    assert main(args(tiny_model_dir, tiny_vector_dir, run_a, "--grpo.lr", "0.01")) == USAGE_ERROR
+    assert main(args(tiny_model_dir, tiny_vector_dir, run_a, "--grpo.learning_rate", "0.01")) == USAGE_ERROR
     assert "another config" in capsys.readouterr().err
 
 

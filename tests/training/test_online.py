@@ -57,11 +57,11 @@ def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, 
     gen = {"until": [], "max_gen_toks": 6, "do_sample": False}
     [want] = run.generate_until([Instance("generate_until", {}, (PROMPT.context, gen), 0)],
                                 disable_tqdm=True)
-    cfg = parse_args(["--output", str(tmp_path / "o"), "--rollout.max_gen_toks", "6",
+    cfg = parse_args(["--output", str(tmp_path / "o"), "--rollout.max_completion_length", "6",
                       "--ponder.k_max", "2", "--controller_hidden", "16"])
     ctrl = fixed_controller(bias)
     trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, OFFSETS, 0.2,
-                          GRPOConfig(group_size=2), seed=0)
+                          GRPOConfig(num_generations=2), seed=0)
     env = OnlineEnvironment(lm, [PROMPT], cfg, ctrl)
     greedy = TokenPolicy(trainer, torch.zeros(1, dtype=torch.bool),
                          torch.zeros(1, dtype=torch.long), greedy=True)
@@ -79,9 +79,9 @@ def args(model_dir, vector_dir, out, *extra):
     return ["--output", str(out), "--pretrained", str(model_dir), "--steering", str(vector_dir),
             "--ponder.granularity", "token",
             "--rollout.prompts", "{arith_ponder: 4, gsm8k_ponder: 1}",
-            "--rollout.max_gen_toks", "4", "--rollout.apply_chat_template", "false",
-            "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.steps", "6",
-            "--log_every", "2", "--grpo.prompts_per_step", "2", "--grpo.group_size", "2",
+            "--rollout.max_completion_length", "4", "--rollout.apply_chat_template", "false",
+            "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.max_steps", "6",
+            "--logging_steps", "2", "--grpo.prompts_per_step", "2", "--grpo.num_generations", "2",
             "--grpo.t1", "2", "--grpo.t2", "4", "--controller_hidden", "16",
             "--val_fraction", "0.3", *extra]
 
@@ -140,7 +140,7 @@ def test_token_training_two_processes(tiny_model_dir, tiny_vector_dir, tmp_path)
     from conftest import train_two_processes
 
     out = tmp_path / "dp"
-    argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.steps", "2")
+    argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.max_steps", "2")
     train_two_processes(argv)
     config = json.loads((out / "config.json").read_text())
     assert config["ponder"]["granularity"] == "token" and config["cost"]["generations"] == 8

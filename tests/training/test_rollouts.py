@@ -17,7 +17,7 @@ from lm_eval_ponder.training.rollouts import (
     RolloutCache, RolloutConfig, build_cache, generation_kwargs, train_documents)
 
 OFFSETS = cumulative_offsets(PonderConfig(k_max=2, alpha0=0.5, alpha_start=-0.5)).tolist()
-CFG = RolloutConfig(prompts={"arith_ponder": 4, "gsm8k_ponder": 1}, max_gen_toks=6,
+CFG = RolloutConfig(prompts={"arith_ponder": 4, "gsm8k_ponder": 1}, max_completion_length=6,
                     batch_size=8, apply_chat_template=False)
 
 
@@ -115,7 +115,7 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_pat
 
 
 def test_cache_refuses_other_settings(lm, cache):
-    other = RolloutConfig(prompts=CFG.prompts, max_gen_toks=7, batch_size=8,
+    other = RolloutConfig(prompts=CFG.prompts, max_completion_length=7, batch_size=8,
                           apply_chat_template=False)
     with pytest.raises(PonderError, match="built for other settings.*generation"):
         build_cache(lm, other, OFFSETS, cache.dir, progress=False)

@@ -13,6 +13,6 @@ def test_help_lists_every_key(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    for key in ("--grpo.steps", "--grpo.t1", "--reward.lambda_flops", "--rollout.prompts",
+    for key in ("--grpo.max_steps", "--grpo.t1", "--reward.lambda_flops", "--rollout.prompts",
                 "--ponder.k_max"):
         assert key in text

@@ -173,3 +173,44 @@ def decoder_layers(model):
         if isinstance(module, nn.ModuleList) and len(module) == n_layers:
             return module
     raise PonderError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+def native_dtype(device: str) -> str:
+    """The default dtype for ``device``: bfloat16 where the hardware computes it natively, else
+    float32 (measured, docs/results.md: on a CPU without native bf16, bf16 matmuls run two
+    orders of magnitude slower than fp32; with it, about four times faster).
+
+    Native means a CUDA device that reports bf16 support, or a CPU that torch reports as
+    bf16-capable through oneDNN (AVX-512 BF16 or AMX).
+    """
+    import torch
+
+    if str(device).startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() \
+            else "float32"
+    if str(device).startswith("cpu"):
+        try:
+            native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        except (AttributeError, RuntimeError):
+            native = False
+        return "bfloat16" if native else "float32"
+    return "float32"
+
+
+def resolve_device(device: str | None, parallelize: bool = False) -> str:
+    """The device to load the backbone on.
+
+    Without CUDA: no device, or lm-eval's own default ``cuda:0``, means the CPU (as HFLM falls
+    back); any other CUDA device, or ``parallelize=True``, is refused in one clear line instead
+    of transformers' bare "Torch not compiled with CUDA enabled".
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda" if device is None else str(device)
+    if parallelize or (device is not None and str(device).startswith("cuda")
+                       and str(device) != "cuda:0"):
+        what = "parallelize=True" if parallelize else f"device={device!r}"
+        raise PonderError(f"{what} needs a CUDA GPU, and torch sees none here "
+                          f"(torch {torch.__version__}); use device=cpu, or run on a GPU machine")
+    return "cpu" if device is None or str(device).startswith("cuda") else str(device)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from lm_eval_ponder import backbone as bb
+from lm_eval_ponder.errors import PonderError
 
 pytestmark = pytest.mark.slow
 
@@ -30,3 +31,30 @@ def test_second_load_uses_converted_cache(embedded_dir):
     again = bb.resolve_backbone(None)
     assert again.path == embedded_dir
     assert time.perf_counter() - start < 10.0  # hashing 98 MB, no dequantisation
+
+
+def test_native_dtype_is_bf16_only_where_the_hardware_has_it(monkeypatch):
+    import torch
+
+    cpu_native = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    assert bb.native_dtype("cpu") == ("bfloat16" if cpu_native else "float32")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert bb.native_dtype("cpu") == "bfloat16"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert bb.native_dtype("cuda") == "float32"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    assert bb.native_dtype("cuda:1") == "bfloat16"
+
+
+def test_cuda_without_cuda_is_one_clear_error(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bb.resolve_device(None) == "cpu"
+    assert bb.resolve_device("cuda:0") == "cpu"  # lm-eval's own default: falls back as HFLM does
+    assert bb.resolve_device("cpu") == "cpu"
+    with pytest.raises(PonderError, match="device='cuda' needs a CUDA GPU"):
+        bb.resolve_device("cuda")
+    with pytest.raises(PonderError, match="parallelize=True needs a CUDA GPU"):
+        bb.resolve_device(None, parallelize=True)

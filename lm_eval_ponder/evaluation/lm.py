@@ -18,8 +18,11 @@ would silently be neither steered nor unsteered.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import logging
+from dataclasses import dataclass
 from collections import deque
 from typing import Any
 
@@ -31,11 +34,51 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
+from lm_eval_ponder.evaluation.generation import (SamplingConfig, UnsupportedGeneration,
+                                                  check_model_supported, generate_rows)
 from lm_eval_ponder.evaluation.settings import PonderArgs, Pondering, load_pondering, no_hook
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.pondering.dynamics import PonderConfig
+from lm_eval_ponder.pondering.hook import SteeringHook
 
 CACHE_MARKER = "__lm_eval_ponder_fingerprint__"
+GENERATION_MODES = ("loop", "hf")
+# generate_until hands the loop this many requests per row in flight, so rows that finish are
+# replaced by waiting ones instead of leaving the batch to shrink (see docs/results.md)
+REQUESTS_PER_ROW = 4
+LOGGER = logging.getLogger(__name__)
+
+
+@dataclass
+class BatchGeneration:
+    """One batch's output: ``sequences`` [B, L + T] as ``generate`` returns them, each row's
+    generated tokens (to its EOS or stop string), prompt tokens, ponder depths per decision
+    (None without a controller) and the steering hook that ran (None without steering)."""
+
+    sequences: torch.Tensor
+    gen_tokens: list[int]
+    prompt_tokens: list[int]
+    depths: list[torch.Tensor] | None
+    hook: SteeringHook | None
+
+
+def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
+    """lm-eval's reading of generation kwargs (``HFLM._model_generate``): an absent temperature
+    is 0, and temperature 0 means greedy."""
+    kwargs = dict(generation_kwargs)
+    kwargs["temperature"] = kwargs.get("temperature", 0.0)
+    do_sample = kwargs.get("do_sample")
+    if kwargs["temperature"] == 0.0 and do_sample is None:
+        kwargs["do_sample"] = do_sample = False
+    if do_sample is False and kwargs["temperature"] == 0.0:
+        kwargs.pop("temperature")
+    return kwargs
+
+
+def default_max_rows(device: str) -> int:
+    """Rows in flight when the user gives none: measured on CPU (docs/results.md); on a GPU a
+    larger batch keeps the device busy (not measured here: no GPU was available)."""
+    return 256 if str(device).startswith("cuda") else 64
 
 
 @register_model("ponder")
@@ -67,9 +110,14 @@ class PonderLM(HFLM):
         alpha_start: float | None = None,
         granularity: str | None = None,
         layer: int | None = None,
+        generation: str = "loop",
+        max_rows: int | str | None = None,
         **kwargs,
     ) -> None:
         install_excepthook()
+        self.generation = str(generation).strip().lower()
+        if self.generation not in GENERATION_MODES:
+            raise PonderError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
         self.ponder_args = PonderArgs.from_model_args(
             steering=steering, controller=controller, alpha=alpha, layer=layer, tau=tau,
             k_max=k_max, alpha0=alpha0, beta=beta, alpha_start=alpha_start,
@@ -80,8 +128,15 @@ class PonderLM(HFLM):
         else:  # an already-loaded PreTrainedModel, as HFLM allows
             resolved = bb.ResolvedBackbone("<in-memory model>", type(pretrained).__name__, None)
             source = pretrained
-        if kwargs.get("device") is None and not torch.cuda.is_available():
-            kwargs["device"] = "cpu"  # HFLM defaults to "cuda", which a CPU build cannot load to
+        kwargs["device"] = bb.resolve_device(kwargs.get("device"),
+                                             parallelize=bool(kwargs.get("parallelize", False)))
+        device = kwargs["device"]
+        if kwargs.get("dtype") is None:  # HFLM's own default, "auto", is the checkpoint's dtype
+            kwargs["dtype"] = bb.native_dtype(device)
+        self.max_rows = default_max_rows(device) if max_rows in (None, "", "auto") \
+            else int(max_rows)
+        if self.max_rows < 1:
+            raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
         try:
             super().__init__(pretrained=source, **kwargs)
         except OSError as error:
@@ -97,6 +152,8 @@ class PonderLM(HFLM):
         self.ponder: Pondering | None = load_pondering(
             self.ponder_args, resolved.name, self.model.config, self.device,
             resolved.source_sha256)
+        self._ponder_override: Pondering | None = None
+        self._fallback_warned: set[str] = set()
 
     # ------------------------------------------------------------------ pondering
     @property
@@ -132,13 +189,6 @@ class PonderLM(HFLM):
             raise PonderError("this model has no steering vector loaded (pondering is off)")
         return self.ponder
 
-    def set_alpha(self, alpha: float) -> None:
-        """Switch the fixed offset between ``generate_until`` calls (the trainer's rollout cache
-        generates every depth with one loaded model). Only for a model built with ``alpha=``."""
-        if self.ponder is None or self.ponder.alpha is None or self.ponder.controller is not None:
-            raise PonderError("set_alpha needs a model constructed with a fixed alpha=")
-        self.ponder.alpha = float(alpha)
-
     # ------------------------------------------------------------------ identity
     def fingerprint(self) -> dict[str, Any]:
         """Everything besides the prompt and generation kwargs that changes what is generated."""
@@ -146,6 +196,7 @@ class PonderLM(HFLM):
             "backbone": self.backbone_info.path,
             "backbone_sha256": self.backbone_info.source_sha256,
             "dtype": str(self.model.dtype),
+            "generation": self.generation,
             "pondering": None if self.ponder is None else self.ponder.fingerprint(),
         }
 
@@ -181,30 +232,107 @@ class PonderLM(HFLM):
         super().set_cache_hook(cache_hook)
 
     # ------------------------------------------------------------------ generation
+    def generate_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
+                       max_new_tokens: int, stop: list[str], steering: Any = "model",
+                       **generation_kwargs) -> BatchGeneration:
+        """Generate for one left-padded batch: the public call under ``generate_until`` (lm-eval)
+        and the trainer's online rollouts.
+
+        ``steering``: ``"model"`` (this model's pondering, or none), ``None`` (unsteered) or a
+        ``SteeringHook`` the caller built (e.g. around a training policy). With
+        ``generation="loop"`` (default) finished rows leave the batch and waiting rows join it
+        (``evaluation.generation``); settings the loop cannot reproduce exactly fall back to
+        HF's ``generate`` with one warning, as does ``generation="hf"``.
+        """
+        n_rows, width = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if steering == "model":
+            hook, decider = self._active_ponder().hook(self.model, self.device) \
+                if self._active_ponder() else no_hook()
+        else:
+            hook, decider = (steering, None) if steering is not None else no_hook()
+        if isinstance(hook, SteeringHook):
+            hook.expect_rows(n_rows)
+        kwargs = hf_sampling_kwargs(generation_kwargs)
+        result = None
+        if self.generation == "loop":
+            try:
+                sampling = SamplingConfig.from_kwargs(self.model.generation_config, **kwargs)
+                check_model_supported(self.model)
+            except UnsupportedGeneration as why:
+                self._warn_fallback(why)
+            else:
+                eos = set(sampling.eos_token_ids) or {self.eot_token_id}
+                with hook, self._autocast():
+                    result = generate_rows(
+                        self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                        eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id, stop=stop,
+                        decode=self.tok_decode, sampling=sampling, max_rows=self.max_rows,
+                        steering=hook if isinstance(hook, SteeringHook) else None)
+                sequences, gen_tokens = result.sequences, list(result.gen_tokens)
+        if result is None:
+            with hook:
+                sequences = HFLM._model_generate(self, input_ids, width + max_new_tokens, stop,
+                                                 attention_mask=attention_mask, **kwargs)
+            eos_ids = {self.eot_token_id}
+            if self.tokenizer.pad_token_id is not None:
+                eos_ids.add(self.tokenizer.pad_token_id)
+            gen_tokens = [count_generated_tokens(self.tok_decode, row, stop, eos_ids)
+                          for row in sequences[:, width:].tolist()]
+        depths = None
+        if decider is not None and isinstance(hook, SteeringHook):
+            depths = hook.per_row(decider.depths, n_rows)
+        return BatchGeneration(sequences, gen_tokens, attention_mask.sum(dim=1).tolist(),
+                               depths, hook if isinstance(hook, SteeringHook) else None)
+
+    def generate(self, contexts: list[str], gen_kwargs: dict, *, alpha: float | None = None,
+                 disable_tqdm: bool = True) -> list[GenerationText]:
+        """Generate for rendered contexts through lm-eval's own path (``generate_until``: the
+        same encoding, ``until`` and ``max_gen_toks`` handling and accounting as an evaluation),
+        optionally at a fixed steering offset ``alpha`` instead of this model's pondering: the
+        trainer's rollout cache generates every depth this way with one loaded model."""
+        from lm_eval.api.instance import Instance
+
+        requests = [Instance("generate_until", {}, (c, dict(gen_kwargs)), i)
+                    for i, c in enumerate(contexts)]
+        saved = self._ponder_override
+        if alpha is not None:
+            base = self._require_ponder()
+            self._ponder_override = dataclasses.replace(
+                base, controller=None, controller_dir=None, alpha=float(alpha))
+        try:
+            return self.generate_until(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._ponder_override = saved
+
+    def _active_ponder(self) -> Pondering | None:
+        return self._ponder_override if self._ponder_override is not None else self.ponder
+
+    def _autocast(self):
+        return torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                              enabled=self.mixed_precision_dtype is not None)
+
+    def _warn_fallback(self, why: Exception) -> None:
+        if str(why) not in self._fallback_warned:
+            self._fallback_warned.add(str(why))
+            LOGGER.warning("generation loop: %s; using transformers' generate for these "
+                           "requests (finished rows keep decoding)", why)
+
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
-        attention_mask = generation_kwargs.get("attention_mask")
-        hook, decider = self.ponder.hook(self.model, self.device) if self.ponder else no_hook()
-        with hook:
-            out = super()._model_generate(context, max_length, stop, **generation_kwargs)
-        prompt_lens = (
-            attention_mask.sum(dim=1).tolist()
-            if attention_mask is not None
-            else [context.shape[1]] * context.shape[0]
-        )
-        eos_ids = {self.eot_token_id}
-        if self.tokenizer.pad_token_id is not None:
-            eos_ids.add(self.tokenizer.pad_token_id)
-        generated = out[:, context.shape[1] :].tolist()
-        depths = None if decider is None else hook.per_row(decider.depths, context.shape[0])
-        for row, (prompt_len, tokens) in enumerate(zip(prompt_lens, generated)):
-            n = count_generated_tokens(self.tok_decode, tokens, stop, eos_ids)
-            steps, evals = self.ponder.row_stats(None if depths is None else depths[row], n) \
-                if self.ponder else (0.0, 0)
+        attention_mask = generation_kwargs.pop("attention_mask", None)
+        out = self.generate_batch(context, attention_mask,
+                                  max_new_tokens=max_length - context.shape[1], stop=stop,
+                                  **generation_kwargs)
+        ponder = self._active_ponder()
+        for row, (prompt_len, n) in enumerate(zip(out.prompt_tokens, out.gen_tokens)):
+            steps, evals = ponder.row_stats(None if out.depths is None else out.depths[row], n) \
+                if ponder else (0.0, 0)
             self._pending_rows.append(
-                {"prompt_tokens": int(prompt_len), "gen_tokens": n, "ponder_steps": steps,
+                {"prompt_tokens": int(prompt_len), "gen_tokens": int(n), "ponder_steps": steps,
                  "controller_evals": evals}
             )
-        return out
+        return out.sequences
 
     def _finish_row(self, text: str, gen_kwargs: Any) -> GenerationText:
         row = self._pending_rows.popleft()
@@ -218,10 +346,16 @@ class PonderLM(HFLM):
         collector = RowCollector(inner, self._finish_row)
         self._pending_rows.clear()
         self.cache_hook = collector
+        saved = self.batch_size_per_gpu
+        if self.generation == "loop" and isinstance(saved, int):
+            # rows in flight are max_rows whatever lm-eval's batch_size (its CLI default is 1):
+            # hand the loop enough requests at once to keep that many rows busy
+            self.batch_size_per_gpu = max(saved, REQUESTS_PER_ROW * self.max_rows)
         try:
             texts = super().generate_until(requests, disable_tqdm=disable_tqdm)
         finally:
             self.cache_hook = inner
+            self.batch_size_per_gpu = saved
         if self._pending_rows:
             raise RuntimeError("internal: generated rows were not paired with their texts")
         return [

@@ -105,7 +105,10 @@ class SteeringHook:
 
     # ------------------------------------------------------------------ the forward hook
     def _decide(self, z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        offsets = torch.as_tensor(self.decide(z_last.detach()))
+        if getattr(self.decide, "takes_rows", False):  # e.g. a training policy with per-row
+            offsets = torch.as_tensor(self.decide(z_last.detach(), rows))  # teacher flags
+        else:
+            offsets = torch.as_tensor(self.decide(z_last.detach()))
         offsets = offsets.to(device=z_last.device, dtype=torch.float32)
         if offsets.shape != z_last.shape[:1]:
             raise PonderError(f"decide returned shape {tuple(offsets.shape)}, expected "

@@ -339,8 +339,10 @@ class TokenPolicy:
         self.states: list[torch.Tensor] = []  # per decoded token: [rows, d] float32
         self.depths: list[torch.Tensor] = []  # per decoded token: [rows] long
 
+    takes_rows = True  # the steering hook passes the original rows of each decision
+
     @torch.no_grad()
-    def __call__(self, z_last: torch.Tensor) -> torch.Tensor:
+    def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         tr = self.trainer
         z = z_last.detach().float().cpu()
         p = tr.controller.probability(tr.logits(z))
@@ -349,16 +351,27 @@ class TokenPolicy:
         else:
             depth = sample_depths(p, self.generator,
                                   tr.tau if tr.cfg.threshold_in_training else None)
-            depth = torch.where(self.teacher, self.teacher_depth, depth)
+            teacher, teacher_depth = self.teacher, self.teacher_depth
+            if rows is not None:  # rows that finished have left the batch
+                index = rows.cpu()
+                teacher, teacher_depth = teacher[index], teacher_depth[index]
+            depth = torch.where(teacher, teacher_depth, depth)
         self.states.append(z)
         self.depths.append(depth)
         return tr.offsets[depth].to(z_last.device)
 
-    def trajectories(self, used: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def trajectories(self, used: list[int], hook=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(states [n_i, d], depths [n_i]) per row, keeping the decisions of the ``used[i]``
-        tokens the row actually generated (a finished row keeps decoding in a batch)."""
-        states, depths = torch.stack(self.states, 1), torch.stack(self.depths, 1)
-        return [(states[i, : max(n, 1)], depths[i, : max(n, 1)]) for i, n in enumerate(used)]
+        tokens the row actually generated (under ``model.generate`` a finished row keeps
+        decoding). ``hook``: the ``SteeringHook`` that ran, whose record of which rows each
+        decision covered regroups the decisions by row (rows leave the generation loop)."""
+        if hook is None:
+            states, depths = torch.stack(self.states, 1), torch.stack(self.depths, 1)
+            return [(states[i, : max(n, 1)], depths[i, : max(n, 1)])
+                    for i, n in enumerate(used)]
+        states = hook.per_row(self.states, len(used))
+        depths = hook.per_row(self.depths, len(used))
+        return [(s[: max(n, 1)], d[: max(n, 1)]) for s, d, n in zip(states, depths, used)]
 
 
 TokenRollout = Callable[[int, TokenPolicy], tuple[list[dict], list[tuple[torch.Tensor,

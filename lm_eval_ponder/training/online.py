@@ -41,7 +41,6 @@ from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.pondering.hook import SteeringHook
 from lm_eval_ponder.training.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
                                      response_perplexities)
-from lm_eval_ponder.evaluation.accounting import count_generated_tokens
 from lm_eval_ponder.training.config import TrainConfig, config_dict
 from lm_eval_ponder.training.distributed import Distributed
 from lm_eval_ponder.training.loop import (LOG, batch_figures, identity_of, iteration,
@@ -65,9 +64,6 @@ class OnlineEnvironment(RewardBook):
         self.k_max = cfg.ponder.k_max
         eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
         self.until = handle_stop_sequences(None, eos=eos)  # as the rollout cache: EOS only
-        self.eos_ids = {lm.eot_token_id}
-        if lm.tokenizer.pad_token_id is not None:
-            self.eos_ids.add(lm.tokenizer.pad_token_id)
         self.controller = controller
 
     @torch.no_grad()
@@ -75,10 +71,10 @@ class OnlineEnvironment(RewardBook):
         """G = len(policy.teacher) answers to prompt i: (records, trajectories).
 
         The G rows share one unpadded prompt, so every row's last position is its own last
-        token, as in ``--model ponder``. We call HFLM's ``_model_generate`` (not PonderLM's,
-        which would add its own hook) inside a token-mode hook driven by ``policy``.
+        token, as in ``--model ponder``. Generation goes through ``PonderLM.generate_batch``
+        (the call under lm-eval's ``generate_until``) with a token-mode hook driven by
+        ``policy`` instead of the model's own pondering.
         """
-        from lm_eval.models.huggingface import HFLM
         from lm_eval.models.utils import postprocess_generated_text
 
         lm, p, rows = self.lm, self.prompts[i], len(policy.teacher)
@@ -86,17 +82,14 @@ class OnlineEnvironment(RewardBook):
         ids, mask = ids.repeat(rows, 1).to(lm.device), mask.repeat(rows, 1).to(lm.device)
         hook = SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, policy,
                             mode="token")
-        with hook:
-            out = HFLM._model_generate(lm, context=ids, attention_mask=mask, stop=self.until,
-                                       max_length=ids.shape[1] + self.max_gen_toks,
-                                       do_sample=False)
-        generated = out[:, ids.shape[1]:].tolist()
-        used = [count_generated_tokens(lm.tok_decode, t, self.until, self.eos_ids)
-                for t in generated]
+        out = lm.generate_batch(ids, mask, max_new_tokens=self.max_gen_toks, stop=self.until,
+                                steering=hook, do_sample=False)
+        generated = out.sequences[:, ids.shape[1]:].tolist()
+        used = out.gen_tokens
         texts = [postprocess_generated_text(generation=lm.tok_decode(t), stop=self.until,
                                             think_end_token=None) for t in generated]
         ppls = response_perplexities(lm, [p.context] * rows, texts)
-        trajectories = policy.trajectories(used)
+        trajectories = policy.trajectories(used, hook)
         records = []
         for text, n, ppl, (_, depths) in zip(texts, used, ppls, trajectories):
             correct, pred = grading.grade(p.kind, text, p.gold)

@@ -340,9 +340,9 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
                      progress: bool = True) -> None:
     """Generate every missing (prompt, depth, sample) of this rank's prompts (r, r+world, ...).
 
-    ``lm`` is a ``PonderLM`` built with a fixed ``alpha=``; its offset is switched per depth.
+    ``lm`` is a ``PonderLM`` with a steering vector; each depth is generated at its offset
+    through ``PonderLM.generate(..., alpha=offset)``, the same path as an evaluation.
     """
-    from lm_eval.api.instance import Instance
     from tqdm.auto import tqdm
 
     done = cache.done()
@@ -358,11 +358,8 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
             by_depth.setdefault(item[0], []).append(item)
         records = []
         for depth, items in by_depth.items():
-            lm.set_alpha(offsets[depth])
             torch.manual_seed(cfg.seed + 7919 * depth + start)
-            reqs = [Instance("generate_until", {}, (p.context, dict(gen)), i)
-                    for i, (_, _, p) in enumerate(items)]
-            texts = lm.generate_until(reqs, disable_tqdm=True)
+            texts = lm.generate([p.context for _, _, p in items], gen, alpha=offsets[depth])
             ppls = response_perplexities(lm, [p.context for _, _, p in items],
                                          [str(t) for t in texts])
             for (k, s, p), text, ppl in zip(items, texts, ppls):

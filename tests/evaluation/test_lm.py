@@ -68,8 +68,10 @@ def test_per_row_tokens_stop_at_own_stop_string(hf_and_ponder, tiny_model_dir):
     """
     _, batched = hf_and_ponder
     alone = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, device="cpu")
-    # Stop on a single common character so some rows stop early and others run to the cap.
-    kwargs = {"until": ["e"], "max_gen_toks": 30, "do_sample": False}
+    # Stop on single characters so some rows stop early and others run to the cap. ("B": the
+    # tiny model's rows need not contain "e"; one that generates a pad token mid-text used to be
+    # cut there, as if pad were EOS, which made "e" look like it stopped a row.)
+    kwargs = {"until": ["e", "B"], "max_gen_toks": 30, "do_sample": False}
     together = batched.generate_until(requests(kwargs))
     single = alone.generate_until(requests(kwargs))
     assert together == single
@@ -138,3 +140,62 @@ def test_gguf_without_package_is_a_clear_error(tmp_path, monkeypatch):
     )
     with pytest.raises(PonderError, match="pip install gguf"):
         PonderLM(pretrained=str(tmp_path), gguf_file="model.gguf")
+
+
+def test_loop_at_batch_one_matches_hf_in_float32(tiny_model_dir):
+    """The equivalence the issue asks for: float32, one row at a time, greedy tokens of the
+    generation loop identical to lm-eval's --model hf."""
+    kwargs = {"until": ["\n\n"], "max_gen_toks": 20, "do_sample": False}
+    hf = HFLM(pretrained=str(tiny_model_dir), batch_size=1, device="cpu", dtype="float32")
+    ponder = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=1, device="cpu",
+                      dtype="float32")
+    assert ponder.generation == "loop" and ponder.model.dtype == torch.float32
+    assert ponder.generate_until(requests(kwargs)) == hf.generate_until(requests(kwargs))
+
+
+def test_sampling_is_reproducible_with_the_same_seed(tiny_model_dir):
+    kwargs = {"max_gen_toks": 12, "do_sample": True, "temperature": 1.0, "top_k": 20}
+    lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", max_rows=3)
+    runs = []
+    for seed in (1234, 1234, 99):
+        torch.manual_seed(seed)  # lm-eval seeds torch once per run (--seed)
+        runs.append(lm.generate_until(requests(kwargs, repeats=2)))
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    assert len(set(runs[0])) > 1  # repeats of one prompt sample differently (Best-of-N)
+
+
+def test_lm_eval_batch_size_one_still_fills_the_loop(tiny_model_dir, monkeypatch):
+    """lm-eval's CLI hands batch_size=1 to every model; rows in flight are max_rows anyway."""
+    import lm_eval_ponder.evaluation.lm as lm_module
+
+    seen = []
+    real = lm_module.generate_rows
+
+    def spy(model, input_ids, *args, **kwargs):
+        seen.append(input_ids.shape[0])
+        return real(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(lm_module, "generate_rows", spy)
+    lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, device="cpu")
+    lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))
+    assert seen == [len(PROMPTS)] and lm.batch_size == 1  # restored after the call
+
+
+def test_generation_hf_selects_transformers_generate(tiny_model_dir, monkeypatch):
+    import lm_eval_ponder.evaluation.lm as lm_module
+
+    monkeypatch.setattr(lm_module, "generate_rows", lambda *a, **k: pytest.fail("loop used"))
+    lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", generation="hf")
+    assert len(lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))) == 4
+    with pytest.raises(PonderError, match="generation must be one of"):
+        PonderLM(pretrained=str(tiny_model_dir), device="cpu", generation="fast")
+
+
+def test_unsupported_settings_fall_back_to_generate_with_a_warning(hf_and_ponder, caplog):
+    hf, ponder = hf_and_ponder
+    kwargs = {"max_gen_toks": 6, "do_sample": False, "num_beams": 2}
+    with caplog.at_level("WARNING", logger="lm_eval_ponder"):
+        got = ponder.generate_until(requests(kwargs))
+    assert got == hf.generate_until(requests(kwargs))
+    assert "num_beams=2" in caplog.text and "transformers' generate" in caplog.text

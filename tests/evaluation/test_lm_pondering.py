@@ -128,3 +128,27 @@ def test_loglikelihood_is_refused_while_pondering(tiny_model_dir, vector_dir):
     (logprob, greedy), = plain.loglikelihood(req)
     assert logprob < 0 and isinstance(greedy, bool)
     assert plain.loglikelihood_rolling(rolling)[0] < 0
+
+
+@pytest.mark.parametrize("granularity", ["prompt", "token"])
+def test_steering_follows_rows_that_leave_and_join(tiny_model_dir, vector_dir, tmp_path,
+                                                   granularity):
+    """The generation loop drops finished rows and prefills waiting ones (max_rows=2 of 4):
+    each row keeps its own prompt-level offset or per-token decisions, so texts and per-row
+    accounting equal HF generate's, where every row stays in the batch to the end."""
+    torch.manual_seed(3)  # a random controller with a sharp head: depths differ by row/token
+    controller = PonderController(64, hidden=32)
+    with torch.no_grad():
+        controller.head.weight.mul_(30.0)
+        controller.head.bias.fill_(-2.0)
+    ctrl = save_controller(controller, tmp_path / "random")
+    args = dict(steering=str(vector_dir), controller=str(ctrl), granularity=granularity,
+                alpha0=0.05, alpha_start=0.0)
+    kwargs = {"until": ["I", "]", "7", "v"], "max_gen_toks": 12, "do_sample": False}
+    hf = make(tiny_model_dir, generation="hf", **args).generate_until(requests(kwargs))
+    loop = make(tiny_model_dir, max_rows=2, **args).generate_until(requests(kwargs))
+    assert loop == hf
+    for a, b in zip(loop, hf):
+        assert a.stats == b.stats
+    assert len({t.stats["gen_tokens"] for t in loop}) > 1, "rows must finish at different steps"
+    assert len({t.stats["ponder_steps"] for t in loop}) > 1, "rows must ponder differently"

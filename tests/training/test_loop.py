@@ -44,7 +44,7 @@ def test_outputs_config_log_and_card(run_a):
     assert config["ponder"]["k_max"] == 2 and config["seed"] == 0
     assert config["backbone"]["steering_sha256"] and config["layer"] == 2
     assert config["data"]["rollout_manifest"]["identity"]["prompts_sha256"]
-    assert config["train_config"]["grpo"]["lr"] == 5e-4
+    assert config["train_config"]["grpo"]["learning_rate"] == 5e-4
     lines = [json.loads(x) for x in (run_a / "train_log.jsonl").read_text().splitlines()]
     logs = [x for x in lines if "alert" not in x]
     assert [x["step"] for x in logs] == [10, 20, 30]

@@ -1,0 +1,138 @@
+"""generate_rows vs model.generate on the embedded SmolLM2-135M (bf16), arith-style prompts.
+
+Not a test: a timing run. In one process, several interleaved rounds of
+  - HF ``model.generate`` (greedy, batch = all prompts, HFLM's stop criterion on the EOS string),
+  - ``generate_rows`` on the same batch (rows leave when done),
+  - ``generate_rows`` with ``--max-rows`` in flight and waiting rows joining at each
+    ``--admit-fractions`` value (1.0 = no joining: the next chunk starts when the batch is empty).
+Per round it prints wall time, useful generated tokens/s (each row's tokens up to and including
+its EOS, counted on HF's output), the speed ratio over ``generate`` and the fraction of rows
+whose generated tokens are identical to ``generate``'s; then the median ratios.
+
+    python benchmarks/generation_loop.py --pairs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+
+def build_prompts(tok, n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(n):
+        hi = 10 if i % 2 == 0 else 100  # half single-digit, half two-digit additions
+        a, b = rng.randrange(hi), rng.randrange(hi)
+        msg = [{"role": "user", "content": f"Please solve the math problem: What is {a} + {b}?"}]
+        prompts.append(tok.apply_chat_template(msg, tokenize=False, add_generation_prompt=True))
+    return prompts
+
+
+def rows_until_eos(tokens: list[list[int]], eos: set[int]) -> list[list[int]]:
+    out = []
+    for row in tokens:
+        cut = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        out.append(row[:cut])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-rows", type=int, default=32,
+                        help="rows in flight for the joining runs (0: skip them)")
+    parser.add_argument("--admit-fractions", type=float, nargs="*", default=[0.5, 1.0],
+                        help="join when this fraction of --max-rows slots is free (1.0: no join)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from lm_eval.models.utils_hf import stop_sequences_criteria
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation.generation import SamplingConfig, generate_rows
+
+    t0 = time.perf_counter()
+    resolved = bb.resolve_backbone(None, None)
+    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.bfloat16).eval()
+    tok = AutoTokenizer.from_pretrained(resolved.path)
+    tok.padding_side = "left"
+    print(f"loaded {resolved.name} bf16 in {time.perf_counter() - t0:.1f}s; "
+          f"torch threads {torch.get_num_threads()}")
+
+    enc = tok(build_prompts(tok, args.prompts), return_tensors="pt", padding=True,
+              add_special_tokens=False)
+    ids, mask = enc.input_ids, enc.attention_mask
+    width = ids.shape[1]
+    until = [tok.eos_token]  # HFLM with `until: []` stops on the EOS string only
+    cfg = SamplingConfig.from_kwargs(model.generation_config, do_sample=False)
+    eos = set(cfg.eos_token_ids) or {tok.eos_token_id}
+    pad = tok.pad_token_id
+
+    def decode(tokens: list[int]) -> str:
+        return tok.decode(tokens, skip_special_tokens=True)
+
+    def run_hf():
+        crit = stop_sequences_criteria(tok, until, width, ids.shape[0])
+        out = model.generate(input_ids=ids, attention_mask=mask,
+                             max_length=width + args.max_new_tokens, stopping_criteria=crit,
+                             pad_token_id=pad, use_cache=True, do_sample=False)
+        return rows_until_eos(out[:, width:].tolist(), eos), out.shape[1] - width
+
+    def run_loop(max_rows=None, admit=0.5):
+        res = generate_rows(model, ids, mask, max_new_tokens=args.max_new_tokens,
+                            eos_token_ids=eos, pad_token_id=pad, stop=until, decode=decode,
+                            sampling=cfg, max_rows=max_rows, admit_fraction=admit)
+        gen = [res.sequences[i, width: width + n].tolist() for i, n in enumerate(res.gen_tokens)]
+        return gen, res
+
+    variants = [("loop", {})]
+    if args.max_rows and args.max_rows < args.prompts:
+        variants += [(f"loop rows={args.max_rows} admit={a:g}",
+                      {"max_rows": args.max_rows, "admit": a}) for a in args.admit_fractions]
+    ratios: dict[str, list[float]] = {name: [] for name, _ in variants}
+    with torch.no_grad():
+        run_loop(max_rows=8)  # warm-up (allocator, oneDNN kernels) outside the timings
+        for pair in range(args.pairs):
+            order = [("generate", None)] + variants
+            if pair % 2:  # alternate which side runs first
+                order = order[1:] + order[:1]
+            times, outs, infos = {}, {}, {}
+            for name, kw in order:
+                t = time.perf_counter()
+                if kw is None:
+                    outs[name], steps = run_hf()
+                    infos[name] = f"{steps} steps x {ids.shape[0]} rows"
+                else:
+                    outs[name], res = run_loop(**kw)
+                    infos[name] = (f"{res.decode_forwards} decode fwd, {res.decode_row_slots} "
+                                   f"row-slots, {res.prefill_forwards} prefill, {res.joins} joins")
+                times[name] = time.perf_counter() - t
+            ref = outs["generate"]
+            useful = sum(len(r) for r in ref)
+            print(f"\npair {pair + 1}: {useful} useful tokens "
+                  f"({useful / (ids.shape[0] * max(len(r) for r in ref)):.0%} of generate's "
+                  f"decoded slots)")
+            for name, _ in [("generate", None)] + variants:
+                line = f"  {name:28s} {times[name]:7.2f} s  {useful / times[name]:7.1f} tok/s"
+                if name != "generate":
+                    ratio = times["generate"] / times[name]
+                    ratios[name].append(ratio)
+                    same = sum(a == b for a, b in zip(outs[name], ref)) / len(ref)
+                    line += f"  x{ratio:.2f}  identical {same:.0%}"
+                print(f"{line}  [{infos[name]}]")
+    print("\nmedian speedup over generate:")
+    for name, vals in ratios.items():
+        print(f"  {name:28s} x{statistics.median(vals):.2f}  ({', '.join(f'{v:.2f}' for v in vals)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--admit-fractions", type=float, nargs="*", default=[0.5, 1.0],
                         help="join when this fraction of --max-rows slots is free (1.0: no join)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto",
+                        help="auto: bfloat16 where native (backbone.native_dtype), else float32")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -62,10 +64,11 @@ def main() -> None:
 
     t0 = time.perf_counter()
     resolved = bb.resolve_backbone(None, None)
-    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.bfloat16).eval()
+    dtype = bb.native_dtype("cpu") if args.dtype == "auto" else args.dtype
+    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=getattr(torch, dtype)).eval()
     tok = AutoTokenizer.from_pretrained(resolved.path)
     tok.padding_side = "left"
-    print(f"loaded {resolved.name} bf16 in {time.perf_counter() - t0:.1f}s; "
+    print(f"loaded {resolved.name} {dtype} in {time.perf_counter() - t0:.1f}s; "
           f"torch threads {torch.get_num_threads()}")
 
     enc = tok(build_prompts(tok, args.prompts), return_tensors="pt", padding=True,

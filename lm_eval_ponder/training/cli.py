@@ -1,8 +1,7 @@
-"""``python -m lm_eval_ponder.train``: parse the config, then run the matching training loop.
+"""``python -m lm_eval_ponder.train``: parse the config, then run the training loop.
 
-The dispatch lives here, above both loops, so neither loop imports the other: prompt
-granularity trains on the rollout cache (``training.loop``), token granularity on online
-rollouts (``training.online``).
+One loop (``training.loop.run``) serves both granularities through an environment: the
+rollout cache (prompt level) or online rollouts (token level).
 """
 
 from __future__ import annotations
@@ -16,10 +15,8 @@ from lm_eval_ponder.training.config import parse_args
 @command
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    if cfg.ponder.granularity == "token":
-        from lm_eval_ponder.training.online import run_online as run
-    else:
-        from lm_eval_ponder.training.loop import run
+    from lm_eval_ponder.training.loop import run
+
     run(cfg)
     return 0
 

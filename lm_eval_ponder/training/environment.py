@@ -94,9 +94,14 @@ class RewardBook:
 
 
 class CachedEnvironment(RewardBook):
+    """Prompt granularity: outcomes are rollout-cache lookups by (prompt, depth), so a GRPO
+    step costs no generation. Implements the training loop's ``TrainingEnvironment``."""
+
     def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
                  reward_cfg: R.RewardConfig, generator: torch.Generator) -> None:
         super().__init__(reward_cfg)
+        self.cache = cache
+        self.cache_wall = 0.0  # seconds the training run spent building/checking the cache
         self.prompts = cache.prompts()
         self.z0 = cache.states()
         table = cache.table()
@@ -164,3 +169,41 @@ class CachedEnvironment(RewardBook):
         return {"best_fixed_depth": best_fixed[0], **{f"best_fixed_{k}": v for k, v in
                                                       best_fixed[1].items()}}
 
+
+    # ------------------------------------------------------------- the training loop's interface
+    def generators(self) -> dict[str, torch.Generator]:
+        return {"env": self.generator}
+
+    def step(self, trainer, t: int, local: torch.Tensor, dist):
+        return trainer.step(t, local, self.z0[local], self,
+                            gradient_hook=lambda: dist.average_gradients(trainer.controller),
+                            gather=dist.gather)
+
+    def held_out(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
+        out = {"train_greedy": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}
+        if val_ids:
+            out["val_greedy"] = self.evaluate(val_ids, trainer.greedy_depths(self.z0[val_ids]))
+        return out
+
+    def selection_key(self, summary: dict) -> tuple[float, ...]:
+        return ((summary.get("val_greedy") or summary["train_greedy"])["score"],)
+
+    def state(self) -> dict:
+        return {}
+
+    def restore(self, meta: dict) -> None:
+        pass
+
+    def final_figures(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
+        figures = {"train": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}
+        if val_ids:
+            figures["val"] = self.evaluate(val_ids, trainer.greedy_depths(self.z0[val_ids]))
+            figures["val_oracle"] = self.oracle(val_ids)
+        return figures
+
+    def data_and_cost(self, cfg, n_train: int, n_val: int) -> tuple[dict, dict]:
+        data = {"rollout_manifest": self.cache.manifest, "n_prompts": len(self.prompts),
+                "n_train": n_train, "n_val": n_val}
+        cost = {"generations": len(self.prompts) * (self.k_max + 1) * self.samples,
+                "cache_wall_s": round(self.cache_wall, 1)}
+        return data, cost

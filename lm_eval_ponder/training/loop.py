@@ -1,4 +1,13 @@
-"""The training run behind ``python -m lm_eval_ponder.train``: cache, GRPO loop, logs, outputs.
+"""The one training loop behind ``python -m lm_eval_ponder.train``, for both granularities.
+
+The loop is the same whatever produces the outcomes: draw a global batch of training prompts,
+let the *environment* run one GRPO step on this rank's shard, gather outcomes, update the
+reward state, log every ``logging_steps`` steps with held-out figures, keep the best weights,
+checkpoint atomically, and at the end write the controller, its config and card. Two
+environments implement the step: ``environment.CachedEnvironment`` (prompt granularity: GRPO
+on rollout-cache lookups) and ``online.OnlineEnvironment`` (token granularity: every step
+generates its answers with the controller in the loop). Their interface is
+``TrainingEnvironment`` below.
 
 Distributed (``torchrun`` / ``accelerate launch``, also on CPU with the gloo backend): every
 rank builds its share of the rollout cache; in GRPO every rank draws the same global batch of
@@ -13,12 +22,14 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key
+from lm_eval_ponder.training.online import OnlineEnvironment
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.training.grpo import GRPOTrainer, curriculum_probability, curriculum_stage
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
@@ -140,18 +151,6 @@ def trim_log(log_path: Path, start: int) -> None:
         log_path.write_text("".join(line + "\n" for line in kept))
 
 
-def _summary(env: CachedEnvironment, window: list[dict], trainer: GRPOTrainer,
-             train_ids: list[int], val_ids: list[int], step: int, cfg: TrainConfig,
-             elapsed: float) -> dict:
-    out = batch_figures(window, env.weights, env.k_max, step, cfg, elapsed,
-                        trainer.reinitialisations)
-    z = env.z0
-    out["train_greedy"] = env.evaluate(train_ids, trainer.greedy_depths(z[train_ids]))
-    if val_ids:
-        out["val_greedy"] = env.evaluate(val_ids, trainer.greedy_depths(z[val_ids]))
-    return out
-
-
 def identity_of(lm) -> dict:
     """What a controller is trained for: backbone, steering vector, layer and scale."""
     return {"backbone": lm.backbone_info.path, "backbone_name": lm.backbone_info.name,
@@ -161,56 +160,92 @@ def identity_of(lm) -> dict:
             "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
 
 
+class TrainingEnvironment(Protocol):
+    """What the loop needs from whatever produces outcomes (see the module docstring)."""
+
+    prompts: list
+    weights: dict[str, float]
+    k_max: int
+
+    def generators(self) -> dict[str, torch.Generator]:
+        """Generators besides the trainer's that a checkpoint must restore."""
+
+    def step(self, trainer: GRPOTrainer, t: int, local: torch.Tensor,
+             dist: Distributed): ...
+
+    def observe(self, outcome: dict[str, torch.Tensor], step: int) -> None: ...
+
+    def held_out(self, trainer: GRPOTrainer, train_ids: list[int],
+                 val_ids: list[int]) -> dict: ...
+
+    def selection_key(self, summary: dict) -> tuple[float, ...]: ...
+
+    def state(self) -> dict: ...
+
+    def restore(self, meta: dict) -> None: ...
+
+    def final_figures(self, trainer: GRPOTrainer, train_ids: list[int],
+                      val_ids: list[int]) -> dict: ...
+
+    def data_and_cost(self, cfg: TrainConfig, n_train: int, n_val: int) -> tuple[dict, dict]: ...
+
+
+def build_environment(cfg: TrainConfig, lm, controller: PonderController, offsets: list[float],
+                      out: Path, dist: Distributed) -> TrainingEnvironment:
+    """Prompt granularity: build (or finish) the rollout cache with ``lm``, then train on
+    lookups. Token granularity: train online with ``lm`` in the loop."""
+    if cfg.ponder.granularity == "token":
+        return OnlineEnvironment(lm, cfg, controller)
+    t0 = time.time()
+    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "rollouts"
+    if dist.rank == 0:
+        cache, prompts = prepare_cache(lm, cfg.rollout, offsets, cache_dir)
+    dist.barrier()  # rank 0 has written the manifest, prompts and states
+    if dist.rank != 0:
+        cache, prompts = prepare_cache(lm, cfg.rollout, offsets, cache_dir, write=False)
+    generate_missing(lm, cache, prompts, cfg.rollout, offsets, dist.rank, dist.world)
+    dist.barrier()  # every rank's share is finished
+    env = CachedEnvironment(RolloutCache(cache_dir), cfg.ponder.k_max, cfg.rollout.samples,
+                            controller.evaluation_flops(cfg.ponder.k_max + 1), cfg.reward,
+                            torch.Generator().manual_seed(cfg.seed + 1))
+    env.cache_wall = time.time() - t0
+    return env
+
+
 def run(cfg: TrainConfig) -> Path:
     dist = Distributed()
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     offsets = cumulative_offsets(cfg.ponder)
-    cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "rollouts"
-
-    # ---- phase 1: rollout cache
-    t0 = time.time()
     lm = load_backbone(cfg, offsets.tolist())
     identity = identity_of(lm)
-    if dist.rank == 0:
-        cache, prompts = prepare_cache(lm, cfg.rollout, offsets.tolist(), cache_dir)
-    dist.barrier()  # rank 0 has written the manifest, prompts and states
-    if dist.rank != 0:
-        cache, prompts = prepare_cache(lm, cfg.rollout, offsets.tolist(), cache_dir, write=False)
-    generate_missing(lm, cache, prompts, cfg.rollout, offsets.tolist(), dist.rank, dist.world)
-    dist.barrier()  # every rank's share is finished
-    cache_wall = time.time() - t0
-    del lm
-    cache = RolloutCache(cache_dir)
-
-    # ---- phase 2: GRPO on lookups
-    gen = torch.Generator().manual_seed(cfg.seed)
-    env_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    hidden = identity["hidden_size"]
     torch.manual_seed(cfg.seed)
-    controller = PonderController(hidden, cfg.controller_hidden, cfg.controller_temperature)
-    env = CachedEnvironment(cache, cfg.ponder.k_max, cfg.rollout.samples,
-                            controller.evaluation_flops(cfg.ponder.k_max + 1), cfg.reward, env_gen)
+    controller = PonderController(identity["hidden_size"], cfg.controller_hidden,
+                                  cfg.controller_temperature)
+    env = build_environment(cfg, lm, controller, offsets.tolist(), out, dist)
+    if cfg.ponder.granularity != "token":
+        del lm  # GRPO on lookups needs no backbone
     from lm_eval_ponder.steering.vector import load_vector
 
     vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
     trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
                           cfg.ponder.tau, cfg.grpo, cfg.seed)
-    trainer.generator = gen
-    train_ids, val_ids = env.split(cfg.val_fraction)
+    generators = {"grpo": trainer.generator, **env.generators()}
+    from lm_eval_ponder.training.environment import split_prompts
+
+    train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
     P = dist.check_batch(cfg.grpo.prompts_per_step)
 
     run_config = config_dict(cfg)
-    state_path = out / ckpt.FILE
-    start, best, best_score, best_step, train_wall = 0, None, -math.inf, -1, 0.0
-    meta, loaded = load_state(state_path, trainer, {"grpo": gen, "env": env_gen}, env,
-                              run_config, dist.world)
+    state_path, log_path = out / ckpt.FILE, out / LOG
+    start, best, best_key, best_step, train_wall = 0, None, (-math.inf,), -1, 0.0
+    meta, loaded = load_state(state_path, trainer, generators, env, run_config, dist.world)
     if meta is not None:
-        best = loaded
-        start, best_score, best_step = meta["step"], meta["best_score"], meta["best_step"]
-        train_wall = meta["train_wall"]
-    log_path = out / LOG
+        best, start, best_step, train_wall = loaded, meta["step"], meta["best_step"], \
+            meta["train_wall"]
+        best_key = tuple(meta["best_key"])
+        env.restore(meta)
     if dist.rank == 0:
         trim_log(log_path, start)
 
@@ -218,107 +253,108 @@ def run(cfg: TrainConfig) -> Path:
 
     window: list[dict] = []
     t_train = time.time() - train_wall
-    bar = tqdm(range(start, cfg.grpo.max_steps), desc="GRPO", disable=dist.rank != 0,
-               initial=start, total=cfg.grpo.max_steps)
+    bar = tqdm(range(start, cfg.grpo.max_steps), disable=dist.rank != 0, initial=start,
+               total=cfg.grpo.max_steps,
+               desc="GRPO" + (" (token level, online)" if cfg.ponder.granularity == "token"
+                              else ""))
     train_tensor = torch.tensor(train_ids)
     for t in bar:
-        def step(local, t=t):
-            return trainer.step(t, local, env.z0[local], env,
-                                gradient_hook=lambda: dist.average_gradients(controller),
-                                gather=dist.gather)
-
-        iteration(t, step, train_tensor, P, gen, env, dist, window, log_path, cfg)
-        if (t + 1) % cfg.logging_steps == 0 or t + 1 == cfg.grpo.max_steps:
-            summary = _summary(env, window, trainer, train_ids, val_ids, t + 1, cfg,
-                               time.time() - t_train)
-            window = []
-            score = (summary.get("val_greedy") or summary["train_greedy"])["score"]
-            if score > best_score:
-                best_score, best_step = score, t + 1
-                best = {k: v.detach().clone() for k, v in controller.state_dict().items()}
-            summary["best_step"] = best_step
-            if dist.rank == 0:
-                append_jsonl(log_path, summary)
-                save_state(state_path, trainer, {"grpo": gen, "env": env_gen}, best, env, {
-                    "step": t + 1, "config": run_config, "world": dist.world,
-                    "best_score": best_score, "best_step": best_step,
-                    "train_wall": time.time() - t_train})
-                bar.set_postfix(acc=round(summary["accuracy"], 3),
-                                depth=round(summary["depth_mean"], 2))
+        iteration(t, lambda local, t=t: env.step(trainer, t, local, dist), train_tensor, P,
+                  trainer.generator, env, dist, window, log_path, cfg)
+        if (t + 1) % cfg.logging_steps and t + 1 != cfg.grpo.max_steps:
+            continue
+        summary = batch_figures(window, env.weights, env.k_max, t + 1, cfg,
+                                time.time() - t_train, trainer.reinitialisations)
+        window = []
+        if dist.rank != 0:  # held-out figures, selection and files: rank 0's job
+            continue
+        summary.update(env.held_out(trainer, train_ids, val_ids))
+        key = env.selection_key(summary)
+        if key > best_key:
+            best_key, best_step = key, t + 1
+            best = {k: v.detach().clone() for k, v in controller.state_dict().items()}
+        summary["best_step"] = best_step
+        append_jsonl(log_path, summary)
+        save_state(state_path, trainer, generators, best, env, {
+            "step": t + 1, "config": run_config, "world": dist.world,
+            "best_key": list(best_key), "best_step": best_step,
+            "train_wall": time.time() - t_train, **env.state()})
+        bar.set_postfix(acc=round(summary["accuracy"], 3), depth=round(summary["depth_mean"], 2))
     train_wall = time.time() - t_train
     dist.assert_same(controller)
     if dist.rank == 0:
-        _finish(cfg, out, controller, best, best_step, env, trainer, train_ids, val_ids,
-                identity, cache, cache_wall, train_wall, run_config)
+        chosen = cfg.grpo.max_steps
+        if cfg.select == "best" and best is not None:
+            controller.load_state_dict(best)
+            chosen = best_step
+        figures = env.final_figures(trainer, train_ids, val_ids)
+        data, cost = env.data_and_cost(cfg, len(train_ids), len(val_ids))
+        extra = {"backbone": identity, "ponder": run_config["ponder"], "layer": identity["layer"],
+                 "train_config": run_config, "seed": cfg.seed, "selected_step": chosen,
+                 "data": data, "figures": figures,
+                 "cost": {**cost, "train_wall_s": round(train_wall, 1)}}
+        save_controller(controller, out, extra_config=extra)
+        (out / "card.md").write_text(card(cfg, identity, extra))
     dist.barrier()
     return out
 
 
-def _finish(cfg, out, controller, best, best_step, env, trainer, train_ids, val_ids, identity,
-            cache, cache_wall, train_wall, run_config) -> None:
-    if cfg.select == "best" and best is not None:
-        controller.load_state_dict(best)
-        chosen = best_step
-    else:
-        chosen = cfg.grpo.max_steps
-    z = env.z0
-    figures = {"train": env.evaluate(train_ids, trainer.greedy_depths(z[train_ids]))}
-    if val_ids:
-        figures["val"] = env.evaluate(val_ids, trainer.greedy_depths(z[val_ids]))
-        figures["val_oracle"] = env.oracle(val_ids)
-    n_gen = len(env.prompts) * (cfg.ponder.k_max + 1) * cfg.rollout.samples
-    extra = {
-        "backbone": identity, "ponder": run_config["ponder"], "layer": identity["layer"],
-        "train_config": run_config, "seed": cfg.seed, "selected_step": chosen,
-        "data": {"rollout_manifest": cache.manifest, "n_prompts": len(env.prompts),
-                 "n_train": len(train_ids), "n_val": len(val_ids)},
-        "figures": figures, "cost": {"generations": n_gen, "cache_wall_s": round(cache_wall, 1),
-                                     "train_wall_s": round(train_wall, 1)},
-    }
-    save_controller(controller, out, extra_config=extra)
-    (out / "card.md").write_text(_card(cfg, identity, extra, figures, env, chosen))
-
-
-def _card(cfg, identity, extra, figures, env, chosen) -> str:
-    def row(name, f):
+def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
+    """The controller's card: what it was trained for, on what, at what cost, and its
+    inference-time figures on training-split prompts (never test data)."""
+    def row(name: str, f: dict) -> str:
+        score = f"{f['score']:.4f}" if "score" in f else "-"
         return (f"| {name} | {f['accuracy']:.3f} | {f['gen_tokens']:.1f} | {f['flops']:.3e} | "
-                f"{f['depth']:.2f} | {f['score']:.4f} |")
+                f"{f['depth']:.2f} | {score} |")
 
+    token = cfg.ponder.granularity == "token"
     tasks = ", ".join(f"{k} ({v} train-split prompts)" for k, v in cfg.rollout.prompts.items())
+    cost, data, figures = extra["cost"], extra["data"], extra["figures"]
     lines = [
-        f"# Ponder controller for {identity['backbone_name']}", "",
+        f"# {'Token-level p' if token else 'P'}onder controller for {identity['backbone_name']}",
+        "",
         f"- Backbone: `{identity['backbone']}` (source sha256 "
         f"`{identity['backbone_sha256']}`), hidden size {identity['hidden_size']}",
         f"- Steering vector: `{identity['steering_dir']}` (sha256 "
         f"`{identity['steering_sha256']}`), layer {identity['layer']}, scale "
         f"{identity['steering_scale']:.2f}",
         f"- Pondering: {json.dumps(extra['ponder'])}",
-        f"- Data: {tasks}; {extra['data']['n_train']} for training, {extra['data']['n_val']} "
-        "held out for choosing the checkpoint. No test split is used.",
-        f"- Rollouts: {extra['cost']['generations']} generations (prompts x depths x samples), "
-        f"max {cfg.rollout.max_completion_length} new tokens, "
-        f"{'greedy' if cfg.rollout.samples == 1 else f'{cfg.rollout.samples} samples'}; "
-        f"cache phase {extra['cost']['cache_wall_s']} s in this run (building what was missing, "
-        "or only loading the backbone and checking the cache)",
+        f"- Data: {tasks}; {data['n_train']} for training, {data['n_val']} held out for "
+        "choosing the checkpoint. No test split is used.",
+    ]
+    if token:
+        lines.append(f"- Online rollouts: {cost['generations']} generations (steps x prompts x "
+                     f"G) of at most {cfg.rollout.max_completion_length} tokens")
+    else:
+        lines.append(
+            f"- Rollouts: {cost['generations']} generations (prompts x depths x samples), max "
+            f"{cfg.rollout.max_completion_length} new tokens, "
+            f"{'greedy' if cfg.rollout.samples == 1 else f'{cfg.rollout.samples} samples'}; "
+            f"cache phase {cost['cache_wall_s']} s in this run (building what was missing, or "
+            "only loading the backbone and checking the cache)")
+    lines += [
         f"- GRPO: {cfg.grpo.max_steps} steps, G={cfg.grpo.num_generations}, "
-        f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.learning_rate}, T1={cfg.grpo.t1}, "
-        f"T2={cfg.grpo.t2}, stage 1 = {cfg.grpo.stage1}; seed {cfg.seed}; "
-        f"{extra['cost']['train_wall_s']} s",
-        f"- Shipped weights: step {chosen} ("
-        f"{'the final weights' if cfg.select == 'last' else 'the best held-out score'})", "",
-        "Inference-time choices (halt at the first phi <= tau) on cached outcomes:", "",
+        f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.learning_rate}, "
+        f"T1={cfg.grpo.t1}, T2={cfg.grpo.t2}, stage 1 = {cfg.grpo.stage1}; seed {cfg.seed}; "
+        f"{cost['train_wall_s']} s",
+        f"- Shipped weights: step {extra['selected_step']} ("
+        f"{'the final weights' if cfg.select == 'last' else 'the best held-out figures'})", "",
+        "Inference-time choices (halt at the first phi <= tau)"
+        + (" at every token" if token else " on cached outcomes") + ":", "",
         "| prompts | accuracy | gen tokens | FLOPs | mean depth | score |",
         "|---|---|---|---|---|---|",
-        row("train", figures["train"]),
     ]
-    if "val" in figures:
+    if figures.get("train"):
+        lines.append(row("train", figures["train"]))
+    if figures.get("val"):
         lines.append(row("held-out", figures["val"]))
+    if figures.get("val_oracle"):
         o = figures["val_oracle"]
         lines.append(f"| held-out, best fixed depth ({int(o['best_fixed_depth'])}) | "
                      f"{o['best_fixed_accuracy']:.3f} | {o['best_fixed_gen_tokens']:.1f} | "
                      f"{o['best_fixed_flops']:.3e} | {o['best_fixed_depth']:.2f} | "
                      f"{o['best_fixed_score']:.4f} |")
     lines += ["", "Score: the training reward with its initial weights and whole-cache FLOPs "
-              "statistics. These are cached training-split outcomes, not benchmark results: "
-              "see docs/results.md for lm-eval runs on test splits.", ""]
+              "statistics (prompt level). These are training-split outcomes, not benchmark "
+              "results: see docs/results.md for lm-eval runs on test splits.", ""]
     return "\n".join(lines)

@@ -10,7 +10,7 @@ same reward (``environment.RewardBook``) and updates on the recorded decisions
 
 Cost. One step is P prompts x (one batched generation of G rows + one perplexity pass), so the
 paper's 2500 steps x 8 x 8 answers are 160k generations: a GPU job. docs/results.md gives the
-measured seconds per step on this CPU. Everything else matches the prompt-level trainer: the
+measured seconds per step on this CPU. The loop itself is the prompt-level trainer's (``training.loop``): the
 paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
 ``logging_steps`` steps, atomic checkpoints with exact resume, the same seed giving the same
 controller, and data parallelism (each rank generates its share of the batch's prompts).
@@ -24,42 +24,34 @@ from the first step's answers (all ranks' correct answers, else all answers) and
 
 from __future__ import annotations
 
-import json
 import math
-import time
-from pathlib import Path
 
 import torch
 
-from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.evaluation import grading
-from lm_eval_ponder.pondering.controller import PonderController, save_controller
-from lm_eval_ponder.training.environment import RewardBook, split_prompts
 from lm_eval_ponder.flops import generation_flops
-from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
-from lm_eval_ponder.pondering.dynamics import cumulative_offsets
+from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.pondering.hook import SteeringHook
+from lm_eval_ponder.training.config import TrainConfig
+from lm_eval_ponder.training.environment import RewardBook
+from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
 from lm_eval_ponder.training.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
-                                     response_perplexities)
-from lm_eval_ponder.training.config import TrainConfig, config_dict
-from lm_eval_ponder.training.distributed import Distributed
-from lm_eval_ponder.training.loop import (LOG, batch_figures, identity_of, iteration,
-                                          load_backbone, load_state, save_state, trim_log)
-from lm_eval_ponder.files import append_jsonl
+                                              response_perplexities)
 
 
 class OnlineEnvironment(RewardBook):
     """Generates answers to training prompts with a token-level policy in the loop."""
 
-    def __init__(self, lm, prompts: list[Prompt], cfg: TrainConfig,
-                 controller: PonderController) -> None:
+    def __init__(self, lm, cfg: TrainConfig, controller: PonderController,
+                 prompts: list[Prompt] | None = None) -> None:
         ppl_ref = None
         if cfg.reward.ppl_baseline is not None and cfg.reward.sigma_ppl is not None:
             ppl_ref = (cfg.reward.ppl_baseline, cfg.reward.sigma_ppl)
         super().__init__(cfg.reward, ppl_ref)
         from lm_eval.models.utils import handle_stop_sequences
 
-        self.lm, self.prompts = lm, prompts
+        self.lm, self.train_cfg = lm, cfg
+        self.prompts = build_prompts(lm, cfg.rollout) if prompts is None else prompts
         self.max_gen_toks = cfg.rollout.max_completion_length
         self.k_max = cfg.ponder.k_max
         eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
@@ -118,129 +110,51 @@ class OnlineEnvironment(RewardBook):
                 "depth": sum(r["depth_mean"] for r in recs) / n}
 
 
-def _rank_key(figures: dict) -> tuple[float, float]:
-    return (figures.get("accuracy", -math.inf), -figures.get("flops", math.inf))
+    # ------------------------------------------------------------- the training loop's interface
+    def generators(self) -> dict[str, torch.Generator]:
+        return {}
 
+    def step(self, trainer: GRPOTrainer, t: int, local: torch.Tensor, dist):
+        # per step and rank, so ranks explore independently and a resumed run draws the same
+        # decisions without saving every rank's generator
+        seed = self.train_cfg.seed * 1_000_003 + t * 1009 + dist.rank
+        sampler = torch.Generator().manual_seed(seed)
 
-def run_online(cfg: TrainConfig) -> Path:
-    from tqdm.auto import tqdm
+        def score(records: list[dict]) -> dict[str, torch.Tensor]:
+            if self.ppl_ref is None:  # first step: the reference from every rank's answers
+                ppl = dist.gather(torch.tensor([r["ppl"] if r["ppl"] is not None else math.nan
+                                                for r in records], dtype=torch.float64))
+                ok = dist.gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
+                chosen = ppl[ok] if bool(ok.any()) else ppl
+                self.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
+            return self.score(records, [r["flops"] for r in records])
 
-    from lm_eval_ponder.steering.vector import load_vector
+        return step_tokens(trainer, t, local, self.rollout, score,
+                           gradient_hook=lambda: dist.average_gradients(trainer.controller),
+                           gather=dist.gather, sampler=sampler)
 
-    dist = Distributed()
-    out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    offsets = cumulative_offsets(cfg.ponder)
-    lm = load_backbone(cfg, offsets.tolist())
-    identity = identity_of(lm)
-    prompts = build_prompts(lm, cfg.rollout)
-    torch.manual_seed(cfg.seed)
-    controller = PonderController(identity["hidden_size"], cfg.controller_hidden,
-                                  cfg.controller_temperature)
-    env = OnlineEnvironment(lm, prompts, cfg, controller)
-    vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
-    trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
-                          cfg.ponder.tau, cfg.grpo, cfg.seed)
-    gen = trainer.generator
-    train_ids, val_ids = split_prompts([p.key for p in prompts], cfg.val_fraction)
-    P = dist.check_batch(cfg.grpo.prompts_per_step)
+    def held_out(self, trainer: GRPOTrainer, train_ids: list[int], val_ids: list[int]) -> dict:
+        """Inference-time figures on the held-out prompts (generation: the costly part)."""
+        return {"val_greedy": self.evaluate(trainer, val_ids)}
 
-    run_config = config_dict(cfg)
-    state_path, log_path = out / ckpt.FILE, out / LOG
-    start, best, best_key, best_step, train_wall = 0, None, (-math.inf, -math.inf), -1, 0.0
-    meta, loaded = load_state(state_path, trainer, {"grpo": gen}, env, run_config, dist.world)
-    if meta is not None:
-        best = loaded
-        start, best_key, best_step = meta["step"], tuple(meta["best_key"]), meta["best_step"]
-        env.ppl_ref, train_wall = meta["ppl_ref"], meta["train_wall"]
-    if dist.rank == 0:
-        trim_log(log_path, start)
+    def selection_key(self, summary: dict) -> tuple[float, ...]:
+        """Held-out accuracy, then fewer FLOPs (the batch's figures without held-out prompts)."""
+        figures = summary.get("val_greedy") or {"accuracy": summary["accuracy"],
+                                                "flops": summary["flops_mean"]}
+        return (figures.get("accuracy", -math.inf), -figures.get("flops", math.inf))
 
-    def score(records: list[dict]) -> dict[str, torch.Tensor]:
-        if env.ppl_ref is None:  # first step: the reference from every rank's answers
-            ppl = dist.gather(torch.tensor([r["ppl"] if r["ppl"] is not None else math.nan
-                                            for r in records], dtype=torch.float64))
-            ok = dist.gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
-            chosen = ppl[ok] if bool(ok.any()) else ppl
-            env.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
-        return env.score(records, [r["flops"] for r in records])
+    def state(self) -> dict:
+        return {"ppl_ref": self.ppl_ref}
 
-    window: list[dict] = []
-    t_train = time.time() - train_wall
-    bar = tqdm(range(start, cfg.grpo.max_steps), desc="GRPO (token level, online)",
-               disable=dist.rank != 0, initial=start, total=cfg.grpo.max_steps)
-    train_tensor = torch.tensor(train_ids)
-    for t in bar:
-        def step(local, t=t):
-            # per step and rank, so ranks explore independently and a resumed run draws the
-            # same decisions without saving every rank's generator
-            sampler = torch.Generator().manual_seed(cfg.seed * 1_000_003 + t * 1009 + dist.rank)
-            return step_tokens(trainer, t, local, env.rollout, score,
-                               gradient_hook=lambda: dist.average_gradients(controller),
-                               gather=dist.gather, sampler=sampler)
+    def restore(self, meta: dict) -> None:
+        self.ppl_ref = meta["ppl_ref"]
 
-        iteration(t, step, train_tensor, P, gen, env, dist, window, log_path, cfg)
-        if (t + 1) % cfg.logging_steps == 0 or t + 1 == cfg.grpo.max_steps:
-            summary = batch_figures(window, env.weights, env.k_max, t + 1, cfg,
-                                    time.time() - t_train, trainer.reinitialisations)
-            window = []
-            if dist.rank == 0:
-                summary["val_greedy"] = env.evaluate(trainer, val_ids)
-                key = _rank_key(summary["val_greedy"] or {"accuracy": summary["accuracy"],
-                                                          "flops": summary["flops_mean"]})
-                if key >= best_key:
-                    best_key, best_step = key, t + 1
-                    best = {k: v.detach().clone() for k, v in controller.state_dict().items()}
-                summary["best_step"] = best_step
-                append_jsonl(log_path, summary)
-                save_state(state_path, trainer, {"grpo": gen}, best, env, {
-                    "step": t + 1, "config": run_config, "world": dist.world,
-                    "ppl_ref": env.ppl_ref, "best_key": list(best_key), "best_step": best_step,
-                    "train_wall": time.time() - t_train})
-                bar.set_postfix(acc=round(summary["accuracy"], 3),
-                                depth=round(summary["depth_mean"], 2))
-    train_wall = time.time() - t_train
-    dist.assert_same(controller)
-    if dist.rank == 0:
-        chosen = cfg.grpo.max_steps
-        if cfg.select == "best" and best is not None:
-            controller.load_state_dict(best)
-            chosen = best_step
-        figures = {"val": env.evaluate(trainer, val_ids)} if val_ids else {}
-        generations = cfg.grpo.max_steps * P * cfg.grpo.num_generations
-        extra = {"backbone": identity, "ponder": run_config["ponder"],
-                 "layer": identity["layer"], "train_config": run_config, "seed": cfg.seed,
-                 "selected_step": chosen,
-                 "data": {"prompts_sha256": prompts_sha(prompts), "n_prompts": len(prompts),
-                          "n_train": len(train_ids), "n_val": len(val_ids)},
-                 "figures": figures, "cost": {"generations": generations,
-                                              "train_wall_s": round(train_wall, 1)}}
-        save_controller(controller, out, extra_config=extra)
-        (out / "card.md").write_text(_card(cfg, identity, extra))
-    dist.barrier()
-    return out
+    def final_figures(self, trainer: GRPOTrainer, train_ids: list[int],
+                      val_ids: list[int]) -> dict:
+        return {"val": self.evaluate(trainer, val_ids)} if val_ids else {}
 
-
-def _card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
-    tasks = ", ".join(f"{k} ({v} train-split prompts)" for k, v in cfg.rollout.prompts.items())
-    lines = [
-        f"# Token-level ponder controller for {identity['backbone_name']}", "",
-        f"- Backbone: `{identity['backbone']}` (source sha256 `{identity['backbone_sha256']}`)",
-        f"- Steering vector: `{identity['steering_dir']}` (sha256 "
-        f"`{identity['steering_sha256']}`), layer {identity['layer']}",
-        f"- Pondering: {json.dumps(extra['ponder'])}",
-        f"- Data: {tasks}; {extra['data']['n_train']} for training, {extra['data']['n_val']} "
-        "held out. No test split is used.",
-        f"- Online GRPO: {cfg.grpo.max_steps} steps x {cfg.grpo.prompts_per_step} prompts x "
-        f"G={cfg.grpo.num_generations} = {extra['cost']['generations']} generations of at most "
-        f"{cfg.rollout.max_completion_length} tokens, {extra['cost']['train_wall_s']} s; seed {cfg.seed}",
-        f"- Shipped weights: step {extra['selected_step']}", "",
-    ]
-    if extra["figures"].get("val"):
-        f = extra["figures"]["val"]
-        lines += ["Held-out training prompts, inference-time halting:", "",
-                  "| accuracy | gen tokens | FLOPs | mean depth per token |", "|---|---|---|---|",
-                  f"| {f['accuracy']:.3f} | {f['gen_tokens']:.1f} | {f['flops']:.3e} | "
-                  f"{f['depth']:.2f} |", ""]
-    return "\n".join(lines)
+    def data_and_cost(self, cfg: TrainConfig, n_train: int, n_val: int) -> tuple[dict, dict]:
+        data = {"prompts_sha256": prompts_sha(self.prompts), "n_prompts": len(self.prompts),
+                "n_train": n_train, "n_val": n_val}
+        return data, {"generations": cfg.grpo.max_steps * cfg.grpo.prompts_per_step
+                      * cfg.grpo.num_generations}

@@ -62,7 +62,7 @@ def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, 
     ctrl = fixed_controller(bias)
     trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, OFFSETS, 0.2,
                           GRPOConfig(num_generations=2), seed=0)
-    env = OnlineEnvironment(lm, [PROMPT], cfg, ctrl)
+    env = OnlineEnvironment(lm, cfg, ctrl, prompts=[PROMPT])
     greedy = TokenPolicy(trainer, torch.zeros(1, dtype=torch.bool),
                          torch.zeros(1, dtype=torch.long), greedy=True)
     [rec], [(states, depths)] = env.rollout(0, greedy)

@@ -1,0 +1,154 @@
+"""End-to-end generation throughput: lm-eval's ``--model hf`` against ``--model ponder``.
+
+    python benchmarks/throughput.py                 # arith_ponder --limit 100, 256 new tokens
+    python benchmarks/throughput.py --pairs 3 --limit 100 --max-gen-toks 256
+
+One process, the same task (chat template, greedy), the models loaded once and the runs
+interleaved pair by pair so that noise on a shared machine hits every side alike:
+
+  (a) ``--model hf`` with lm-eval's defaults (dtype "auto" = the checkpoint's float32;
+      ``--hf-batch-size``, default 16 as in the issue's reference figure);
+  (b) ``--model ponder controller=none`` with our defaults (no batch size given: lm-eval's CLI
+      hands 1; the loop keeps ``max_rows`` rows in flight anyway);
+  (c) ``--model ponder`` with the shipped controller, our defaults;
+  (d) our loop against HFLM's path at the same dtype and rows in flight
+      (``generation=loop, max_rows=B`` vs ``generation=hf, batch_size=B``).
+
+Per run: wall time, useful generated tokens per second (tokens each response generated, to its
+own EOS; ``--model hf`` reports none, so its responses are re-tokenised), accuracy with its
+Wilson 95% CI; for (d) the fraction of identical responses. Then the physical reference: this
+CPU's matmul rate in the run's dtype and the FLOPs the run needed. Last line:
+``speedup <median (a) wall / (b) wall>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+
+
+def matmul_rate(dtype, n: int = 2048, reps: int = 4) -> float:
+    """GFLOP/s of an n x n matmul in ``dtype`` on this machine (median of ``reps``)."""
+    import torch
+
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    rates = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        rates.append(2 * n ** 3 / (time.perf_counter() - t) / 1e9)
+    return statistics.median(rates)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--max-gen-toks", type=int, default=256)
+    p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--rows", type=int, default=64, help="B of comparison (d)")
+    p.add_argument("--skip", default="", help="comma-separated runs to leave out, e.g. c,d")
+    args = p.parse_args()
+
+    import torch
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    import lm_eval_ponder_autoload
+    from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.reporting.report import wilson
+
+    torch.set_num_threads(2)
+    manager = TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir())
+    path = bb.resolve_backbone(None).path
+    skip = set(args.skip.split(",")) - {""}
+    t0 = time.perf_counter()
+    models = {"a": HFLM(pretrained=path, batch_size=args.hf_batch_size, device="cpu")}
+    if "b" not in skip:
+        models["b"] = PonderLM(controller="none")
+    if "c" not in skip:
+        models["c"] = PonderLM()
+    if "d" not in skip:
+        models["d-loop"] = PonderLM(controller="none", dtype=str(models["a"].model.dtype)[6:],
+                                    max_rows=args.rows, batch_size=args.rows)
+        models["d-hf"] = PonderLM(controller="none", dtype=str(models["a"].model.dtype)[6:],
+                                  generation="hf", batch_size=args.rows)
+    tokenizer = models["a"].tokenizer
+    print(f"loaded {len(models)} models in {time.perf_counter() - t0:.0f}s; "
+          + ", ".join(f"{k}: {m.model.dtype}, batch {m.batch_size}"
+                      + (f", max_rows {m.max_rows}, generation={m.generation}"
+                         if isinstance(m, PonderLM) else "") for k, m in models.items()),
+          flush=True)
+
+    def run(name: str) -> dict:
+        torch.manual_seed(1234)
+        t = time.perf_counter()
+        out = simple_evaluate(model=models[name], tasks=["arith_ponder"], limit=args.limit,
+                              apply_chat_template=True, log_samples=True, task_manager=manager,
+                              gen_kwargs=f"max_gen_toks={args.max_gen_toks}")
+        wall = time.perf_counter() - t
+        samples = out["samples"]["arith_ponder"]
+        responses = [s["resps"][0][0] for s in samples]
+        tokens = [s.get("gen_tokens") for s in samples]
+        if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in tokens):
+            tokens = [len(tokenizer(r, add_special_tokens=False).input_ids) + 1 for r in responses]
+        acc = [float(s["exact_match"]) for s in samples]
+        flops = [s.get("flops") for s in samples]
+        return {"wall": wall, "tokens": sum(tokens), "acc": sum(acc) / len(acc), "n": len(acc),
+                "k": sum(acc), "responses": responses,
+                "flops": sum(flops) if all(isinstance(f, float) and not math.isnan(f)
+                                           for f in flops) else None}
+
+    order = [k for k in ("a", "b", "c", "d-loop", "d-hf") if k in models]
+    results: dict[str, list[dict]] = {k: [] for k in order}
+    for pair in range(args.pairs):
+        sequence = order if pair % 2 == 0 else order[::-1]  # alternate who runs first
+        for name in sequence:
+            results[name].append(run(name))
+            r = results[name][-1]
+            print(f"pair {pair + 1} {name:7s} {r['wall']:7.1f} s  {r['tokens'] / r['wall']:7.1f} "
+                  f"useful tok/s  acc {r['acc']:.3f}", flush=True)
+
+    print(f"\narith_ponder --limit {args.limit}, {args.max_gen_toks} new tokens, greedy, chat "
+          f"template; medians of {args.pairs} interleaved pairs")
+    labels = {"a": "(a) --model hf, lm-eval defaults", "b": "(b) ponder controller=none",
+              "c": "(c) ponder, shipped controller", "d-loop": f"(d) loop, {args.rows} rows",
+              "d-hf": f"(d) HFLM path, batch {args.rows}"}
+    med = {}
+    for name in order:
+        rs = results[name]
+        wall = statistics.median(r["wall"] for r in rs)
+        med[name] = wall
+        lo, hi = wilson(rs[0]["k"], rs[0]["n"])
+        print(f"{labels[name]:36s} wall {wall:7.1f} s  "
+              f"{statistics.median(r['tokens'] / r['wall'] for r in rs):7.1f} useful tok/s  "
+              f"accuracy {rs[0]['acc']:.3f} [{lo:.2f}, {hi:.2f}] (n={rs[0]['n']})")
+    if "c" in med and "b" in med:
+        print(f"(c) / (b) wall: {med['c'] / med['b']:.3f} (target within 5%)")
+    if "d-loop" in med:
+        same = [sum(x == y for x, y in zip(a["responses"], b["responses"])) / len(a["responses"])
+                for a, b in zip(results["d-loop"], results["d-hf"])]
+        ratios = [b["wall"] / a["wall"] for a, b in zip(results["d-loop"], results["d-hf"])]
+        print(f"(d) loop speedup at equal dtype and rows: x{statistics.median(ratios):.2f} "
+              f"(pairs {', '.join(f'{r:.2f}' for r in ratios)}); identical responses "
+              f"{statistics.median(same):.0%}")
+    if "b" in med and results["b"][0]["flops"]:
+        dtype = models["b"].model.dtype
+        rate = matmul_rate(dtype)
+        needed = results["b"][0]["flops"]
+        print(f"physical reference: {dtype} matmul {rate:.0f} GFLOP/s on this CPU; run (b) needed "
+              f"{needed:.3e} FLOPs = {needed / 1e9 / rate:.1f} s at that rate; it took "
+              f"{med['b']:.1f} s ({needed / 1e9 / med['b']:.1f} GFLOP/s achieved, "
+              f"{needed / 1e9 / med['b'] / rate:.0%} of the matmul rate)")
+    if "b" in med:
+        ratios = [a["wall"] / b["wall"] for a, b in zip(results["a"], results["b"])]
+        print(f"speedup {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

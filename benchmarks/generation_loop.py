@@ -10,16 +10,21 @@ its EOS, counted on HF's output), the speed ratio over ``generate`` and the frac
 whose generated tokens are identical to ``generate``'s; then the median ratios.
 
     python benchmarks/generation_loop.py --pairs 3
+
+The brief's machine had AVX-512 with native bf16; a VM with only AVX2 runs bf16 matmuls several
+times slower than fp32 (measured: 0.9 vs 54 GFLOP/s at 1024^2), hence ``--dtype``. On a shared
+machine, ``--omp-passive`` sets OMP_WAIT_POLICY=PASSIVE before torch loads: spinning OpenMP
+threads that lose their core to another process slow every parallel region down many-fold.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
+import sys
 import time
-
-import torch
 
 
 def build_prompts(tok, n: int, seed: int = 0) -> list[str]:
@@ -51,10 +56,21 @@ def main() -> None:
     parser.add_argument("--admit-fractions", type=float, nargs="*", default=[0.5, 1.0],
                         help="join when this fraction of --max-rows slots is free (1.0: no join)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dtype", default="auto",
-                        help="auto: bfloat16 where native (backbone.native_dtype), else float32")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--omp-passive", action="store_true",
+                        help="OMP_WAIT_POLICY=PASSIVE (set before torch is imported)")
+    parser.add_argument("--noise-baseline", action="store_true",
+                        help="also run generate in chunks of --max-rows once, to show how much "
+                             "batch composition alone changes greedy tokens in this dtype")
     args = parser.parse_args()
+    if args.omp_passive:
+        if "torch" in sys.modules:
+            raise SystemExit("--omp-passive must be applied before torch is imported")
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    import torch
+
     torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
 
     from lm_eval.models.utils_hf import stop_sequences_criteria
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -64,12 +80,12 @@ def main() -> None:
 
     t0 = time.perf_counter()
     resolved = bb.resolve_backbone(None, None)
-    dtype = bb.native_dtype("cpu") if args.dtype == "auto" else args.dtype
-    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype).eval()
     tok = AutoTokenizer.from_pretrained(resolved.path)
     tok.padding_side = "left"
-    print(f"loaded {resolved.name} {dtype} in {time.perf_counter() - t0:.1f}s; "
-          f"torch threads {torch.get_num_threads()}")
+    print(f"loaded {resolved.name} {args.dtype} in {time.perf_counter() - t0:.1f}s; torch threads "
+          f"{torch.get_num_threads()}, cpu {torch.backends.cpu.get_cpu_capability()}, "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}")
 
     enc = tok(build_prompts(tok, args.prompts), return_tensors="pt", padding=True,
               add_special_tokens=False)
@@ -83,9 +99,10 @@ def main() -> None:
     def decode(tokens: list[int]) -> str:
         return tok.decode(tokens, skip_special_tokens=True)
 
-    def run_hf():
-        crit = stop_sequences_criteria(tok, until, width, ids.shape[0])
-        out = model.generate(input_ids=ids, attention_mask=mask,
+    def run_hf(rows=None):
+        sub_ids, sub_mask = (ids, mask) if rows is None else (ids[rows], mask[rows])
+        crit = stop_sequences_criteria(tok, until, width, sub_ids.shape[0])
+        out = model.generate(input_ids=sub_ids, attention_mask=sub_mask,
                              max_length=width + args.max_new_tokens, stopping_criteria=crit,
                              pad_token_id=pad, use_cache=True, do_sample=False)
         return rows_until_eos(out[:, width:].tolist(), eos), out.shape[1] - width
@@ -132,9 +149,17 @@ def main() -> None:
                     same = sum(a == b for a, b in zip(outs[name], ref)) / len(ref)
                     line += f"  x{ratio:.2f}  identical {same:.0%}"
                 print(f"{line}  [{infos[name]}]")
+        if args.noise_baseline and args.max_rows and args.max_rows < args.prompts:
+            chunks = [list(range(i, min(i + args.max_rows, args.prompts)))
+                      for i in range(0, args.prompts, args.max_rows)]
+            chunked = [row for c in chunks for row in run_hf(c)[0]]
+            same = sum(a == b for a, b in zip(chunked, ref)) / len(ref)
+            print(f"\nnoise baseline: generate in chunks of {args.max_rows} vs one batch of "
+                  f"{args.prompts}: identical {same:.0%}")
     print("\nmedian speedup over generate:")
     for name, vals in ratios.items():
-        print(f"  {name:28s} x{statistics.median(vals):.2f}  ({', '.join(f'{v:.2f}' for v in vals)})")
+        listed = ", ".join(f"{v:.2f}" for v in vals)
+        print(f"  {name:28s} x{statistics.median(vals):.2f}  ({listed})")
 
 
 if __name__ == "__main__":

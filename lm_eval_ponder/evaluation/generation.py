@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence, runtime_checkable
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
@@ -102,7 +102,8 @@ _IGNORED_FIELDS = frozenset({
     "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
     "assistant_lookbehind", "target_lookbehind", "max_matching_ngram_size",
     "assistant_ensemble_weight", "speculation_type",
-    "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",  # ignored by generate for decoder-only
+    # generate ignores these two for decoder-only models (no encoder input ids):
+    "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
     "output_attentions", "output_hidden_states",  # forwarded to the model; only affect outputs
     "transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash",
 })
@@ -282,6 +283,12 @@ def check_model_supported(model) -> None:
     supports_dynamic = getattr(model, "_supports_default_dynamic_cache", None)
     if supports_dynamic is None or not supports_dynamic():
         raise UnsupportedGeneration(f"{type(model).__name__} does not use a DynamicCache")
+    if getattr(model, "is_remote_code", lambda: False)():
+        raise UnsupportedGeneration("remote-code model (its forward may expect cache_position)")
+    prepare = getattr(type(model), "prepare_inputs_for_generation", None)
+    if prepare is not GenerationMixin.prepare_inputs_for_generation:
+        raise UnsupportedGeneration(
+            f"{type(model).__name__} overrides prepare_inputs_for_generation")
     params = inspect.signature(model.forward).parameters
     for name in ("attention_mask", "position_ids", "past_key_values"):
         if name not in params:
@@ -328,7 +335,9 @@ class _StopMatcher:
 class _Batch:
     """The rows in flight. Cache, ``lead`` (leading padding columns per row in the cache),
     ``hist`` (left-padded token history for the repetition penalty) and ``last`` (the token each
-    row feeds next) are all in batch order; ``rows`` holds their original indices."""
+    row feeds next) are all in batch order; ``rows`` holds their original indices. ``lead`` and
+    ``rows`` are kept on the host and mirrored on the device (``lead_t``, ``rows_t``), refreshed
+    only when the batch changes, so a decode step copies nothing host-to-device."""
 
     cache: DynamicCache
     rows: list[int]
@@ -337,6 +346,15 @@ class _Batch:
     last: torch.LongTensor  # [R]
     hist: torch.LongTensor | None
     hist_lead: list[int] | None
+    lead_t: torch.LongTensor | None = None
+    rows_t: torch.LongTensor | None = None
+    hist_lead_t: torch.LongTensor | None = None
+
+    def refresh(self, device: torch.device) -> None:
+        self.lead_t = torch.tensor(self.lead, dtype=torch.long, device=device)
+        self.rows_t = torch.tensor(self.rows, dtype=torch.long, device=device)
+        if self.hist_lead is not None:
+            self.hist_lead_t = torch.tensor(self.hist_lead, dtype=torch.long, device=device)
 
 
 def _layers(cache: DynamicCache) -> list[DynamicLayer]:
@@ -353,6 +371,7 @@ def _select_rows(batch: _Batch, keep: list[int], device: torch.device) -> None:
         batch.hist = batch.hist.index_select(0, index)
         batch.hist_lead = [batch.hist_lead[i] for i in keep]
     _trim(batch)
+    batch.refresh(device)
 
 
 def _trim(batch: _Batch) -> None:
@@ -403,9 +422,9 @@ def _merge(batch: _Batch, group: _Batch, pad_token_id: int) -> None:
                            + [p + width - hb for p in group.hist_lead])
 
 
-def _mask_from_lead(lead: list[int], width: int, device: torch.device) -> torch.Tensor:
-    lead_t = torch.tensor(lead, dtype=torch.long, device=device)
-    return (torch.arange(width, device=device)[None, :] >= lead_t[:, None]).long()
+def _mask_from_lead(lead_t: torch.LongTensor, width: int) -> torch.Tensor:
+    """Left-padded 2D attention mask: row i attends to columns >= lead_t[i]."""
+    return (torch.arange(width, device=lead_t.device)[None, :] >= lead_t[:, None]).long()
 
 
 def generate_rows(
@@ -465,10 +484,9 @@ def generate_rows(
         """Next token per row of ``batch`` from its float32 last-position logits. Returns the
         tokens as a Python list: the one host sync per step, needed to decide who finished."""
         scores = logits
-        if use_hist:
-            ignore = torch.tensor(batch.hist_lead, dtype=torch.long, device=device)
-            scores = RepetitionPenaltyLogitsProcessor(penalty, prompt_ignore_length=ignore)(
-                batch.hist, scores)
+        if use_hist:  # prompt padding is not history: ignore each row's leading pad columns
+            scores = RepetitionPenaltyLogitsProcessor(
+                penalty, prompt_ignore_length=batch.hist_lead_t)(batch.hist, scores)
         if min_new > 0 and eos_list:
             counts = [len(generated[r]) for r in batch.rows]
             if min(counts) < min_new:
@@ -526,6 +544,7 @@ def generate_rows(
         hist = ids.clone() if use_hist else None
         batch = _Batch(cache, list(rows), lead, span, ids[:, -1], hist,
                        list(lead) if use_hist else None)
+        batch.refresh(device)
         tokens = choose(logits, batch)
         del logits
         keep = record(batch, tokens)
@@ -549,17 +568,17 @@ def generate_rows(
                     running = joined
                 elif joined.rows:
                     _merge(running, joined, pad_token_id)
+                    running.refresh(device)
                     result.joins += 1
                 continue  # re-check admission (the group may have finished at once)
             assert running is not None
             # One decode step for every running row.
             width_now = running.length + 1
-            mask = _mask_from_lead(running.lead, width_now, device)
-            position_ids = torch.tensor([running.length - p for p in running.lead],
-                                        dtype=torch.long, device=device)[:, None]
+            mask = _mask_from_lead(running.lead_t, width_now)
+            # The new token's position is the row's count of real tokens already cached.
+            position_ids = (running.length - running.lead_t)[:, None]
             if steering is not None:
-                steering.begin_forward(
-                    torch.tensor(running.rows, dtype=torch.long, device=device), False)
+                steering.begin_forward(running.rows_t, False)
             out = model(input_ids=running.last[:, None], attention_mask=mask,
                         position_ids=position_ids, past_key_values=running.cache,
                         use_cache=True, return_dict=True, **keep_logits)

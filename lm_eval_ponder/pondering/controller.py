@@ -116,9 +116,14 @@ class PonderController(nn.Module):
         return self.probability(self.logits(z))
 
     def probability(self, logits: torch.Tensor) -> torch.Tensor:
-        """phi = sigmoid(logit / temperature) (eq. controller_output), from ``logits``: the one
-        place the temperature enters, for callers that keep the logits for log-probabilities."""
-        return torch.sigmoid(logits / self.temperature)
+        """phi from this controller's ``logits`` (callers that keep the logits for
+        log-probabilities)."""
+        return continue_probability(logits, self.temperature)
+
+
+def continue_probability(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """phi = sigmoid(logit / T), eq. (controller_output): the one place it is computed."""
+    return torch.sigmoid(logits / temperature)
 
 
 def save_controller(

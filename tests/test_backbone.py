@@ -46,3 +46,9 @@ def test_cuda_without_cuda_is_one_clear_error(monkeypatch):
         bb.resolve_device("cuda")
     with pytest.raises(PonderError, match="parallelize=True needs a CUDA GPU"):
         bb.resolve_device(None, parallelize=True)
+
+
+def test_dtype_names_are_checked_in_one_line():
+    assert bb.check_dtype(None) is None and bb.check_dtype("torch.bfloat16") == "bfloat16"
+    with pytest.raises(PonderError, match="dtype must be one of"):
+        bb.check_dtype("int8")

@@ -3,7 +3,8 @@
     python -m lm_eval_ponder.steer extract --output controllers/smollm2-135m-instruct
     python -m lm_eval_ponder.steer inspect controllers/smollm2-135m-instruct
 
-``extract`` loads the backbone (default: the embedded SmolLM2-135M-Instruct) in float32, frozen,
+``extract`` loads the backbone (default: the embedded SmolLM2-135M-Instruct) frozen, in bfloat16
+where the device computes it natively, else float32 (``--dtype``, ``--device``, ``--parallelize``),
 takes the first ``--n-questions`` GSM8K TRAIN questions (or a seeded random sample with
 ``--seed``), and stores the vectors of every decoder layer; ``--layer`` only picks the default
 (``DEFAULT_LAYER_FRACTION`` of depth otherwise). ``inspect`` prints the logit lens, the norms
@@ -58,7 +59,6 @@ def _build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--output", default=None,
                     help="output directory (default controllers/<backbone name>)")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing vector")
-    ex.add_argument("--device", default=None, help="torch device (default: cuda if available)")
     ex.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     ins = sub.add_parser(
@@ -81,24 +81,21 @@ def _backbone_args(parser: argparse.ArgumentParser, inspect: bool = False) -> No
     parser.add_argument("--pretrained", default=None,
                         help=f"Hub id or local model directory (default: {default})")
     parser.add_argument("--gguf-file", default=None, help="a GGUF file (converted once, cached)")
+    parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+                        help="default: bfloat16 where the device computes it natively, else "
+                             "float32 (as --model ponder); hidden states are averaged in float32")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda if available)")
+    parser.add_argument("--parallelize", action="store_true",
+                        help="spread the layers over all GPUs (device_map=auto, as HFLM)")
 
 
-def _load_backbone(pretrained: str | None, gguf_file: str | None, device: str | None = None):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from lm_eval_ponder.backbone import freeze, resolve_backbone
+def _load_backbone(args: argparse.Namespace, pretrained: str | None, gguf_file: str | None):
+    from lm_eval_ponder.backbone import load_frozen, resolve_backbone
 
     resolved = resolve_backbone(pretrained, gguf_file)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(resolved.path)
-        model = AutoModelForCausalLM.from_pretrained(resolved.path, dtype=torch.float32)
-    except OSError as exc:
-        raise PonderError(f"cannot load the backbone {resolved.path}: {exc}") from None
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model.to(device)
-    return resolved, freeze(model), tokenizer
+    model, tokenizer = load_frozen(resolved.path, dtype=args.dtype, device=args.device,
+                                   parallelize=args.parallelize)
+    return resolved, model, tokenizer
 
 
 def _questions(n: int, split: str, seed: int | None) -> tuple[list[str], dict]:
@@ -136,7 +133,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         raise PonderError(f"{args.output} already holds a steering vector; pass --overwrite to replace it")
     questions, source = _questions(args.n_questions, args.split, args.seed)
     t0 = time.perf_counter()
-    resolved, model, tokenizer = _load_backbone(args.pretrained, args.gguf_file, args.device)
+    resolved, model, tokenizer = _load_backbone(args, args.pretrained, args.gguf_file)
     load_s = time.perf_counter() - t0
     output = Path(args.output or f"controllers/{resolved.name}")
     if (output / META_FILE).exists() and not args.overwrite:
@@ -151,6 +148,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     )  # fmt: skip
     extract_s = time.perf_counter() - t1
     sv.meta["timing_s"] = {"load": round(load_s, 2), "extract": round(extract_s, 2)}
+    sv.meta["dtype"] = str(model.dtype).removeprefix("torch.")
     save_vector(sv, output)
     j = sv.index()
     print(
@@ -162,19 +160,37 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def recorded_backbone(meta: dict) -> str | None:
+    """The backbone a vector was extracted from, as ``--pretrained`` would name it.
+
+    None means the embedded model. A Hub id is returned as is (transformers finds it in the
+    local cache or on the Hub); a local directory that is gone is an error naming the flag
+    that fixes it, not a silent switch to another model.
+    """
+    from lm_eval_ponder.backbone import EMBEDDED_NAME, resolve_backbone
+
+    recorded = meta.get("backbone") or {}
+    path = recorded.get("path")
+    if recorded.get("name") in (None, EMBEDDED_NAME) or not path:
+        return None
+    try:
+        resolve_backbone(path)
+    except PonderError:
+        raise PonderError(
+            f"this vector was extracted from {path}, which is not a model directory here; "
+            "pass --pretrained <directory or Hub id> (or --gguf-file) to inspect it") from None
+    return path
+
+
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from lm_eval_ponder.backbone import EMBEDDED_NAME
     from lm_eval_ponder.steering.inspection import inspect_vector
     from lm_eval_ponder.steering.vector import load_vector
 
     sv = load_vector(args.vector)  # read first: a bad path fails before loading a model
     pretrained, gguf = args.pretrained, args.gguf_file
-    recorded = sv.meta.get("backbone") or {}
-    if pretrained is None and gguf is None and recorded.get("name") not in (None, EMBEDDED_NAME):
-        path = recorded.get("path")
-        if path and Path(path).is_dir():
-            pretrained = path
-    resolved, model, tokenizer = _load_backbone(pretrained, gguf)
+    if pretrained is None and gguf is None:
+        pretrained = recorded_backbone(sv.meta)
+    resolved, model, tokenizer = _load_backbone(args, pretrained, gguf)
     sv = load_vector(args.vector, model.config, resolved.source_sha256)
     report = inspect_vector(sv, model, tokenizer, top_k=args.top_k)
     sys.stdout.write(report)

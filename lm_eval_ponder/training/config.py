@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lm_eval_ponder.backbone import check_dtype
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.training.grpo import GRPOConfig
 from lm_eval_ponder.pondering.dynamics import PonderConfig
@@ -48,6 +49,11 @@ class TrainConfig:
     cache_dir: str | None = field(default=None, metadata={"help": "None: <output>/rollouts"})
     device: str | None = field(
         default=None, metadata={"help": "None: cuda if available, else cpu (the backbone only)"})
+    dtype: str | None = field(default=None, metadata={
+        "help": "backbone dtype; None: bfloat16 where the device computes it natively, else "
+                "float32 (as --model ponder); the controller always trains in float32"})
+    parallelize: bool = field(default=False, metadata={
+        "help": "spread one backbone over all visible GPUs (device_map=auto, one process)"})
     seed: int = field(default=0, metadata={"help": "one seed for init, sampling, halting"})
     val_fraction: float = field(
         default=0.2, metadata={"help": "held-out *training* prompts, for choosing the checkpoint"})
@@ -69,6 +75,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         if not self.output:
             raise PonderError("--output DIR is required")
+        self.dtype = check_dtype(self.dtype)
         if self.select not in ("best", "last"):
             raise PonderError(f"select must be 'best' or 'last', got {self.select!r}")
         if not 0 <= self.val_fraction < 1:

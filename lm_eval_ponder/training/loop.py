@@ -46,7 +46,8 @@ LOGGER = logging.getLogger(__name__)
 def load_backbone(cfg: TrainConfig, offsets: list[float]):
     from lm_eval_ponder.evaluation.lm import PonderLM
 
-    kwargs = {"batch_size": cfg.rollout.batch_size}
+    kwargs = {"batch_size": cfg.rollout.batch_size, "dtype": cfg.dtype,
+              "parallelize": cfg.parallelize}
     if cfg.device:
         kwargs["device"] = cfg.device
     return PonderLM(pretrained=cfg.pretrained, gguf_file=cfg.gguf_file, steering=cfg.steering,
@@ -155,6 +156,7 @@ def identity_of(lm) -> dict:
     """What a controller is trained for: backbone, steering vector, layer and scale."""
     return {"backbone": lm.backbone_info.path, "backbone_name": lm.backbone_info.name,
             "backbone_sha256": lm.backbone_info.source_sha256,
+            "dtype": str(lm.model.dtype).removeprefix("torch."),
             "steering_dir": str(lm.steering_dir), "layer": lm.steer_layer,
             "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
             "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
@@ -314,7 +316,8 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
         f"# {'Token-level p' if token else 'P'}onder controller for {identity['backbone_name']}",
         "",
         f"- Backbone: `{identity['backbone']}` (source sha256 "
-        f"`{identity['backbone_sha256']}`), hidden size {identity['hidden_size']}",
+        f"`{identity['backbone_sha256']}`), hidden size {identity['hidden_size']}, "
+        f"{identity['dtype']}",
         f"- Steering vector: `{identity['steering_dir']}` (sha256 "
         f"`{identity['steering_sha256']}`), layer {identity['layer']}, scale "
         f"{identity['steering_scale']:.2f}",

@@ -51,3 +51,59 @@ def test_cli_extract_and_inspect_tiny(tmp_path, tok, monkeypatch, capsys):
     assert steer.main(["inspect", str(out), "--pretrained", str(model_dir), "--top-k", "3",
                        "--output", str(report_file)]) == 0  # fmt: skip
     assert "promoted" in capsys.readouterr().out and "promoted" in report_file.read_text()
+
+
+def test_extract_takes_the_models_dtype_and_device_rules(tmp_path, tok, monkeypatch, capsys):
+    """``--dtype`` as in ``--model ponder`` (recorded in the vector; the mean difference stays
+    float32), and a GPU-only request on a machine without one is one clear line."""
+    import torch
+
+    from lm_eval_ponder.steering import cli as steer
+
+    model_dir = tmp_path / "tiny"
+    _model(len(tok)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    monkeypatch.setattr(steer, "_questions", lambda n, split, seed: (QUESTIONS[:n], {"split": split}))
+    out = tmp_path / "vec"
+    base = ["extract", "--pretrained", str(model_dir), "--n-questions", "2", "--no-progress"]
+    assert steer.main([*base, "--output", str(out), "--dtype", "bfloat16"]) == 0
+    sv = S.load_vector(out)
+    assert sv.meta["dtype"] == "bfloat16" and sv.vectors.dtype == torch.float32
+    assert torch.isfinite(sv.vectors).all()
+    if not torch.cuda.is_available():
+        assert steer.main([*base, "--output", str(tmp_path / "v3"), "--parallelize"]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_inspect_uses_the_backbone_recorded_in_the_vector(tmp_path, monkeypatch, capsys):
+    """Without ``--pretrained``, ``inspect`` loads the backbone the vector names: a Hub id as
+    is, a local directory that is gone is an error naming ``--pretrained``; only the embedded
+    model's vectors fall back to the embedded model."""
+    import torch
+
+    from lm_eval_ponder import backbone
+    from lm_eval_ponder.errors import PonderError
+    from lm_eval_ponder.steering import cli as steer
+
+    def vector_from(path: str, name: str) -> Path:
+        sv = S.SteeringVector(torch.ones(1, 8) / 8 ** 0.5, [0], {"layer": 0, "residual_norm": [1.0],
+                                                      "hidden_size": 8, "n_layers": 1,
+                                                      "backbone": {"name": name, "path": path}})
+        return S.save_vector(sv, tmp_path / name)
+
+    loaded = []
+
+    def fake_load(path, **kwargs):
+        loaded.append(path)
+        raise PonderError("stop here")
+
+    monkeypatch.setattr(backbone, "load_frozen", fake_load)
+    hub = vector_from("Qwen/Qwen2.5-0.5B-Instruct", "qwen2.5-0.5b-instruct")
+    assert steer.main(["inspect", str(hub)]) == 2
+    assert loaded == ["Qwen/Qwen2.5-0.5B-Instruct"]
+    gone = vector_from(str(tmp_path / "deleted-model"), "deleted-model")
+    assert steer.main(["inspect", str(gone)]) == 2
+    err = capsys.readouterr().err
+    assert "--pretrained" in err and "--model_args" not in err and len(loaded) == 1
+    assert steer.recorded_backbone({"backbone": {"name": backbone.EMBEDDED_NAME,
+                                                 "path": "/somewhere"}}) is None

@@ -41,3 +41,13 @@ def test_every_config_key_has_help():
 
     missing = [key for key, _, help_ in flat_keys(TrainConfig()) if not help_]
     assert not missing, missing
+
+
+def test_backbone_options_of_the_model_are_config_keys(tmp_path):
+    """``--dtype`` and ``--parallelize`` as ``--model ponder`` takes them (the trainer used to
+    reject ``--dtype`` as an unknown key); a bad dtype is one clear line."""
+    cfg = parse_args(["--output", str(tmp_path), "--dtype", "bfloat16", "--parallelize", "true"])
+    assert (cfg.dtype, cfg.parallelize) == ("bfloat16", True)
+    assert parse_args(["--output", str(tmp_path)]).dtype is None  # native: decided at load
+    with pytest.raises(PonderError, match="dtype must be one of"):
+        parse_args(["--output", str(tmp_path), "--dtype", "int8"])

@@ -118,3 +118,15 @@ def test_two_process_data_parallel_run(run_a, tiny_model_dir, tiny_vector_dir, t
         assert (out / "rollouts" / f"rollouts.rank{rank}.jsonl").stat().st_size > 0
     controller, config = load_controller(out)
     assert config["train_config"]["grpo"]["prompts_per_step"] == 4
+
+
+def test_bfloat16_backbone_trains_a_float32_controller(tiny_model_dir, tiny_vector_dir, tmp_path):
+    """The backbone in bf16 (the default where it is native): states reach the float32
+    controller, and the card and config say which dtype the controller was trained against."""
+    out = tmp_path / "bf16"
+    assert main(args(tiny_model_dir, tiny_vector_dir, out, "--dtype", "bfloat16",
+                     "--grpo.max_steps", "10")) == 0
+    controller, config = load_controller(out)
+    assert config["backbone"]["dtype"] == "bfloat16"
+    assert all(p.dtype == torch.float32 for p in controller.parameters())
+    assert "bfloat16" in (out / "card.md").read_text()

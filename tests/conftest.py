@@ -110,6 +110,35 @@ def tiny_vector_dir(tmp_path_factory) -> Path:
                        tmp_path_factory.mktemp("tiny-vec"))
 
 
+class HostSyncs:
+    """Counts, while ``active``, the calls that make a GPU wait for the host: reading a tensor
+    back (``.item()``, ``.cpu()``, ``bool(t)``, ...) or building one from Python data. On the
+    CPU nothing waits, so per-token hot paths are checked by counting these calls."""
+
+    METHODS = ("item", "cpu", "tolist", "numpy", "__bool__", "__int__", "__float__")
+
+    def __init__(self, monkeypatch) -> None:
+        import torch
+
+        self.calls: list[str] = []
+        self.active = False
+        for name in self.METHODS:
+            monkeypatch.setattr(torch.Tensor, name, self.counted(name, getattr(torch.Tensor, name)))
+        monkeypatch.setattr(torch, "tensor", self.counted("torch.tensor", torch.tensor))
+
+    def counted(self, name, original):
+        def method(*args, **kwargs):
+            if self.active:
+                self.calls.append(name)
+            return original(*args, **kwargs)
+        return method
+
+
+@pytest.fixture
+def host_syncs(monkeypatch) -> HostSyncs:
+    return HostSyncs(monkeypatch)
+
+
 def train_two_processes(argv: list[str]) -> None:
     """``torchrun --nproc_per_node 2 -m lm_eval_ponder.train ARGV`` on the CPU, with the process
     group the trainer builds on a CUDA machine (tests/training/cuda_stand_in.py): its CUDA backend

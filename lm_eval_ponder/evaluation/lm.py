@@ -276,9 +276,11 @@ class PonderLM(HFLM):
             with hook:
                 sequences = HFLM._model_generate(self, input_ids, width + max_new_tokens, stop,
                                                  attention_mask=attention_mask, **kwargs)
+            # ``generate`` pads a row only after its EOS or stop string, both of which end the
+            # count; the pad token itself is no end (the model may generate it mid-answer)
             eos_ids = {self.eot_token_id}
-            if self.tokenizer.pad_token_id is not None:
-                eos_ids.add(self.tokenizer.pad_token_id)
+            for ids in (self.model.generation_config.eos_token_id, kwargs.get("eos_token_id")):
+                eos_ids |= {ids} if isinstance(ids, int) else set(ids or ())
             gen_tokens = [count_generated_tokens(self.tok_decode, row, stop, eos_ids)
                           for row in sequences[:, width:].tolist()]
         depths = None

@@ -167,6 +167,8 @@ class ControllerDecide:
         self.depths: list[torch.Tensor] = []
 
     def __call__(self, z_last: torch.Tensor) -> torch.Tensor:
+        if self.h.device != z_last.device:  # once: no host-to-device copy per decoded token
+            self.h, self.offsets = self.h.to(z_last.device), self.offsets.to(z_last.device)
         depth, _ = ponder(self.controller, z_last, self.h, self.offsets, self.tau)
         self.depths.append(depth)
-        return self.offsets.to(depth.device)[depth]
+        return self.offsets[depth]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import subprocess
 import sys
 import time
@@ -62,6 +63,14 @@ def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: f
     return runs
 
 
+def launcher(command: str | None) -> list[str]:
+    """How each lm_eval run starts: this Python, or e.g. ``accelerate launch --multi_gpu
+    --num_processes 8`` (HFLM then splits the requests over the GPUs, one backbone per GPU)."""
+    if not command:
+        return [sys.executable]
+    return shlex.split(command)
+
+
 def run_suite(a: argparse.Namespace) -> Path:
     out = Path(a.output)
     methods = [m.strip() for m in a.methods.split(",")]
@@ -97,10 +106,12 @@ def run_suite(a: argparse.Namespace) -> Path:
         model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
         if a.steering and r["method"] not in ("Direct", "CoT", "BoN"):
             model_args += f",steering={a.steering}"
+        if a.model_args:
+            model_args += f",{a.model_args}"
         gen = f"max_gen_toks={a.max_gen_toks}," + DECODINGS[r["decoding"]]
         if r["method"].endswith("BoN") and r["decoding"] == "greedy":
             gen = f"max_gen_toks={a.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
-        cmd = [sys.executable, "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
+        cmd = [*launcher(a.launcher), "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
                "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
                "--batch_size", str(a.batch_size),
                "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
@@ -141,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_gen_toks", type=int, default=500)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model_args", default="",
+                   help="extra model args for every run, e.g. dtype=bfloat16,parallelize=True")
+    p.add_argument("--launcher", default=None,
+                   help="start each run with this, e.g. 'accelerate launch --multi_gpu "
+                        "--num_processes 8' (default: this Python, one process)")
     run_suite(p.parse_args(argv))
     return 0
 

@@ -22,6 +22,7 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -185,7 +186,8 @@ def sample_depths(p_continue: torch.Tensor, generator: torch.Generator,
     state with p_k <= tau also halts (the paper's training rule).
     """
     n, n_states = p_continue.shape
-    u = torch.rand(n, n_states - 1, generator=generator).to(p_continue.device)
+    u = torch.rand(n, n_states - 1, generator=generator,
+                   device=generator.device).to(p_continue.device)
     cont = u < p_continue[:, :-1]
     if tau is not None:
         cont &= p_continue[:, :-1] > tau
@@ -327,8 +329,12 @@ class TokenPolicy:
     """The ``decide`` of a token-mode ``SteeringHook`` while training: one sampled halting
     depth per row at every decoded token, recorded with the state it was sampled on.
 
-    Rows marked ``teacher`` ponder their fixed teacher depth at every token instead. The
-    controller runs on the CPU (it is tiny); states are copied there once per token.
+    Rows marked ``teacher`` ponder their fixed teacher depth at every token instead. Every
+    decision stays on the backbone's device, with no host sync per token: on first sight of
+    that device the policy takes a read-only copy of the controller, the steering step, the
+    teacher flags and a sampler seeded from ``generator`` there (on the CPU: the trainer's own
+    controller and ``generator`` itself). States are recorded there and moved to the CPU once,
+    in ``trajectories``, for the update.
     """
 
     def __init__(self, trainer: "GRPOTrainer", teacher: torch.Tensor,
@@ -339,27 +345,42 @@ class TokenPolicy:
         self.generator = trainer.generator if generator is None else generator
         self.states: list[torch.Tensor] = []  # per decoded token: [rows, d] float32
         self.depths: list[torch.Tensor] = []  # per decoded token: [rows] long
+        self.device: torch.device | None = None
 
     takes_rows = True  # the steering hook passes the original rows of each decision
 
+    def to(self, device: torch.device) -> None:
+        """Put what every decision reads on ``device`` (once per generation)."""
+        tr = self.trainer
+        self.device = device
+        if device.type == "cpu":
+            self.net, self.sampler = tr.controller, self.generator
+        else:
+            self.net = copy.deepcopy(tr.controller).to(device)
+            self.sampler = torch.Generator(device=device).manual_seed(
+                int(torch.randint(0, 2**62, (1,), generator=self.generator)))
+        self.h, self.offsets = tr.h.to(device), tr.offsets.to(device)
+        self.teacher, self.teacher_depth = self.teacher.to(device), self.teacher_depth.to(device)
+
     @torch.no_grad()
     def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        tr = self.trainer
-        z = z_last.detach().float().cpu()
-        p = tr.controller.probability(tr.logits(z))
+        if self.device != z_last.device:
+            self.to(z_last.device)
+        z = z_last.detach().float()
+        p = self.net.probability(self.net.logits(candidate_states(z, self.h, self.offsets)))
         if self.greedy:
-            depth = halting_depth(p, tr.tau)
+            depth = halting_depth(p, self.trainer.tau)
         else:
-            depth = sample_depths(p, self.generator,
+            tr = self.trainer
+            depth = sample_depths(p, self.sampler,
                                   tr.tau if tr.cfg.threshold_in_training else None)
             teacher, teacher_depth = self.teacher, self.teacher_depth
             if rows is not None:  # rows that finished have left the batch
-                index = rows.cpu()
-                teacher, teacher_depth = teacher[index], teacher_depth[index]
+                teacher, teacher_depth = teacher[rows], teacher_depth[rows]
             depth = torch.where(teacher, teacher_depth, depth)
         self.states.append(z)
         self.depths.append(depth)
-        return tr.offsets[depth].to(z_last.device)
+        return self.offsets[depth]
 
     def trajectories(self, used: list[int], hook=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(states [n_i, d], depths [n_i]) per row, keeping the decisions of the ``used[i]``
@@ -367,7 +388,7 @@ class TokenPolicy:
         decoding). ``hook``: the ``SteeringHook`` that ran, whose record of which rows each
         decision covered regroups the decisions by row (rows leave the generation loop)."""
         if hook is None:
-            states, depths = torch.stack(self.states, 1), torch.stack(self.depths, 1)
+            states, depths = torch.stack(self.states, 1).cpu(), torch.stack(self.depths, 1).cpu()
             return [(states[i, : max(n, 1)], depths[i, : max(n, 1)])
                     for i, n in enumerate(used)]
         states = hook.per_row(self.states, len(used))

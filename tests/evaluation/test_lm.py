@@ -199,3 +199,22 @@ def test_unsupported_settings_fall_back_to_generate_with_a_warning(hf_and_ponder
         got = ponder.generate_until(requests(kwargs))
     assert got == hf.generate_until(requests(kwargs))
     assert "num_beams=2" in caplog.text and "transformers' generate" in caplog.text
+
+
+def test_pad_token_generated_mid_answer_is_not_its_end(tiny_model_dir, monkeypatch):
+    """generation=hf: a row is counted to its EOS (or stop string). The pad token is not an
+    end: where it is a distinct token the model can generate (here id 3, EOS is 2), a pad in
+    the middle of an answer used to cut the count there."""
+    from lm_eval.models.huggingface import HFLM
+
+    lm = PonderLM(pretrained=str(tiny_model_dir), controller="none", device="cpu",
+                  generation="hf")
+    pad, eos = lm.tokenizer.pad_token_id, lm.eot_token_id
+    assert pad != eos
+    answer = torch.tensor([[10, pad, 11, eos, pad, pad], [10, 11, 12, 13, 14, 15]])
+    monkeypatch.setattr(HFLM, "_model_generate",
+                        lambda self, context, *a, **k: torch.cat([context, answer], dim=1))
+    ids = torch.full((2, 3), 5)
+    out = lm.generate_batch(ids, torch.ones_like(ids), max_new_tokens=6, stop=[],
+                            steering=None)
+    assert out.gen_tokens == [4, 6]

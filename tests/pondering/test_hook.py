@@ -236,3 +236,33 @@ def test_token_mode_decisions_regroup_by_row(model, vector):
         hook.begin_forward(torch.tensor([1]), prefill=False)
         model(ids[1:, -1:])
     assert [len(r) for r in hook.per_row(hook.decisions, 2)] == [1, 2]
+
+
+@pytest.mark.parametrize("mode", ["token", "prompt"])
+def test_per_token_steering_never_waits_for_the_host(model, vector, mode, host_syncs):
+    """Every steered forward of a generation (controller decisions, offsets, the in-place add)
+    stays on the model's device: no host read or tensor from Python data while the steering
+    hook runs (``host_syncs``; where CUDA exists, its sync debug mode too)."""
+    torch.manual_seed(0)
+    offsets = cumulative_offsets(PonderConfig(k_max=4, alpha0=0.5))
+    decide = ControllerDecide(PonderController(D, hidden=32), vector, SCALE, offsets, tau=0.5)
+    layer = decoder_layers(model)[LAYER]
+    # forward hooks run in the order they were registered: ``enter`` before the steering
+    # hook, ``leave`` after it, so only the steering work is counted (not transformers' own)
+    enter = layer.register_forward_hook(lambda *a: setattr(host_syncs, "active", True))
+    ids = torch.randint(3, 128, (3, 6))
+    try:
+        with torch.no_grad(), SteeringHook(model, LAYER, vector, SCALE, decide, mode=mode) as hook:
+            leave = layer.register_forward_hook(lambda *a: setattr(host_syncs, "active", False))
+            if torch.cuda.is_available():
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                generate(model, ids)
+            finally:
+                leave.remove()
+                if torch.cuda.is_available():
+                    torch.cuda.set_sync_debug_mode(0)
+    finally:
+        enter.remove()
+    assert hook.n_forward == NEW and len(decide.depths) == (NEW if mode == "token" else 1)
+    assert host_syncs.calls == []

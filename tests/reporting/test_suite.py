@@ -33,3 +33,25 @@ def test_suite_runs_resumes_and_reports(tiny_model_dir, tiny_vector_dir, tmp_pat
     capsys.readouterr()
     suite.main(argv)
     assert capsys.readouterr().err.count("done, skipped") == 2  # status lines: stderr
+
+
+def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):
+    """On a multi-GPU node each run starts under ``accelerate launch`` (HFLM splits the requests
+    over the GPUs) with the user's extra model args; nothing is run here, the commands are
+    recorded."""
+    import subprocess
+
+    commands = []
+
+    def record(cmd, **kwargs):
+        commands.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(suite.subprocess, "run", record)
+    argv = ["--output", str(tmp_path), "--controller", "none", "--tasks", "arith",
+            "--methods", "Direct", "--model_args", "dtype=bfloat16,parallelize=False",
+            "--launcher", "accelerate launch --multi_gpu --num_processes 8"]
+    assert suite.main(argv) == USAGE_ERROR  # the recorded run "failed": a clear error, exit 2
+    cmd = commands[0]
+    assert cmd[:6] == ["accelerate", "launch", "--multi_gpu", "--num_processes", "8", "-m"]
+    assert cmd[cmd.index("--model_args") + 1] == "controller=none,dtype=bfloat16,parallelize=False"

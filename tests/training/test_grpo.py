@@ -242,3 +242,26 @@ def test_curriculum_stage_and_sources_are_one_function_each():
         assert torch.equal(got, want)
     assert grpo.curriculum_sources(32, 0, cfg, torch.Generator()).all()
     assert not grpo.curriculum_sources(32, 6, cfg, torch.Generator()).any()
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_token_policy_decides_without_host_syncs(host_syncs, greedy):
+    """Online token-level training decides at every decoded token: sampled or greedy depths,
+    teacher rows and rows that left the batch all stay on the backbone's device (the policy
+    used to copy each state to the CPU and the offsets back). The states reach the CPU once,
+    for the update."""
+    torch.manual_seed(0)
+    d, rows = 16, 4
+    trainer = GRPOTrainer(PonderController(d, hidden=8), torch.randn(d) / 4,
+                          torch.linspace(0, 0.4, 4), tau=0.5, cfg=GRPOConfig(), seed=0)
+    policy = grpo.TokenPolicy(trainer, torch.tensor([True, False, False, True]),
+                              torch.tensor([2, 0, 0, 1]), greedy=greedy)
+    states = [torch.randn(rows, d) for _ in range(3)] + [torch.randn(2, d)]
+    remaining = [None, None, None, torch.tensor([1, 3])]
+    host_syncs.active = True
+    offsets = [policy(z, r) for z, r in zip(states, remaining)]
+    host_syncs.active = False
+    assert host_syncs.calls == []
+    if not greedy:  # teacher rows ponder their teacher depth, also after others left
+        assert offsets[0][0] == trainer.offsets[2] and offsets[3][1] == trainer.offsets[1]
+    assert [o.shape[0] for o in offsets] == [4, 4, 4, 2]

@@ -1,8 +1,11 @@
-"""Analytic FLOPs accounting from a Hugging Face model config; no weights needed.
+"""Analytic FLOPs accounting from a Hugging Face model's shape; no tracing.
 
 FR-Ponder reports accuracy against compute, so every run must price its forward passes the
-same way whatever the model. Counting from the config (not by tracing) keeps the numbers cheap,
-deterministic and comparable across machines. Conventions, used everywhere below:
+same way whatever the model. Counting from the shape (not by tracing) keeps the numbers cheap,
+deterministic and comparable across machines. The shape comes from a table of checked decoder
+families (``DecoderShape.from_config``), or, for a family the table does not know, from the
+loaded model's linear layers (``FlopsSpec.from_model``, with a warning). Conventions, used
+everywhere below:
 
 * one multiply-add is 2 FLOPs; a ``(n, i) @ (i, o)`` matmul costs ``2 * n * i * o``;
 * only matmuls are counted in the decoder: norms, activations, biases, rotary embeddings and
@@ -12,7 +15,7 @@ deterministic and comparable across machines. Conventions, used everywhere below
   positions. HF's *eager* kernel actually computes the full ``n_new x (n_past + n_new)`` score
   matrix and masks it afterwards, so a tracer sees a little more in prefill; we count the work
   a causal kernel needs, which is what the paper's comparison is about;
-* sliding-window attention (Mistral, Gemma 2) is ignored, so the count is an upper bound for
+* sliding-window attention (Mistral, Gemma 2/3) is ignored, so the count is an upper bound for
   contexts longer than the window;
 * the LM head runs for **every** new token, prefill included: HF ``forward`` computes logits
   for all positions unless ``logits_to_keep`` is set, and ``generate`` relies on that default.
@@ -20,15 +23,28 @@ deterministic and comparable across machines. Conventions, used everywhere below
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from lm_eval_ponder.errors import PonderError
 
-# Llama-like decoders: q/k/v/o projections and a gated MLP (gate, up, down).
-_GATED_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "phi3"})
+LOGGER = logging.getLogger(__name__)
+
+# Llama-like decoders: q/k/v/o projections and a gated MLP (gate, up, down). Phi-3 fuses q/k/v
+# and gate/up into single matrices, which is the same multiply-adds. OLMo 2 and Gemma 3 add
+# q/k norms and Gemma 2/3 soft-capping: elementwise, not counted.
+_GATED_TYPES = frozenset({
+    "llama", "qwen2", "qwen3", "mistral", "gemma", "gemma2", "gemma3_text", "phi3", "olmo",
+    "olmo2",
+})
 # Classic decoders: q/k/v/o projections and a two-matrix MLP (up, down).
 _UNGATED_TYPES = frozenset({"gpt2", "gpt_neox"})
+# Config fields that mark a mixture of experts: a token runs through only the routed experts,
+# which the stored weight shapes do not show, so the module-shape estimate would be wrong.
+_MOE_FIELDS = ("num_experts_per_tok", "num_local_experts", "num_experts", "n_routed_experts")
 
 # Controller elementwise costs, per element. LayerNorm: mean (1), subtract (1), square and
 # accumulate (2), normalise (1); the affine scale and shift are folded into the 5 as well as
@@ -39,8 +55,8 @@ GELU_FLOPS_PER_ELEMENT = 8
 
 
 @dataclass(frozen=True)
-class FlopsSpec:
-    """The shape numbers that determine a decoder's per-token compute."""
+class DecoderShape:
+    """The shape numbers of a decoder family in the table, as its config spells them."""
 
     n_layers: int
     hidden: int
@@ -53,14 +69,16 @@ class FlopsSpec:
     tied_embeddings: bool
 
     @classmethod
-    def from_config(cls, config: Any) -> FlopsSpec:
+    def from_config(cls, config: Any) -> DecoderShape:
         """Read the shape from a ``transformers.PretrainedConfig``; refuse families we have not checked.
 
-        Refusing is deliberate: a silently wrong FLOPs count would skew every reported number.
+        Refusing is deliberate here: the table only holds families whose count was checked
+        against a tracer; ``FlopsSpec.from_model`` is where unknown families get an estimate.
         """
+        config = text_config(config)
         model_type = getattr(config, "model_type", None)
         if model_type == "gpt2":
-            return _spec_from_fields(
+            return _shape_from_fields(
                 config,
                 n_layers=config.n_layer,
                 hidden=config.n_embd,
@@ -69,7 +87,7 @@ class FlopsSpec:
                 gated_mlp=False,
             )
         if model_type in _GATED_TYPES or model_type in _UNGATED_TYPES:
-            return _spec_from_fields(
+            return _shape_from_fields(
                 config,
                 n_layers=config.num_hidden_layers,
                 hidden=config.hidden_size,
@@ -84,22 +102,162 @@ class FlopsSpec:
         )
 
 
-def _spec_from_fields(
+@dataclass(frozen=True)
+class FlopsSpec:
+    """What a decoder's per-token compute depends on: its matmul weights, attention, LM head.
+
+    ``decoder_params`` is the ``N`` of the usual ``2 * N`` FLOPs-per-token rule: weights of the
+    decoder matmuls every token passes through (no embeddings, head, norms or biases).
+    """
+
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    hidden: int
+    vocab: int
+    decoder_params: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> FlopsSpec:
+        """The count for a family in the table; refuses others (the config alone cannot tell)."""
+        return spec_from_shape(DecoderShape.from_config(config))
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module) -> FlopsSpec:
+        """The table's count when it knows the family, else an estimate from the loaded modules.
+
+        An unknown family is estimated rather than refused so any decoder can be evaluated; the
+        one warning says the number is an estimate, since no tracer has checked that family.
+        """
+        config = model.config
+        if is_tabulated(config):
+            return cls.from_config(config)
+        spec = spec_from_modules(model)
+        LOGGER.warning(
+            "FLOPs for model_type %r are estimated from module shapes (linear layers of the "
+            "decoder + attention + LM head); this family is not in the checked FLOPs table.",
+            getattr(text_config(config), "model_type", None),
+        )
+        return spec
+
+
+def text_config(config: Any) -> Any:
+    """The language model's config: multimodal wrappers (Gemma 3) nest it as ``text_config``.
+
+    Only the text decoder runs for text prompts, so only its shape is priced.
+    """
+    getter = getattr(config, "get_text_config", None)
+    return getter() if getter is not None else config
+
+
+def is_tabulated(config: Any) -> bool:
+    """Whether ``DecoderShape.from_config`` knows this config's family."""
+    model_type = getattr(text_config(config), "model_type", None)
+    return model_type in _GATED_TYPES or model_type in _UNGATED_TYPES
+
+
+def _shape_from_fields(
     config: Any, *, n_layers: int, hidden: int, n_heads: int, intermediate: int, gated_mlp: bool
-) -> FlopsSpec:
+) -> DecoderShape:
     """Fill in the fields every family spells the same way (kv heads, head_dim, vocab, tying)."""
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // n_heads
-    return FlopsSpec(
+    return DecoderShape(
         n_layers=int(n_layers),
         hidden=int(hidden),
         intermediate=int(intermediate),
         n_heads=int(n_heads),
         n_kv_heads=int(n_kv_heads),
-        head_dim=int(head_dim),
+        head_dim=int(config_head_dim(config, hidden, n_heads)),
         vocab=int(config.vocab_size),
         gated_mlp=bool(gated_mlp),
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+    )
+
+
+def config_head_dim(config: Any, hidden: int, n_heads: int) -> int:
+    """An explicit ``head_dim`` (Gemma, Qwen 3) wins over ``hidden / n_heads``."""
+    return int(getattr(config, "head_dim", None) or hidden // n_heads)
+
+
+def shape_matmul_params(shape: DecoderShape) -> int:
+    """Decoder matmul weights of a table family: q/o, k/v (grouped-query), and the MLP."""
+    q_and_o = 2 * shape.hidden * shape.n_heads * shape.head_dim
+    k_and_v = 2 * shape.hidden * shape.n_kv_heads * shape.head_dim
+    mlp = (3 if shape.gated_mlp else 2) * shape.hidden * shape.intermediate
+    return shape.n_layers * (q_and_o + k_and_v + mlp)
+
+
+def spec_from_shape(shape: DecoderShape) -> FlopsSpec:
+    """The cost inputs of a table family."""
+    return FlopsSpec(
+        n_layers=shape.n_layers,
+        n_heads=shape.n_heads,
+        head_dim=shape.head_dim,
+        hidden=shape.hidden,
+        vocab=shape.vocab,
+        decoder_params=shape_matmul_params(shape),
+    )
+
+
+def linear_weights(module: torch.nn.Module) -> int:
+    """``in * out`` summed over the dense layers inside ``module`` (nn.Linear and GPT-2's Conv1D).
+
+    Read from ``in_features``/``out_features`` and ``nf``, not from ``weight.numel()``, so
+    quantised layers that pack their weights still count the matmul they compute.
+    """
+    from transformers.pytorch_utils import Conv1D  # only needed once a model is loaded
+
+    total = 0
+    for layer in module.modules():
+        if isinstance(layer, torch.nn.Linear):
+            total += layer.in_features * layer.out_features
+        elif isinstance(layer, Conv1D):
+            total += layer.weight.shape[0] * layer.nf
+    return total
+
+
+def spec_from_modules(model: torch.nn.Module) -> FlopsSpec:
+    """Estimate the cost inputs of any decoder from its loaded modules plus its config.
+
+    The config alone cannot say how many matmuls a layer of an unknown family has, but its
+    linear layers can: every dense layer of the decoder runs once per token. The LM head's
+    shape gives hidden size and vocabulary; attention needs layers, heads and head size, which
+    only the config has. Refused where these rules do not hold: a mixture of experts (a token
+    uses only the routed experts' weights) and a config without attention heads (no attention
+    to price, e.g. state-space models).
+    """
+    config = text_config(model.config)
+    model_type = getattr(config, "model_type", None)
+    if any(getattr(config, field, None) for field in _MOE_FIELDS):
+        raise PonderError(
+            f"FLOPs accounting cannot estimate model_type {model_type!r}: it is a mixture of "
+            "experts, whose per-token weights depend on routing, not on module shapes."
+        )
+    n_heads = getattr(config, "num_attention_heads", None)
+    n_layers = getattr(config, "num_hidden_layers", None)
+    if not n_heads or not n_layers:
+        raise PonderError(
+            f"FLOPs accounting cannot estimate model_type {model_type!r}: its config has no "
+            "num_attention_heads/num_hidden_layers to price attention with."
+        )
+    head = model.get_output_embeddings()
+    if head is None:  # logits from the tied input embedding, e.g. F.linear(h, embed.weight)
+        head = model.get_input_embeddings()
+    if isinstance(head, torch.nn.Linear):  # features, not weight.shape: packed quantised heads
+        vocab, hidden = head.out_features, head.in_features
+    else:
+        vocab, hidden = head.weight.shape
+    decoder = model.get_decoder()
+    decoder_params = linear_weights(decoder)
+    if decoder is model:  # the wrapper itself: its LM head is not a decoder matmul
+        decoder_params -= linear_weights(head)
+    return FlopsSpec(
+        n_layers=int(n_layers),
+        n_heads=int(n_heads),
+        head_dim=config_head_dim(config, getattr(config, "hidden_size", None) or hidden, n_heads),
+        hidden=int(hidden),
+        vocab=int(vocab),
+        decoder_params=decoder_params,
     )
 
 
@@ -115,10 +273,7 @@ def non_embedding_params(spec: FlopsSpec) -> int:
 
     This is the ``N`` of the usual ``2 * N`` FLOPs-per-token rule.
     """
-    q_and_o = 2 * spec.hidden * spec.n_heads * spec.head_dim
-    k_and_v = 2 * spec.hidden * spec.n_kv_heads * spec.head_dim
-    mlp = (3 if spec.gated_mlp else 2) * spec.hidden * spec.intermediate
-    return spec.n_layers * (q_and_o + k_and_v + mlp)
+    return spec.decoder_params
 
 
 def attention_flops(spec: FlopsSpec, n_new: int, n_past: int = 0) -> int:

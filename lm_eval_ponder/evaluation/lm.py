@@ -148,7 +148,7 @@ class PonderLM(HFLM):
             ) from error
         self.backbone_info = resolved
         bb.freeze(self.model)
-        self.flops_spec = FlopsSpec.from_config(self.model.config)
+        self.flops_spec = FlopsSpec.from_model(self.model)
         self._pending_rows: deque[dict[str, float]] = deque()
         self.ponder: Pondering | None = load_pondering(
             self.ponder_args, resolved.name, self.model.config, self.device,

@@ -1,5 +1,6 @@
 """PonderLM (lm_eval_ponder.evaluation.lm) against HFLM on a tiny random Llama: equivalence,
-per-row accounting, frozen weights, the --use_cache guard, and clear errors for bad backbones."""
+per-row accounting, frozen weights, the --use_cache guard, clear errors for bad backbones, and
+families outside the FLOPs table loading with an estimate."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import hashlib
 
 import pytest
 import torch
+import transformers
+from conftest import build_tiny_tokenizer
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 from lm_eval.models.huggingface import HFLM
@@ -14,7 +17,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.flops import flops_floor, generation_flops
+from lm_eval_ponder.flops import flops_floor, generation_flops, spec_from_modules
 
 PROMPTS = ["What is 3 + 5?", "Add 12 and 30.", "Hi", "Compute 7 times 8 please, then stop."]
 
@@ -218,3 +221,27 @@ def test_pad_token_generated_mid_answer_is_not_its_end(tiny_model_dir, monkeypat
     out = lm.generate_batch(ids, torch.ones_like(ids), max_new_tokens=6, stop=[],
                             steering=None)
     assert out.gen_tokens == [4, 6]
+
+
+@pytest.mark.parametrize("config_name, warned", [("Olmo2Config", False), ("StableLmConfig", True)],
+                         ids=["olmo2-table", "stablelm-estimate"])
+def test_family_once_refused_by_flops_table_loads(config_name, warned, tmp_path, caplog):
+    """OLMo 2 is in the FLOPs table now; StableLM is not and gets the module-shape estimate,
+    with one warning, instead of a refusal after the weights were loaded."""
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2,
+        pad_token_id=3)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with caplog.at_level("WARNING", logger="lm_eval_ponder"):
+        lm = PonderLM(pretrained=str(tmp_path), controller="none", batch_size=1, device="cpu",
+                      dtype="float32")
+    estimates = [r for r in caplog.records if "estimated from module shapes" in r.getMessage()]
+    assert len(estimates) == int(warned)
+    assert lm.flops_spec == spec_from_modules(lm.model)
+    [text] = lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}, PROMPTS[:1]))
+    assert text.stats["flops"] == generation_flops(
+        lm.flops_spec, int(text.stats["prompt_tokens"]), int(text.stats["gen_tokens"]))

@@ -45,7 +45,7 @@ def main() -> None:
                pad_token_id=lm.tokenizer.pad_token_id)
 
     def run(pondering: bool) -> float:
-        hook, decider = lm._steering_hook() if pondering else (None, None)
+        hook, decider = lm.ponder.hook(lm.model, lm.device) if pondering else (None, None)
         start = time.perf_counter()
         with torch.no_grad():
             if hook is None:

@@ -50,7 +50,9 @@ class PonderArgs:
     @classmethod
     def from_model_args(cls, steering=None, controller="auto", alpha=None, layer=None,
                         **ponder) -> PonderArgs:
-        explicit = controller is not None and str(controller).strip().lower() != "auto"
+        # lm-eval parses ``controller=none`` into None before we see it, so None is an explicit
+        # "no controller"; only the default "auto" means "the one shipped for the backbone"
+        explicit = controller is None or str(controller).strip().lower() != "auto"
         args = cls(
             steering=None if absent(steering) else str(steering),
             controller=(None if absent(controller) else str(controller)) if explicit else None,

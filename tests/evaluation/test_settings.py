@@ -24,6 +24,17 @@ def test_controller_none_and_alpha_switch_auto_off():
     assert args.alpha == -0.2 and not args.controller_auto
 
 
+def test_controller_none_through_lm_eval_means_no_pondering():
+    """lm-eval 0.4.13 parses ``--model_args controller=none`` into ``controller=None``; that
+    must not fall back to the shipped controller (it did: "Direct" runs were pondering)."""
+    from lm_eval.utils import simple_parse_args_string
+
+    parsed = simple_parse_args_string("controller=none")
+    assert parsed == {"controller": None}
+    args = PonderArgs.from_model_args(**parsed)
+    assert not args.controller_auto and args.controller is None and args.alpha is None
+
+
 def test_user_values_override_training_settings():
     args = PonderArgs.from_model_args(tau="0.3", k_max=None, granularity="token")
     cfg = args.config({"tau": 0.1, "k_max": 4, "alpha0": 0.02, "unknown": 1})

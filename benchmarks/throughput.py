@@ -60,6 +60,7 @@ def main() -> None:
 
     import lm_eval_ponder_autoload
     from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation.accounting import count_text_tokens
     from lm_eval_ponder.evaluation.lm import PonderLM
     from lm_eval_ponder.reporting.report import wilson
 
@@ -96,7 +97,7 @@ def main() -> None:
         responses = [s["resps"][0][0] for s in samples]
         tokens = [s.get("gen_tokens") for s in samples]
         if any(x is None or (isinstance(x, float) and math.isnan(x)) for x in tokens):
-            tokens = [len(tokenizer(r, add_special_tokens=False).input_ids) + 1 for r in responses]
+            tokens = [count_text_tokens(tokenizer, r, args.max_gen_toks) for r in responses]
         acc = [float(s["exact_match"]) for s in samples]
         flops = [s.get("flops") for s in samples]
         return {"wall": wall, "tokens": sum(tokens), "acc": sum(acc) / len(acc), "n": len(acc),

@@ -9,8 +9,10 @@ the accounting of the run that produced the text.
 
 Filters that build new strings (regex extraction) drop the attribute; our tasks therefore do
 their own extraction in ``process_results`` and keep every repeat (Best-of-N) with an identity
-filter. A response without stats (``--model hf``, or a filter that rebuilt the string) is
-reported as NaN, never as a made-up number.
+filter. A response without stats (``--model hf`` or ``vllm``, or a filter that rebuilt the
+string) is reported as NaN in the sample log: ``process_results`` cannot see the model or its
+tokenizer. The report re-tokenises such responses with ``count_text_tokens`` and marks the
+figures as estimated (``reporting.estimate``).
 """
 
 from __future__ import annotations
@@ -73,6 +75,19 @@ def count_generated_tokens(
         else:
             lo = mid + 1
     return lo
+
+
+def count_text_tokens(tokenizer, text: str, max_gen_toks: int | None = None) -> int:
+    """Tokens a response took, re-derived from its text when the model did not count them.
+
+    Comparable with ``count_generated_tokens``: the text lm-eval returns has lost the EOS (or
+    the stop string) that ended it, so one token is added back; a response cut at
+    ``max_gen_toks`` had no such token, hence the cap. Re-tokenising a decoded text can differ
+    from the generated ids by a token or two (merges across the boundary), which is why the
+    report marks these counts as estimated.
+    """
+    n = len(tokenizer(text, add_special_tokens=False).input_ids) + 1
+    return n if max_gen_toks is None else min(n, int(max_gen_toks))
 
 
 def response_stats(responses: Sequence[str] | str) -> dict[str, float]:

@@ -201,6 +201,13 @@ class PonderLM(HFLM):
             "pondering": None if self.ponder is None else self.ponder.fingerprint(),
         }
 
+    def get_model_info(self) -> dict[str, Any]:
+        """HFLM's model info plus our fingerprint: lm-eval writes this into the results JSON
+        (``config``), where the report reads it as the run's identity, so runs that differ in
+        dtype, backbone file, steering vector or controller are never merged into one row."""
+        return {**super().get_model_info(), "ponder_fingerprint": self.fingerprint(),
+                "ponder_fingerprint_hash": self.fingerprint_hash()}
+
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -7,10 +7,25 @@ is bolded only when its interval does not overlap the runner-up's (otherwise the
 "tie within CI"). Per-level analyses use the documents' ``level`` (arith ladder, MATH500).
 
 Which method a run is: a ``ponder_run.json`` ({"method": ..., "backbone": ...}) in the run's
-directory or a parent wins (``suite`` writes one); otherwise it is read from the model args:
-``alpha=`` -> FR (fixed alpha), ``controller=<dir>`` -> FP-<base>, ``controller=none`` or
-``--model hf`` -> <base>, where <base> is Direct/CoT/BoN from the task. A ``ponder`` run with
-neither (the shipped controller, if the backbone has one) is labelled "<base> (default args)".
+directory or a parent wins (``suite`` writes one); otherwise, for a ``ponder`` run, what its
+fingerprint says the model did (a controller -> FP-<base>, a fixed alpha -> FR (alpha=...), no
+pondering -> <base>, where <base> is Direct/CoT/BoN from the task); ``--model hf`` and other
+models are <base>. Results written before the fingerprint was recorded are read from the model
+args: ``alpha=`` -> FR, ``controller=<dir>`` -> FP-<base>, ``controller=none`` -> <base>, neither
+(the shipped controller, if the backbone has one) -> "<base> (default args)".
+
+A label is not a configuration: each run also has an identity (``reporting.identity``: the
+model's fingerprint or args and dtype, and the generation kwargs the task used). Runs of one
+label with different identities are separate rows, the label extended by what differs
+("FP-Direct [dtype=bfloat16]"); every row shows its identity's short hash. Two results files
+with the same label, dataset and identity are one configuration run twice: their samples are
+pooled when they agree on every question both answered (the same directory passed twice, a
+re-run of a deterministic setting, disjoint ``--limit`` slices), and refused, naming both
+files, when they disagree (e.g. sampling with another seed): a row must not silently show one
+of two different results.
+
+Runs whose model kept no token accounting (``--model hf``, ``vllm``) get their tokens and FLOPs
+estimated from the responses (``reporting.estimate``); such cells carry a ``*``.
 """
 
 from __future__ import annotations
@@ -24,21 +39,34 @@ import math
 import re
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.reporting.estimate import Estimators
+from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
+                                               render)
 
 BASES = {"cot": "CoT", "bon": "BoN"}
 
 
 @dataclass
 class Run:
+    """One configuration of one method on one dataset; ``variant`` names what sets it apart
+    from other runs of the same method (empty when nothing needs saying)."""
+
     backbone: str
     method: str
     dataset: str
     samples: list[dict] = field(default_factory=list)
     source: str = ""
+    identity: Identity = field(default_factory=Identity)
+    variant: str = ""
+    note: str = ""  # why accounting is missing, if it is
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} [{self.variant}]" if self.variant else self.method
 
 
 def wilson(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -60,7 +88,8 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(spearmanr(x, y).statistic)
 
 
-def _label(task: str, model: str, args: dict, marker: dict | None) -> tuple[str, str]:
+def _label(task: str, model: str, args: dict, marker: dict | None,
+           fingerprint: dict | None = None) -> tuple[str, str]:
     dataset, _, suffix = task.partition("_ponder")
     base = BASES.get(suffix.lstrip("_"), "Direct")
     backbone = (marker or {}).get("backbone") or str(args.get("pretrained") or
@@ -68,6 +97,13 @@ def _label(task: str, model: str, args: dict, marker: dict | None) -> tuple[str,
     if marker and marker.get("method"):
         return backbone, marker["method"].replace("{base}", base)
     if model != "ponder":
+        return backbone, base
+    if isinstance(fingerprint, dict):  # what the model did, whatever the args looked like
+        pondering = fingerprint.get("pondering") or {}
+        if pondering.get("controller"):
+            return backbone, f"FP-{base}"
+        if pondering.get("alpha") is not None:
+            return backbone, f"FR (alpha={float(pondering['alpha']):g})"
         return backbone, base
     controller = args.get("controller")
     if args.get("alpha") not in (None, "", "none"):
@@ -89,40 +125,74 @@ def _marker(path: Path, roots: list[Path]) -> dict | None:
     return None
 
 
+def read_samples(path: Path) -> list[dict]:
+    """A samples log, one entry per question (lm-eval logs one per filter)."""
+    samples: dict = {}
+    with open(path) as f:
+        for line in f:
+            sample = json.loads(line)
+            samples.setdefault(sample["doc_id"], sample)
+    return list(samples.values())
+
+
+def pool(kept: Run, other: Run) -> None:
+    """Add ``other``'s questions to ``kept``: the same label, dataset and identity, so the same
+    configuration; refused when the two disagree on a question both answered."""
+    mine = {s["doc_id"]: s for s in kept.samples}
+    for s in other.samples:
+        if s["doc_id"] not in mine:
+            kept.samples.append(s)
+        elif s.get("resps") != mine[s["doc_id"]].get("resps"):
+            raise PonderError(
+                f"two runs of {kept.method} on {kept.dataset} with the same configuration "
+                f"(identity {kept.identity.digest}) disagree on question {s['doc_id']}: "
+                f"{kept.source} and {other.source}. A leaderboard row cannot hold both: pass "
+                "one of them, or report them separately")
+    kept.source = f"{kept.source}, {other.source}"
+
+
 def load_runs(paths: list[str | Path]) -> list[Run]:
-    """Every (backbone, method, dataset) found under the given lm-eval output directories."""
+    """Every (backbone, method, identity, dataset) found under the given lm-eval output
+    directories, with the accounting of models that kept none estimated."""
     roots = [Path(p).resolve() for p in paths]
-    runs: dict[tuple[str, str, str], Run] = {}
     for root in roots:
         if not root.exists():
             raise PonderError(f"no such results directory: {root}")
-        for result in sorted(root.rglob("results_*.json")):
-            data = json.loads(result.read_text())
-            config = data.get("config", {})
-            args = config.get("model_args") or {}
-            if isinstance(args, str):
-                args = dict(kv.split("=", 1) for kv in args.split(",") if "=" in kv)
-            stamp = result.stem[len("results_"):]
-            marker = _marker(result.parent, roots)
-            for task in data.get("results", {}):
-                if "_ponder" not in task:
-                    continue
-                samples_file = result.parent / f"samples_{task}_{stamp}.jsonl"
-                if not samples_file.is_file():
-                    continue
-                backbone, method = _label(task, str(config.get("model")), args, marker)
-                dataset = task.partition("_ponder")[0]
-                run = runs.setdefault((backbone, method, dataset),
-                                      Run(backbone, method, dataset, source=str(result.parent)))
-                seen = {s["doc_id"] for s in run.samples}
-                with open(samples_file) as f:
-                    for line in f:
-                        s = json.loads(line)
-                        if s["doc_id"] not in seen:
-                            run.samples.append(s)
+    files = sorted({f.resolve() for root in roots for f in root.rglob("results_*.json")})
+    runs: dict[tuple[str, str, str, str], Run] = {}
+    estimators = Estimators()
+    for result in files:
+        data = json.loads(result.read_text())
+        config = data.get("config", {})
+        model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
+        stamp = result.stem[len("results_"):]
+        marker = _marker(result.parent, roots)
+        for task in data.get("results", {}):
+            if "_ponder" not in task:
+                continue
+            samples_file = result.parent / f"samples_{task}_{stamp}.jsonl"
+            if not samples_file.is_file():
+                continue
+            backbone, method = _label(task, model, args, marker,
+                                      config.get("ponder_fingerprint"))
+            samples = read_samples(samples_file)
+            note = estimators.fill(samples, model, args) or ""
+            run = Run(backbone, method, task.partition("_ponder")[0], samples, str(result),
+                      Identity.of(data, task), note=note)
+            key = (backbone, method, run.dataset, run.identity.digest)
+            if key in runs:
+                pool(runs[key], run)
+            else:
+                runs[key] = run
     if not runs:
         raise PonderError(f"no lm-eval results with --log_samples under {', '.join(map(str, paths))}")
-    return sorted(runs.values(), key=lambda r: (r.backbone, r.dataset, r.method))
+    by_method: dict[tuple[str, str], list[Run]] = defaultdict(list)
+    for run in runs.values():
+        by_method[(run.backbone, run.method)].append(run)
+    for group in by_method.values():
+        for run, variant in zip(group, distinguish([(r.dataset, r.identity) for r in group])):
+            run.variant = variant
+    return sorted(runs.values(), key=lambda r: (r.backbone, r.dataset, r.label))
 
 
 def figures(samples: list[dict]) -> dict[str, float]:
@@ -133,7 +203,7 @@ def figures(samples: list[dict]) -> dict[str, float]:
     flops = mean("flops")
     return {"n": n, "acc": k / n, "lo": lo, "hi": hi, "tokens": mean("gen_tokens"),
             "flops": flops, "log10_flops": math.log10(flops) if flops > 0 else math.nan,
-            "depth": mean("ponder_steps")}
+            "depth": mean("ponder_steps"), "estimated": any(s.get("estimated") for s in samples)}
 
 
 def _common(runs: list[Run]) -> dict[str, list[Run]]:
@@ -144,19 +214,25 @@ def _common(runs: list[Run]) -> dict[str, list[Run]]:
     out = {}
     for dataset, group in by_dataset.items():
         ids = set.intersection(*({s["doc_id"] for s in r.samples} for r in group))
-        out[dataset] = [Run(r.backbone, r.method, dataset,
-                            sorted((s for s in r.samples if s["doc_id"] in ids),
-                                   key=lambda s: s["doc_id"]), r.source) for r in group]
+        out[dataset] = [replace(r, samples=sorted((s for s in r.samples if s["doc_id"] in ids),
+                                                   key=lambda s: s["doc_id"])) for r in group]
     return out
 
 
+ESTIMATED_NOTE = ("* estimated: the model kept no token accounting (--model hf, vllm, ...); "
+                  "tokens re-counted from the responses with its tokenizer, to and including "
+                  "the EOS as ponder counts, FLOPs priced from its config")
+
+
 def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
-    """Rows of Table 1 (one per backbone x method) and notes on ties."""
+    """Rows of Table 1 (one per backbone x method x configuration) and notes on ties and on
+    estimated or missing accounting."""
     common = _common(runs)
     rows: dict[tuple[str, str], dict] = {}
     notes = []
     for dataset, group in sorted(common.items()):
-        figs = {(r.backbone, r.method): figures(r.samples) for r in group if r.samples}
+        group = [r for r in group if r.samples]
+        figs = {(r.backbone, r.label): figures(r.samples) for r in group}
         ranked = sorted(figs.items(), key=lambda kv: -kv[1]["acc"])
         win = None
         if len(ranked) > 1 and ranked[0][1]["lo"] > ranked[1][1]["hi"]:
@@ -165,26 +241,43 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
             notes.append(f"{dataset}: best accuracy {ranked[0][0][1]} ({ranked[0][1]['acc']:.3f}) "
                          f"is a tie within the 95% CI with {ranked[1][0][1]} "
                          f"({ranked[1][1]['acc']:.3f}); not bolded")
-        for key, f in figs.items():
-            rows.setdefault(key, {"backbone": key[0], "method": key[1]})[dataset] = \
-                {**f, "win": key == win}
+        for r in group:
+            key = (r.backbone, r.label)
+            rows.setdefault(key, {"backbone": r.backbone, "method": r.method, "label": r.label,
+                                  "identity": r.identity.model_digest,
+                                  "model": r.identity.model})[dataset] = \
+                {**figs[key], "win": key == win, "identity": r.identity.digest,
+                 "generation": r.identity.generation}
+            if r.note:
+                notes.append(f"{r.label} on {dataset}: {r.note}")
+    if any(f.get("estimated") for row in rows.values() for f in row.values()
+           if isinstance(f, dict) and "n" in f):
+        notes.append(ESTIMATED_NOTE)
     return list(rows.values()), notes
+
+
+def identity_lines(rows: list[dict]) -> list[str]:
+    """One line per configuration in the table: its short hash and what it is."""
+    seen = {r["identity"]: r["model"] for r in rows}
+    return [f"{digest}: " + ", ".join(f"{k}={render(v)}" for k, v in flatten(model).items())
+            for digest, model in seen.items()]
 
 
 def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
     """Per decoding policy (``suite --decoding``), best FP variant against the best of Direct,
     CoT and BoN on each dataset: a win or a loss only when the 95% CIs are disjoint."""
-    groups: dict[tuple[str, str], dict[str, dict]] = defaultdict(dict)
+    groups: dict[tuple[str, str], list[tuple[str, dict]]] = defaultdict(list)
     for r in rows:
         m = re.fullmatch(r"(.*?)(?: \[(.+)\])?", r["method"])
-        groups[(r["backbone"], m.group(2) or "greedy")][m.group(1)] = r
+        groups[(r["backbone"], m.group(2) or "greedy")].append((m.group(1), r))
     if len({decoding for _, decoding in groups}) < 2:
         return []
     out = []
     for (backbone, decoding), methods in sorted(groups.items()):
         for d in datasets:
-            fp = [(m, r[d]) for m, r in methods.items() if m.startswith("FP-") and d in r]
-            base = [(m, r[d]) for m, r in methods.items() if m in ("Direct", "CoT", "BoN") and d in r]
+            fp = [(r["label"], r[d]) for m, r in methods if m.startswith("FP-") and d in r]
+            base = [(r["label"], r[d]) for m, r in methods
+                    if m in ("Direct", "CoT", "BoN") and d in r]
             if not fp or not base:
                 continue
             (fm, f), (bm, b) = (max(x, key=lambda kv: kv[1]["acc"]) for x in (fp, base))
@@ -196,35 +289,46 @@ def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
     return out
 
 
+def cost_cells(f: dict) -> tuple[str, str]:
+    """Mean tokens and log10 mean FLOPs as shown, with ``*`` when estimated."""
+    mark = "*" if f.get("estimated") else ""
+    return f"{f['tokens']:.1f}{mark}", f"{f['log10_flops']:.2f}{mark}"
+
+
 def _md_cell(f: dict | None) -> str:
     if not f:
         return "- | - | -"
     acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']})"
     if f["win"]:
         acc = f"**{acc}**"
-    return f"{acc} | {f['tokens']:.1f} | {f['log10_flops']:.2f}"
+    return " | ".join((acc, *cost_cells(f)))
 
 
 def write_tables(rows: list[dict], datasets: list[str], notes: list[str], out: Path) -> str:
-    head = "| backbone | method | " + " | ".join(
+    head = "| backbone | method | identity | " + " | ".join(
         f"{d} ACC [95% CI] | {d} Avg Tokens | {d} log10 FLOPs" for d in datasets) + " |"
-    sep = "|" + "---|" * (2 + 3 * len(datasets))
+    sep = "|" + "---|" * (3 + 3 * len(datasets))
     lines = [head, sep] + [
-        f"| {r['backbone']} | {r['method']} | " + " | ".join(_md_cell(r.get(d)) for d in datasets)
-        + " |" for r in rows]
-    md = "\n".join(lines) + "\n" + "".join(f"\n- {n}" for n in notes) + "\n"
+        f"| {r['backbone']} | {r['label']} | {r['identity']} | "
+        + " | ".join(_md_cell(r.get(d)) for d in datasets) + " |" for r in rows]
+    md = "\n".join(lines) + "\n" + "".join(f"\n- {n}" for n in notes) + "\n" + \
+        "\nIdentities (model part; the CSV has each cell's full identity):\n" + \
+        "".join(f"\n- {line}" for line in identity_lines(rows)) + "\n"
     (out / "leaderboard.md").write_text(md)
     with open(out / "leaderboard.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["backbone", "method", "dataset", "n", "acc", "acc_lo", "acc_hi",
-                    "avg_tokens", "log10_avg_flops", "avg_ponder_depth", "bold"])
+        w.writerow(["backbone", "method", "identity", "dataset", "n", "acc", "acc_lo", "acc_hi",
+                    "avg_tokens", "log10_avg_flops", "avg_ponder_depth", "estimated", "bold",
+                    "generation_kwargs"])
         for r in rows:
             for d in datasets:
                 if d in r:
                     x = r[d]
-                    w.writerow([r["backbone"], r["method"], d, x["n"], f"{x['acc']:.4f}",
-                                f"{x['lo']:.4f}", f"{x['hi']:.4f}", f"{x['tokens']:.2f}",
-                                f"{x['log10_flops']:.4f}", f"{x['depth']:.3f}", x["win"]])
+                    w.writerow([r["backbone"], r["label"], x["identity"], d, x["n"],
+                                f"{x['acc']:.4f}", f"{x['lo']:.4f}", f"{x['hi']:.4f}",
+                                f"{x['tokens']:.2f}", f"{x['log10_flops']:.4f}",
+                                f"{x['depth']:.3f}", x["estimated"], x["win"],
+                                json.dumps(x["generation"], sort_keys=True, default=str)])
     return md
 
 
@@ -254,7 +358,7 @@ def depth_difficulty(runs: list[Run]) -> list[tuple[str, str, float, int]]:
     for r in runs:
         pairs = [(lv, float(s["ponder_steps"])) for lv, ss in by_level(r).items() for s in ss]
         if pairs and any(d for _, d in pairs):
-            out.append((r.method, r.dataset, spearman(*map(list, zip(*pairs))), len(pairs)))
+            out.append((r.label, r.dataset, spearman(*map(list, zip(*pairs))), len(pairs)))
     return out
 
 
@@ -285,7 +389,7 @@ def plots(common: dict[str, list[Run]], out: Path) -> list[Path]:
         figs = [figures(r.samples) for r in group]
         pts = [(f["flops"], f["acc"]) for f in figs]
         for r, (c, a) in zip(group, pts):
-            ax.scatter(c, a, label=r.method)
+            ax.scatter(c, a, label=r.label)
         front = pareto_front(pts)
         ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--", lw=1,
                 marker="o", markersize=12, markerfacecolor="none",
@@ -304,7 +408,7 @@ def plots(common: dict[str, list[Run]], out: Path) -> list[Path]:
             for r, lv in levelled:
                 if level in lv:
                     f = figures(lv[level])
-                    ax.scatter(f["flops"], f["acc"], label=r.method)
+                    ax.scatter(f["flops"], f["acc"], label=r.label)
             ax.set_xscale("log")
             ax.set(title=f"level {level}", xlabel="FLOPs")
         axes[0][0].set_ylabel("accuracy")
@@ -314,18 +418,18 @@ def plots(common: dict[str, list[Run]], out: Path) -> list[Path]:
                                   ("depth", "mean ponder depth", "depth")):
             fig, ax = plt.subplots(figsize=(6, 4))
             for r, lv in levelled:
-                ax.plot(list(lv), [figures(v)[key] for v in lv.values()], "o-", label=r.method)
+                ax.plot(list(lv), [figures(v)[key] for v in lv.values()], "o-", label=r.label)
             ax.set(xlabel="level", ylabel=ylabel, title=dataset)
             ax.legend(fontsize=7)
             written.append(_save(fig, out / f"{name}_by_level_{dataset}.png"))
         fp_runs = [r for r in group if r.method.startswith("FP-")]
-        bases = {r.method: r for r in group if r.method in ("Direct", "CoT")}
+        bases = {r.label: r for r in group if r.method in ("Direct", "CoT")}
         if fp_runs and bases:
             fig, ax = plt.subplots(figsize=(6, 4))
             for fp in fp_runs:
                 for name, base in bases.items():
                     rate = strong_win_rate(fp, base)
-                    ax.plot(list(rate), list(rate.values()), "o-", label=f"{fp.method} vs {name}")
+                    ax.plot(list(rate), list(rate.values()), "o-", label=f"{fp.label} vs {name}")
             ax.set(xlabel="level", ylabel="strong win rate", title=dataset, ylim=(0, 1))
             ax.legend(fontsize=7)
             written.append(_save(fig, out / f"win_rate_{dataset}.png"))
@@ -366,7 +470,8 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
         for s, others in good[:per_dataset] + bad:
             cases.append({"dataset": dataset, "question": s["doc"].get("question")
                           or s["doc"].get("problem") or "", "target": s["target"],
-                          "answers": [(fp.method, s), ("CoT", others[0]), ("Direct", others[1])]})
+                          "answers": [(fp.label, s), (named["CoT"].label, others[0]),
+                                      (named["Direct"].label, others[1])]})
     return cases
 
 
@@ -377,22 +482,28 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str], image
             return "<td>-</td><td>-</td><td>-</td>"
         acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']})"
         acc = f"<b>{acc}</b>" if f["win"] else acc
-        return f"<td>{acc}</td><td>{f['tokens']:.1f}</td><td>{f['log10_flops']:.2f}</td>"
+        return f"<td>{acc}</td>" + "".join(f"<td>{c}</td>" for c in cost_cells(f))
 
     head = "".join(f"<th>{d} ACC</th><th>{d} tokens</th><th>{d} log10 FLOPs</th>"
                    for d in datasets)
-    body = "".join(f"<tr><td>{html.escape(r['backbone'])}</td><td>{html.escape(r['method'])}"
-                   "</td>" + "".join(cell(r.get(d)) for d in datasets) + "</tr>" for r in md_rows)
+    body = "".join(f"<tr><td>{html.escape(r['backbone'])}</td><td>{html.escape(r['label'])}"
+                   f"</td><td><code>{r['identity']}</code></td>"
+                   + "".join(cell(r.get(d)) for d in datasets) + "</tr>" for r in md_rows)
     parts = ["<!doctype html><meta charset='utf-8'><title>lm-eval-ponder leaderboard</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
              "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}"
              "table{border-collapse:collapse}pre{white-space:pre-wrap;background:#f6f6f6;"
              "padding:6px;font-size:12px}</style>",
-             "<h1>Leaderboard</h1><table><tr><th>backbone</th><th>method</th>" + head + "</tr>"
+             "<h1>Leaderboard</h1><table><tr><th>backbone</th><th>method</th><th>identity</th>"
+             + head + "</tr>"
              + body + "</table>",
              "<p>Accuracy: Wilson 95% interval, n questions (the questions every method of the "
              "dataset answered). Bold only when the interval does not overlap the runner-up's."
-             "</p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>"]
+             "</p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>",
+             "<h2>Identities</h2><p>The configuration behind each identity (model part; "
+             "leaderboard.csv has each cell's full identity with its generation kwargs).</p><ul>"
+             + "".join(f"<li><code>{html.escape(line)}</code></li>"
+                       for line in identity_lines(md_rows)) + "</ul>"]
     if spearmans:
         parts.append("<h2>Ponder depth vs difficulty</h2><ul>" + "".join(
             f"<li>{html.escape(m)} on {d}: Spearman {rho:.3f} (n={n})</li>"
@@ -412,7 +523,9 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str], image
             text = text if isinstance(text, str) else json.dumps(text)
             parts.append(f"<td valign='top'><b>{html.escape(name)}</b> — "
                          f"{'correct' if s['exact_match'] else 'wrong'}, "
-                         f"{s['gen_tokens']:.0f} tokens<pre>{html.escape(text)}</pre></td>")
+                         f"{s['gen_tokens']:.0f} tokens"
+                         f"{' (estimated)' if s.get('estimated') else ''}"
+                         f"<pre>{html.escape(text)}</pre></td>")
         parts.append("</tr></table>")
     (out / "leaderboard.html").write_text("\n".join(parts))
 

@@ -9,6 +9,7 @@ import pickle
 from lm_eval_ponder.evaluation.accounting import (
     GenerationText,
     count_generated_tokens,
+    count_text_tokens,
     response_stats,
 )
 
@@ -20,6 +21,17 @@ def test_count_generated_tokens_eos_and_stop():
     assert count_generated_tokens(decode, toks, [], eos_ids=[ord("c")]) == 3
     assert count_generated_tokens(decode, toks, ["zz"], eos_ids=[]) == 9
     assert count_generated_tokens(decode, [], ["x"], eos_ids=[]) == 0
+
+
+def test_count_text_tokens_adds_the_lost_eos_and_caps_at_max_gen_toks():
+    """Re-counting a bare response (--model hf/vllm) the way ponder counts: its tokens plus the
+    EOS the text no longer shows, but never more than max_gen_toks (a cut row had no EOS)."""
+    from conftest import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()  # one token per character
+    assert count_text_tokens(tok, "12 + 3") == 7
+    assert count_text_tokens(tok, "12 + 3", max_gen_toks=6) == 6
+    assert count_text_tokens(tok, "") == 1
 
 
 def test_generation_text_pickles_and_stats_aggregate():

@@ -54,6 +54,15 @@ def test_greedy_outputs_token_identical_to_hflm(hf_and_ponder):
     assert all(isinstance(text, GenerationText) for text in got)
 
 
+def test_model_info_carries_the_fingerprint(hf_and_ponder):
+    """lm-eval writes get_model_info into the results JSON: the report's run identity."""
+    _, ponder = hf_and_ponder
+    info = ponder.get_model_info()
+    assert info["ponder_fingerprint"] == ponder.fingerprint()
+    assert info["ponder_fingerprint_hash"] == ponder.fingerprint_hash()
+    assert "model_dtype" in info  # HFLM's own fields are kept
+
+
 def test_backbone_frozen_and_unchanged(hf_and_ponder):
     _, ponder = hf_and_ponder
     before = state_hash(ponder.model)

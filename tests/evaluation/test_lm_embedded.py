@@ -101,3 +101,20 @@ def test_default_model_uses_the_shipped_controller():
     assert vars(lm.ponder_config) == config["ponder"]
     assert lm.steer_layer == config["layer"]
     assert not PonderLM(batch_size=4, controller="none").pondering
+
+
+@needs_embedded
+def test_recount_from_text_matches_ponder_count_to_eos():
+    """The report's estimate for models without accounting (accounting.count_text_tokens)
+    counts what ponder counts: a short answer that ends in EOS gets the same number."""
+    from lm_eval_ponder.evaluation.accounting import count_text_tokens
+    from lm_eval_ponder.evaluation.lm import PonderLM
+
+    lm = PonderLM(controller="none", dtype="float32", batch_size=2)
+    prompts = [lm.apply_chat_template([{"role": "user", "content": q}]) for q in
+               ("What is 2 + 2? Reply with the number only.", "What is the capital of France?",
+                "Answer yes or no: is 5 > 3?")]
+    texts = lm.generate(prompts, {"until": [], "max_gen_toks": 40, "do_sample": False})
+    for text in texts:
+        assert text.stats["gen_tokens"] < 40, "expected an answer that ends in EOS"
+        assert count_text_tokens(lm.tokenizer, text, 40) == text.stats["gen_tokens"]

@@ -6,23 +6,33 @@ import json
 import math
 
 import pytest
+from conftest import needs_embedded
 
 from lm_eval_ponder.reporting import report as rp
 from lm_eval_ponder.errors import PonderError
 
 
-def write_run(root, name, model_args, task, rows, model="ponder"):
+def write_results(root, name, config, task, samples, configs=None, stamp="2026-01-01T00-00-00.0"):
+    """An lm-eval output directory as the CLI writes it: results JSON + samples log."""
     d = root / name / "model"
-    d.mkdir(parents=True)
-    stamp = "2026-01-01T00-00-00.0"
+    d.mkdir(parents=True, exist_ok=True)
     (d / f"results_{stamp}.json").write_text(json.dumps(
-        {"config": {"model": model, "model_args": model_args}, "results": {task: {}}}))
+        {"config": config, "configs": configs or {}, "results": {task: {}}}))
     with open(d / f"samples_{task}_{stamp}.jsonl", "w") as f:
-        for i, (correct, tokens, depth, level) in enumerate(rows):
-            f.write(json.dumps({"doc_id": i, "doc": {"question": f"q{i}", "level": level},
-                                "target": "1", "filtered_resps": [f"answer {i}"],
-                                "exact_match": float(correct), "gen_tokens": tokens,
-                                "flops": 1e9 * tokens, "ponder_steps": depth}) + "\n")
+        for sample in samples:
+            f.write(json.dumps(sample) + "\n")
+    return d / f"results_{stamp}.json"
+
+
+def write_run(root, name, model_args, task, rows, model="ponder", config=None, configs=None,
+              stamp="2026-01-01T00-00-00.0"):
+    samples = [{"doc_id": i, "doc": {"question": f"q{i}", "level": level}, "target": "1",
+                "resps": [[f"answer {i}"]], "filtered_resps": [f"answer {i}"],
+                "exact_match": float(correct), "gen_tokens": tokens, "flops": 1e9 * tokens,
+                "ponder_steps": depth}
+               for i, (correct, tokens, depth, level) in enumerate(rows)]
+    return write_results(root, name, {"model": model, "model_args": model_args, **(config or {})},
+                         task, samples, configs, stamp)
 
 
 @pytest.fixture
@@ -98,3 +108,208 @@ def test_decoding_policies_get_a_verdict_each(tmp_path):
     assert verdicts[0].startswith("decoding greedy") and verdicts[0].endswith("FP wins")
     assert verdicts[1].startswith("decoding t0.7") and "tie within the 95% CIs" in verdicts[1]
     assert rp.decoding_verdicts([r for r in rows if "[" not in r["method"]], ["arith"]) == []
+
+
+# ------------------------------------------------------------------ run identity (issue 11.7)
+FINGERPRINT = {"backbone": "/cache/smollm2", "backbone_sha256": "ab" * 8, "dtype": "torch.float32",
+               "generation": "loop", "pondering": {"steering": "cd" * 8, "layer": 15,
+                                                   "alpha": None, "controller": "ef" * 8}}
+GEN = {"arith_ponder": {"generation_kwargs": {"until": [], "max_gen_toks": 500,
+                                              "do_sample": False}}}
+
+
+def ponder_config(**changes):
+    return {"ponder_fingerprint": {**FINGERPRINT, **changes}}
+
+
+def test_runs_differing_only_in_dtype_are_two_rows(tmp_path):
+    rows_a = [(i % 2 == 0, 50, 1, 1) for i in range(10)]
+    write_run(tmp_path, "f32", {"controller": "/c"}, "arith_ponder", rows_a,
+              config=ponder_config(), configs=GEN)
+    write_run(tmp_path, "bf16", {"controller": "/c"}, "arith_ponder", [(True, 40, 1, 1)] * 10,
+              config=ponder_config(dtype="torch.bfloat16"), configs=GEN)
+    runs = rp.load_runs([tmp_path])
+    assert sorted(r.label for r in runs) == ["FP-Direct [dtype=bfloat16]",
+                                             "FP-Direct [dtype=float32]"]
+    rows, _ = rp.leaderboard(runs)
+    assert len(rows) == 2 and len({r["identity"] for r in rows}) == 2
+    assert {r["label"]: r["arith"]["acc"] for r in rows} == {
+        "FP-Direct [dtype=bfloat16]": 1.0, "FP-Direct [dtype=float32]": 0.5}
+    rp.report([tmp_path], tmp_path / "out")
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    html = (tmp_path / "out" / "leaderboard.html").read_text()
+    for row in rows:  # the identity is shown, and explained in a footnote
+        assert f"| {row['label']} | {row['identity']} |" in md
+        assert f"<code>{row['identity']}</code>" in html
+        assert f"- {row['identity']}: model=ponder" in md
+
+
+def test_hf_runs_differing_in_dtype_and_gen_kwargs_are_split(tmp_path):
+    """--model hf has no fingerprint: its model args and dtype are its identity; generation
+    kwargs the task used are part of it too (runtime args such as batch_size are not)."""
+    rows = [(True, 10, 0, None)] * 5
+    write_run(tmp_path, "a", "pretrained=/m,dtype=float32,batch_size=8", "gsm8k_ponder", rows,
+              model="hf")
+    write_run(tmp_path, "b", "pretrained=/m,dtype=bfloat16", "gsm8k_ponder", rows, model="hf")
+    long = {"gsm8k_ponder": {"generation_kwargs": {"max_gen_toks": 1000}}}
+    write_run(tmp_path, "c", "pretrained=/m,dtype=bfloat16,batch_size=64", "gsm8k_ponder", rows,
+              model="hf", configs=long)
+    labels = sorted(r.label for r in rp.load_runs([tmp_path]))
+    assert labels == ["Direct [dtype=bfloat16, max_gen_toks=1000]",
+                      "Direct [dtype=bfloat16, max_gen_toks=null]",
+                      "Direct [dtype=float32, max_gen_toks=null]"]
+
+
+def test_unreadable_differences_get_a_short_hash(tmp_path):
+    rows = [(True, 10, 1, None)] * 5
+    write_run(tmp_path, "a", {}, "gsm8k_ponder", rows, config=ponder_config())
+    write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
+              config=ponder_config(backbone="/somewhere/else/a/much/longer/path"))
+    runs = rp.load_runs([tmp_path])
+    assert sorted(r.label for r in runs) == sorted(
+        f"FP-Direct [model {r.identity.model_digest}]" for r in runs)
+
+
+def test_label_follows_the_fingerprint_not_the_args(tmp_path):
+    """lm-eval 0.4.13 parses the CLI string "controller=none" to None, which ponder reads as
+    "not given" (the shipped controller): the fingerprint says what the model really did."""
+    rows = [(True, 10, 1, None)] * 5
+    write_run(tmp_path, "on", "controller=none", "gsm8k_ponder", rows, config=ponder_config())
+    write_run(tmp_path, "off", "controller=/c", "gsm8k_ponder", rows,
+              config=ponder_config(pondering=None))
+    write_run(tmp_path, "fr", "", "gsm8k_ponder", rows, config=ponder_config(
+        pondering={**FINGERPRINT["pondering"], "controller": None, "alpha": -0.1}))
+    labels = {r.source.split("/")[-3]: r.label for r in rp.load_runs([tmp_path])}
+    assert labels == {"on": "FP-Direct", "off": "Direct", "fr": "FR (alpha=-0.1)"}
+
+
+def test_same_configuration_on_two_datasets_is_one_row(tmp_path):
+    """One lm-eval run per dataset (as suite does): one identity, one row, no suffix, even
+    though the tasks' generation kwargs differ."""
+    write_run(tmp_path, "a", {"controller": "/c"}, "arith_ponder", [(True, 10, 1, 1)] * 5,
+              config=ponder_config(), configs=GEN)
+    write_run(tmp_path, "b", {"controller": "/c"}, "gsm8k_ponder", [(True, 10, 1, None)] * 5,
+              config=ponder_config(),
+              configs={"gsm8k_ponder": {"generation_kwargs": {"max_gen_toks": 256}}})
+    rows, _ = rp.leaderboard(rp.load_runs([tmp_path]))
+    assert [(r["label"], "arith" in r, "gsm8k" in r) for r in rows] == [("FP-Direct", True, True)]
+
+
+def test_duplicate_runs_that_disagree_are_refused_naming_both(tmp_path):
+    rows = [(True, 10, 1, 1)] * 5
+    first = write_run(tmp_path, "a", {"controller": "/c"}, "arith_ponder", rows,
+                      config=ponder_config(), configs=GEN)
+    second = write_run(tmp_path, "b", {"controller": "/c"}, "arith_ponder", rows,
+                       config=ponder_config(), configs=GEN)
+    lines = second.with_name(f"samples_arith_ponder_2026-01-01T00-00-00.0.jsonl")
+    changed = [json.loads(x) for x in lines.read_text().splitlines()]
+    changed[3]["resps"] = [["another answer"]]
+    lines.write_text("".join(json.dumps(x) + "\n" for x in changed))
+    with pytest.raises(PonderError, match="disagree on question 3") as error:
+        rp.load_runs([tmp_path])
+    assert str(first) in str(error.value) and str(second) in str(error.value)
+
+
+def test_duplicate_runs_that_agree_are_pooled(tmp_path):
+    """The same results twice (a directory passed twice, a deterministic re-run, or --limit
+    slices) are one configuration: pooled, not refused, not double-counted."""
+    rows = [(i % 2 == 0, 10, 1, 1) for i in range(8)]
+    write_run(tmp_path, "a", {"controller": "/c"}, "arith_ponder", rows[:6],
+              config=ponder_config(), configs=GEN)
+    write_run(tmp_path, "b", {"controller": "/c"}, "arith_ponder", rows,
+              config=ponder_config(), configs=GEN, stamp="2026-01-02T00-00-00.0")
+    runs = rp.load_runs([tmp_path, tmp_path / "a"])
+    assert len(runs) == 1 and len(runs[0].samples) == 8
+
+
+# ------------------------------------------------------------------ estimated accounting (11.8)
+def hf_samples(texts, prompt="Please solve: 2 + 2", max_gen_toks=32):
+    return [{"doc_id": i, "doc": {"question": f"q{i}"}, "target": "4",
+             "arguments": [[prompt, {"until": [], "max_gen_toks": max_gen_toks}]],
+             "resps": [[t] if isinstance(t, str) else t], "filtered_resps": [t],
+             "exact_match": 1.0, "gen_tokens": math.nan, "flops": math.nan,
+             "ponder_steps": math.nan} for i, t in enumerate(texts)]
+
+
+def test_hf_run_gets_estimated_tokens_and_flops(tmp_path, tiny_model_dir):
+    """--model hf logs NaN accounting; the report re-counts with the run's tokenizer like ponder
+    counts (to and including EOS, capped at max_gen_toks), prices FLOPs from its config, marks
+    both as estimated. Best-of-N pays for every response."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from lm_eval_ponder.evaluation.accounting import count_text_tokens
+    from lm_eval_ponder.flops import FlopsSpec, generation_flops
+
+    texts = ["The answer is 4", "x" * 50, ["2+2=4", "four", "4"]]
+    write_results(tmp_path, "hf", {"model": "hf", "model_args": f"pretrained={tiny_model_dir}"},
+                  "arith_ponder", hf_samples(texts))
+    runs = rp.load_runs([tmp_path])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    spec = FlopsSpec.from_config(AutoConfig.from_pretrained(tiny_model_dir))
+    prompt = len(tok("Please solve: 2 + 2").input_ids)
+    for sample, text in zip(runs[0].samples, texts):
+        counts = [count_text_tokens(tok, t, 32) for t in (text if isinstance(text, list)
+                                                          else [text])]
+        assert sample["estimated"] and sample["gen_tokens"] == sum(counts)
+        assert sample["flops"] == sum(generation_flops(spec, prompt, n) for n in counts)
+        assert sample["ponder_steps"] == 0.0
+    assert [s["gen_tokens"] for s in runs[0].samples] == [16, 32, 6 + 5 + 2]
+    rows, notes = rp.leaderboard(runs)
+    assert rows[0]["arith"]["estimated"] and any(n.startswith("* estimated") for n in notes)
+    md = rp.write_tables(rows, ["arith"], notes, tmp_path)
+    assert f"| {rows[0]['arith']['tokens']:.1f}* |" in md
+
+
+def test_estimate_that_cannot_load_stays_nan_with_a_note(tmp_path):
+    write_results(tmp_path, "hf", {"model": "vllm", "model_args": "pretrained=/no/such/model"},
+                  "arith_ponder", hf_samples(["4"]))
+    runs = rp.load_runs([tmp_path])
+    assert math.isnan(runs[0].samples[0]["gen_tokens"])
+    _, notes = rp.leaderboard(runs)
+    assert any("not estimated" in n and "/no/such/model" in n for n in notes)
+
+
+def lm_eval_run(out, model: str, model_args: str | dict, task: str = "arith_ponder",
+                limit: int = 2):
+    """One lm-eval run written to ``out`` as the CLI writes it (EvaluationTracker)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
+
+    import lm_eval_ponder_autoload
+
+    result = simple_evaluate(
+        model=model, model_args=model_args, tasks=[task], limit=limit,
+        gen_kwargs="max_gen_toks=32", apply_chat_template=True, log_samples=True, batch_size=4,
+        device="cpu", task_manager=TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir()))
+    tracker = EvaluationTracker(output_path=str(out))
+    tracker.general_config_tracker.log_experiment_args(
+        model_source=model, model_args=model_args, system_instruction=None, chat_template=None,
+        fewshot_as_multiturn=False)
+    samples = result.pop("samples")
+    tracker.save_results_aggregated(results=result, samples=samples)
+    tracker.save_results_samples(task_name=task, samples=samples[task])
+
+
+@needs_embedded
+@pytest.mark.slow
+def test_hf_run_counts_compare_with_ponder(tmp_path, embedded_dir):
+    """--model hf and --model ponder (no pondering) on the embedded backbone generate the same
+    text; the report's estimate for the hf run matches ponder's own count and FLOPs, and the
+    two configurations stay apart (ponder's fingerprint is in its results JSON)."""
+    lm_eval_run(tmp_path / "hf", "hf", f"pretrained={embedded_dir},dtype=float32")
+    # a dict: lm-eval 0.4.13 parses the string "controller=none" to controller=None
+    lm_eval_run(tmp_path / "ponder", "ponder", {"controller": "none", "dtype": "float32"})
+    runs = {r.identity.model["model"]: r for r in rp.load_runs([tmp_path])}
+    hf, ponder = runs["hf"], runs["ponder"]
+    assert ponder.identity.model["pondering"] is None and ponder.identity.model["dtype"] == \
+        "torch.float32"
+    assert hf.method == ponder.method == "Direct"
+    assert hf.identity.model_digest != ponder.identity.model_digest
+    for a, b in zip(hf.samples, ponder.samples):
+        assert a["resps"] == b["resps"]
+        assert a["estimated"] and not b.get("estimated")
+        assert abs(a["gen_tokens"] - b["gen_tokens"]) <= 1, (a["resps"], b["gen_tokens"])
+        assert a["flops"] == pytest.approx(b["flops"], rel=0.02)
+    rows, _ = rp.leaderboard(list(runs.values()))
+    assert len(rows) == 2

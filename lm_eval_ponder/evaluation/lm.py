@@ -76,10 +76,10 @@ def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
 
 
 def default_max_rows(device: str) -> int:
-    """Rows in flight when the user gives none. 64 on CPU: the batch at which ``generate`` ran
-    fastest in the earlier bf16 measurements (NOTES.md); the loop's own optimum on CPU and the
-    GPU value (256: a GPU needs wide batches to be busy) are not measured yet (docs/results.md)."""
-    return 256 if str(device).startswith("cuda") else 64
+    """Rows in flight when the user gives none. 128 on CPU: measured end to end on arith
+    (``benchmarks/max_rows.py``: 16, 32, 64, 128 rows took 158, 113, 101, 90 s in float32;
+    docs/results.md). 256 on CUDA, where wide batches keep a GPU busy: not measured yet."""
+    return 256 if str(device).startswith("cuda") else 128
 
 
 @register_model("ponder")

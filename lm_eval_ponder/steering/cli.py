@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from lm_eval_ponder.backbone import DTYPES
 from lm_eval_ponder.errors import PonderError, command
 
 DEFAULT_N_QUESTIONS = 256
@@ -81,7 +82,7 @@ def _backbone_args(parser: argparse.ArgumentParser, inspect: bool = False) -> No
     parser.add_argument("--pretrained", default=None,
                         help=f"Hub id or local model directory (default: {default})")
     parser.add_argument("--gguf-file", default=None, help="a GGUF file (converted once, cached)")
-    parser.add_argument("--dtype", default=None, choices=("auto", "float32", "bfloat16", "float16"),
+    parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="default: bfloat16 where the device computes it natively, else "
                              "float32 (as --model ponder); hidden states are averaged in float32")
     parser.add_argument("--device", default=None, help="torch device (default: cuda if available)")

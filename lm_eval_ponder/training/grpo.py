@@ -177,6 +177,12 @@ def flops_diversity(flops: torch.Tensor) -> float:
     return float(flops.double().var(unbiased=False) / mean**2)
 
 
+def candidate_logits(controller: nn.Module, z0: torch.Tensor, h: torch.Tensor,
+                     offsets: torch.Tensor) -> torch.Tensor:
+    """Controller logits on every candidate state z_0 + c_k h (float32): [N, d] -> [N, K+1]."""
+    return controller.logits(candidate_states(z0.float(), h, offsets))
+
+
 # ----------------------------------------------------------------------------- sampling
 def sample_depths(p_continue: torch.Tensor, generator: torch.Generator,
                   tau: float | None = None) -> torch.Tensor:
@@ -253,8 +259,7 @@ class GRPOTrainer:
 
     def logits(self, z0: torch.Tensor) -> torch.Tensor:
         """Controller logits on all candidate states: [P, d] -> [P, K+1]."""
-        states = candidate_states(z0.float(), self.h, self.offsets)
-        return self.controller.logits(states)
+        return candidate_logits(self.controller, z0, self.h, self.offsets)
 
     @torch.no_grad()
     def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
@@ -367,7 +372,7 @@ class TokenPolicy:
         if self.device != z_last.device:
             self.to(z_last.device)
         z = z_last.detach().float()
-        p = self.net.probability(self.net.logits(candidate_states(z, self.h, self.offsets)))
+        p = self.net.probability(candidate_logits(self.net, z, self.h, self.offsets))
         if self.greedy:
             depth = halting_depth(p, self.trainer.tau)
         else:

@@ -98,7 +98,10 @@ class CachedEnvironment(RewardBook):
     step costs no generation. Implements the training loop's ``TrainingEnvironment``."""
 
     def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
-                 reward_cfg: R.RewardConfig, generator: torch.Generator) -> None:
+                 reward_cfg: R.RewardConfig, generator: torch.Generator,
+                 complete_only: bool = False) -> None:
+        """``complete_only``: keep only the prompts that have every depth and sample (an
+        analysis of a cache that is still being built); training refuses an incomplete cache."""
         super().__init__(reward_cfg)
         self.cache = cache
         self.cache_wall = 0.0  # seconds the training run spent building/checking the cache
@@ -109,6 +112,15 @@ class CachedEnvironment(RewardBook):
         self.generator = generator
         missing = [(p.key, k) for p in self.prompts for k in range(k_max + 1)
                    if len(table.get((p.key, k), [])) < samples]
+        if missing and complete_only:
+            gone = {key for key, _ in missing}
+            keep = [i for i, p in enumerate(self.prompts) if p.key not in gone]
+            if not keep:
+                raise PonderError(f"rollout cache {cache.dir} has no prompt with all "
+                                  f"{k_max + 1} depths x {samples} samples yet")
+            self.prompts = [self.prompts[i] for i in keep]
+            self.z0 = self.z0[keep]
+            missing = []
         if missing:
             raise PonderError(f"rollout cache {cache.dir} is incomplete ({len(missing)} of "
                               f"{len(self.prompts) * (k_max + 1)} prompt x depth outcomes "
@@ -142,24 +154,30 @@ class CachedEnvironment(RewardBook):
         recs = [self._record(int(i), int(d)) for i, d in zip(prompt_ids, depths)]
         return self.score(recs, [self.flops(r) for r in recs])
 
+    def expected(self, i: int, depth: int, samples: list[int] | None = None) -> dict[str, float]:
+        """Expected outcome of prompt ``i`` at ``depth``: the mean over its samples (or the
+        given sample indices) of correctness, FLOPs, tokens and the selection score (the
+        reward with initial weights and whole-cache FLOPs statistics)."""
+        rows = self.records[i][depth]
+        if samples is not None:
+            rows = [rows[s] for s in samples]
+        score = [R.total_reward(R.reward_components(r, self.flops(r), self.reference_stats,
+                                                    self.ppl_ref, self.cfg), self.cfg.weights)
+                 for r in rows]
+        n = len(rows)
+        return {"accuracy": sum(r["correct"] for r in rows) / n,
+                "flops": sum(self.flops(r) for r in rows) / n,
+                "gen_tokens": sum(r["gen_tokens"] for r in rows) / n,
+                "score": sum(score) / n}
+
     def evaluate(self, ids: list[int], depths: torch.Tensor) -> dict[str, float]:
-        """Deterministic figures of given depths: accuracy, FLOPs, tokens, and a selection
-        score (the reward with initial weights and whole-cache FLOPs statistics)."""
+        """Deterministic figures of given depths, averaged over prompts (see ``expected``)."""
         if not ids:
             return {}
-        recs = [self.records[i][int(d)] for i, d in zip(ids, depths)]
-        acc = [sum(r["correct"] for r in rows) / len(rows) for rows in recs]
-        flops = [sum(self.flops(r) for r in rows) / len(rows) for rows in recs]
-        tokens = [sum(r["gen_tokens"] for r in rows) / len(rows) for rows in recs]
-        score = []
-        for rows in recs:
-            vals = [R.total_reward(R.reward_components(r, self.flops(r), self.reference_stats,
-                                                       self.ppl_ref, self.cfg),
-                                   self.cfg.weights) for r in rows]
-            score.append(sum(vals) / len(vals))
+        per = [self.expected(i, int(d)) for i, d in zip(ids, depths)]
         n = len(ids)
-        return {"accuracy": sum(acc) / n, "flops": sum(flops) / n, "gen_tokens": sum(tokens) / n,
-                "depth": float(depths.float().mean()), "score": sum(score) / n}
+        out = {k: sum(e[k] for e in per) / n for k in ("accuracy", "flops", "gen_tokens")}
+        return {**out, "depth": float(depths.float().mean()), "score": sum(e["score"] for e in per) / n}
 
     def oracle(self, ids: list[int]) -> dict[str, float]:
         """Best fixed depth and per-prompt best depth by the selection score (for the card)."""

@@ -401,8 +401,8 @@ class TokenPolicy:
         return [(s[: max(n, 1)], d[: max(n, 1)]) for s, d, n in zip(states, depths, used)]
 
 
-TokenRollout = Callable[[int, TokenPolicy], tuple[list[dict], list[tuple[torch.Tensor,
-                                                                         torch.Tensor]]]]
+TokenRollout = Callable[[list[int], int, TokenPolicy],
+                        tuple[list[dict], list[tuple[torch.Tensor, torch.Tensor]]]]
 
 
 def token_trajectory_terms(trainer: "GRPOTrainer", states: torch.Tensor,
@@ -426,8 +426,9 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     in a data-parallel run: the number of draws depends on each rank's answer lengths, and the
     trainer's generator has to stay identical on every rank (batch draws, re-initialisation).
 
-    ``rollout(prompt_index, policy)`` generates G answers to one prompt with ``policy`` deciding
-    at every token and returns their records and trajectories; ``score(records)`` gives the
+    ``rollout(prompt_indices, G, policy)`` generates G answers to each prompt, all in one
+    batch (rows prompt-major), with ``policy`` deciding at every token, and returns their
+    records and trajectories; ``score(records)`` gives the
     reward_fn outcome. Gradients are accumulated group by group (a group's states do not all
     fit in memory at once for long answers) with the batch-wide normaliser, so the update equals
     the one-shot loss. ``depths`` in the result are each trajectory's mean depth (rounded).
@@ -436,11 +437,9 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     P, G = len(prompt_ids), cfg.num_generations
     teacher = curriculum_sources(P * G, t, cfg, trainer.generator).view(P, G)
     t_depth = teacher_depths(P * G, cfg, trainer.k_max, trainer.generator).view(P, G)
-    records, trajs = [], []
-    for j, i in enumerate(prompt_ids.tolist()):
-        recs, tr = rollout(i, TokenPolicy(trainer, teacher[j], t_depth[j], generator=sampler))
-        records += recs
-        trajs.append(tr)
+    policy = TokenPolicy(trainer, teacher.reshape(-1), t_depth.reshape(-1), generator=sampler)
+    records, flat = rollout(prompt_ids.tolist(), G, policy)
+    trajs = [flat[j * G : (j + 1) * G] for j in range(P)]
     outcome = score(records)
     rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
     imitate = curriculum_stage(t, cfg.t1, cfg.t2) == 1

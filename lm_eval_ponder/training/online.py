@@ -8,7 +8,7 @@ samples a halting depth per row per token and records the state it saw), scores 
 same reward (``environment.RewardBook``) and updates on the recorded decisions
 (``grpo.step_tokens``): log pi(trajectory) is the sum of every token's halting log-probability.
 
-Cost. One step is P prompts x (one batched generation of G rows + one perplexity pass), so the
+Cost. One step is one batched generation of its P x G rows and one perplexity pass, so the
 paper's 2500 steps x 8 x 8 answers are 160k generations: a GPU job. docs/results.md gives the
 measured seconds per step on this CPU. The loop itself is the prompt-level trainer's (``training.loop``): the
 paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
@@ -59,50 +59,62 @@ class OnlineEnvironment(RewardBook):
         self.controller = controller
 
     @torch.no_grad()
-    def rollout(self, i: int, policy: TokenPolicy):
-        """G = len(policy.teacher) answers to prompt i: (records, trajectories).
+    def rollout(self, ids: list[int], group: int, policy: TokenPolicy):
+        """``group`` answers to each prompt in ``ids``, all in one generation: (records,
+        trajectories), rows prompt-major (prompt j's answers are rows j*group..j*group+group-1).
 
-        The G rows share one unpadded prompt, so every row's last position is its own last
-        token, as in ``--model ponder``. Generation goes through ``PonderLM.generate_batch``
-        (the call under lm-eval's ``generate_until``) with a token-mode hook driven by
-        ``policy`` instead of the model's own pondering.
+        One call for a whole step's P x G rows keeps the batch full (the generation loop holds
+        ``max_rows`` rows in flight and lets finished rows leave), instead of P calls of G rows
+        each. Prompts are left-padded as lm-eval batches them, so every row's last position
+        is its own last token, as in ``--model ponder``. Generation goes through
+        ``PonderLM.generate_batch`` (the call under lm-eval's ``generate_until``) with a
+        token-mode hook driven by ``policy`` instead of the model's own pondering.
         """
         from lm_eval.models.utils import postprocess_generated_text
 
-        lm, p, rows = self.lm, self.prompts[i], len(policy.teacher)
-        ids, mask = lm.tok_batch_encode([p.context])
-        ids, mask = ids.repeat(rows, 1).to(lm.device), mask.repeat(rows, 1).to(lm.device)
+        lm = self.lm
+        prompts = [self.prompts[i] for i in ids for _ in range(group)]
+        if len(policy.teacher) != len(prompts):
+            raise ValueError(f"internal: policy for {len(policy.teacher)} rows, "
+                             f"{len(prompts)} rows to generate")
+        input_ids, mask = lm.tok_batch_encode([self.prompts[i].context for i in ids])
+        input_ids = input_ids.repeat_interleave(group, dim=0).to(lm.device)
+        mask = mask.repeat_interleave(group, dim=0).to(lm.device)
         hook = SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, policy,
                             mode="token")
-        out = lm.generate_batch(ids, mask, max_new_tokens=self.max_gen_toks, stop=self.until,
-                                steering=hook, do_sample=False)
-        generated = out.sequences[:, ids.shape[1]:].tolist()
+        out = lm.generate_batch(input_ids, mask, max_new_tokens=self.max_gen_toks,
+                                stop=self.until, steering=hook, do_sample=False)
+        generated = out.sequences[:, input_ids.shape[1]:].tolist()
         used = out.gen_tokens
         texts = [postprocess_generated_text(generation=lm.tok_decode(t), stop=self.until,
                                             think_end_token=None) for t in generated]
-        ppls = response_perplexities(lm, [p.context] * rows, texts)
+        ppls = response_perplexities(lm, [p.context for p in prompts], texts)
         trajectories = policy.trajectories(used, hook)
         records = []
-        for text, n, ppl, (_, depths) in zip(texts, used, ppls, trajectories):
+        for p, n_prompt, text, n, ppl, (_, depths) in zip(prompts, out.prompt_tokens, texts,
+                                                          used, ppls, trajectories):
             correct, pred = grading.grade(p.kind, text, p.gold)
-            flops = generation_flops(lm.flops_spec, ids.shape[1], n) + \
+            flops = generation_flops(lm.flops_spec, n_prompt, n) + \
                 self.controller.evaluation_flops((self.k_max + 1) * len(depths))
             records.append({"key": p.key, "task": p.task, "level": p.level, "text": text,
-                            "gen_tokens": n, "prompt_tokens": int(ids.shape[1]),
+                            "gen_tokens": n, "prompt_tokens": int(n_prompt),
                             "flops": float(flops), "correct": bool(correct), "pred": pred,
                             "rel_error": relative_error(p.kind, pred, p.gold), "ppl": ppl,
                             "depth_mean": float(depths.float().mean())})
         return records, trajectories
 
     def evaluate(self, trainer: GRPOTrainer, ids: list[int]) -> dict[str, float]:
-        """Inference-time figures (halt at the first phi <= tau) on prompts ``ids``."""
+        """Inference-time figures (halt at the first phi <= tau) on prompts ``ids``, generated
+        ``max_rows`` prompts per call."""
         if not ids:
             return {}
         recs = []
-        for i in ids:
-            policy = TokenPolicy(trainer, torch.zeros(1, dtype=torch.bool),
-                                 torch.zeros(1, dtype=torch.long), greedy=True)
-            recs += self.rollout(i, policy)[0]
+        per_call = max(1, int(getattr(self.lm, "max_rows", len(ids))))
+        for start in range(0, len(ids), per_call):
+            chunk = ids[start : start + per_call]
+            policy = TokenPolicy(trainer, torch.zeros(len(chunk), dtype=torch.bool),
+                                 torch.zeros(len(chunk), dtype=torch.long), greedy=True)
+            recs += self.rollout(chunk, 1, policy)[0]
         n = len(recs)
         return {"accuracy": sum(r["correct"] for r in recs) / n,
                 "flops": sum(r["flops"] for r in recs) / n,

@@ -342,31 +342,39 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
 
     ``lm`` is a ``PonderLM`` with a steering vector; each depth is generated at its offset
     through ``PonderLM.generate(..., alpha=offset)``, the same path as an evaluation.
+
+    Work goes in blocks of prompts, each finished at every depth and sample before the next
+    starts (one call per depth, ``batch_size`` rows). So a long build that is stopped leaves a
+    prefix of prompts that is complete, which a headroom analysis can already use, and every
+    call still decodes a full batch at one offset. A block's sampling seed depends only on the
+    block and the depth, so a resumed build draws what an uninterrupted one would have drawn.
     """
     from tqdm.auto import tqdm
 
     done = cache.done()
     mine = prompts[rank::world]
-    todo = [(k, s, p) for k in range(len(offsets)) for p in mine for s in range(cfg.samples)
-            if (p.key, k, s) not in done]
+    per_block = max(1, cfg.batch_size // cfg.samples)
     gen = generation_kwargs(cfg)
-    bar = tqdm(total=len(todo), desc=f"rollouts (rank {rank})", disable=not progress)
-    for start in range(0, len(todo), cfg.batch_size):
-        chunk = todo[start : start + cfg.batch_size]
-        by_depth: dict[int, list] = {}
-        for item in chunk:
-            by_depth.setdefault(item[0], []).append(item)
-        records = []
-        for depth, items in by_depth.items():
-            torch.manual_seed(cfg.seed + 7919 * depth + start)
-            texts = lm.generate([p.context for _, _, p in items], gen, alpha=offsets[depth])
-            ppls = response_perplexities(lm, [p.context for _, _, p in items],
-                                         [str(t) for t in texts])
-            for (k, s, p), text, ppl in zip(items, texts, ppls):
+    total = sum(1 for p in mine for k in range(len(offsets)) for s in range(cfg.samples)
+                if (p.key, k, s) not in done)
+    bar = tqdm(total=total, desc=f"rollouts (rank {rank})", unit="answer", disable=not progress)
+    for block_start in range(0, len(mine), per_block):
+        block = mine[block_start : block_start + per_block]
+        for depth in range(len(offsets)):
+            items = [(s, p) for p in block for s in range(cfg.samples)
+                     if (p.key, depth, s) not in done]
+            if not items:
+                continue
+            torch.manual_seed(cfg.seed + 7919 * depth + 104729 * (rank + world * block_start))
+            contexts = [p.context for _, p in items]
+            texts = lm.generate(contexts, gen, alpha=offsets[depth])
+            ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
+            records = []
+            for (s, p), text, ppl in zip(items, texts, ppls):
                 stats = getattr(text, "stats", {})
                 correct, pred = grading.grade(p.kind, str(text), p.gold)
                 records.append({
-                    "key": p.key, "depth": k, "sample": s, "offset": offsets[k],
+                    "key": p.key, "depth": depth, "sample": s, "offset": offsets[depth],
                     "task": p.task, "level": p.level, "text": str(text),
                     "gen_tokens": int(stats.get("gen_tokens", 0)),
                     "prompt_tokens": int(stats.get("prompt_tokens", 0)),
@@ -375,8 +383,8 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
                     "rel_error": relative_error(p.kind, pred, p.gold),
                     "ppl": ppl,
                 })
-        cache.append(rank, records)
-        bar.update(len(chunk))
+            cache.append(rank, records)
+            bar.update(len(items))
     bar.close()
 
 

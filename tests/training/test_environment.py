@@ -67,3 +67,26 @@ def test_incomplete_cache_is_refused(tmp_path):
     with pytest.raises(PonderError, match="incomplete"):
         CachedEnvironment(cache, k_max=2, samples=1, controller_flops=0.0,
                           reward_cfg=R.RewardConfig(), generator=torch.Generator())
+
+
+def test_analysis_of_a_cache_in_progress_keeps_only_complete_prompts(tmp_path):
+    prompts = [Prompt(f"p{i}", "arith_ponder", str(i), 1, "q", "4", "numeric") for i in range(3)]
+    cache = RolloutCache(tmp_path, manifest={"fingerprint": "x"})
+    cache.write_prompts(prompts, torch.arange(3.0).repeat_interleave(8).view(3, 8))
+    # p0 and p2 complete (2 depths x 2 samples), p1 missing one sample
+    cache.append(0, [record(p, k, s == 0, 10.0, sample=s) for p in ("p0", "p2")
+                     for k in range(2) for s in range(2)])
+    cache.append(0, [record("p1", 0, True, 10.0, sample=0)])
+    env = CachedEnvironment(cache, k_max=1, samples=2, controller_flops=0.0,
+                            reward_cfg=R.RewardConfig(), generator=torch.Generator(),
+                            complete_only=True)
+    assert [p.key for p in env.prompts] == ["p0", "p2"]
+    assert env.z0[:, 0].tolist() == [0.0, 2.0]  # states follow their prompts
+    assert env.expected(0, 1)["accuracy"] == 0.5  # the mean over samples
+    assert env.expected(0, 1, samples=[0])["accuracy"] == 1.0
+    empty = RolloutCache(tmp_path / "empty", manifest={"fingerprint": "y"})
+    empty.write_prompts(prompts[:1], torch.zeros(1, 8))
+    with pytest.raises(PonderError, match="no prompt with all"):
+        CachedEnvironment(empty, k_max=1, samples=2, controller_flops=0.0,
+                          reward_cfg=R.RewardConfig(), generator=torch.Generator(),
+                          complete_only=True)

@@ -177,8 +177,9 @@ def synthetic_rollout(target_sign: float, tokens: int = 4):
     mean depth, so the optimum is depth K everywhere (sign +1) or depth 0 everywhere (-1)."""
     gen = torch.Generator().manual_seed(7)
 
-    def rollout(i, policy):
+    def rollout(ids, group, policy):
         rows = len(policy.teacher)
+        assert rows == len(ids) * group  # one call for the whole step
         for _ in range(tokens):
             policy(torch.randn(rows, 8, generator=gen))
         trajs = policy.trajectories([tokens] * rows)

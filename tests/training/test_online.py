@@ -65,14 +65,37 @@ def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, 
     env = OnlineEnvironment(lm, cfg, ctrl, prompts=[PROMPT])
     greedy = TokenPolicy(trainer, torch.zeros(1, dtype=torch.bool),
                          torch.zeros(1, dtype=torch.long), greedy=True)
-    [rec], [(states, depths)] = env.rollout(0, greedy)
+    [rec], [(states, depths)] = env.rollout([0], 1, greedy)
     assert rec["text"] == str(want) and rec["gen_tokens"] == want.stats["gen_tokens"]
     assert rec["flops"] == pytest.approx(want.stats["flops"], rel=1e-9)
     assert depths.tolist() == [depth] * len(depths) and len(states) == len(depths)
     teacher = TokenPolicy(trainer, torch.ones(2, dtype=torch.bool),
                           torch.full((2,), depth, dtype=torch.long))
-    recs, _ = env.rollout(0, teacher)
+    recs, _ = env.rollout([0], 2, teacher)
     assert [r["text"] for r in recs] == [str(want)] * 2
+
+
+def test_one_batched_rollout_equals_each_prompt_alone(lm, tmp_path):
+    """A step's prompts of different lengths go through one left-padded generation; each
+    row's text, counts and FLOPs are what that prompt generates on its own."""
+    cfg = parse_args(["--output", str(tmp_path / "o"), "--rollout.max_completion_length", "6",
+                      "--ponder.k_max", "2", "--controller_hidden", "16"])
+    ctrl = fixed_controller(30.0)
+    trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, OFFSETS, 0.2,
+                          GRPOConfig(num_generations=2), seed=0)
+    long = Prompt("k1", "arith_ponder", "1", 2, "Q: what is 12 + 30 + 7 + 1?\nA:", "50",
+                  "numeric")
+    env = OnlineEnvironment(lm, cfg, ctrl, prompts=[PROMPT, long])
+
+    def teacher(rows, depths):
+        return TokenPolicy(trainer, torch.ones(rows, dtype=torch.bool), torch.tensor(depths))
+
+    both, trajs = env.rollout([1, 0], 2, teacher(4, [1, 1, 2, 2]))
+    alone = env.rollout([1], 2, teacher(2, [1, 1]))[0] + env.rollout([0], 2, teacher(2, [2, 2]))[0]
+    keys = ("key", "text", "gen_tokens", "prompt_tokens", "flops")
+    assert [[r[k] for k in keys] for r in both] == [[r[k] for k in keys] for r in alone]
+    assert both[0]["prompt_tokens"] > both[2]["prompt_tokens"]  # really of different lengths
+    assert [d.unique().tolist() for _, d in trajs] == [[1], [1], [2], [2]]
 
 
 def args(model_dir, vector_dir, out, *extra):

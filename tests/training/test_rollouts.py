@@ -145,3 +145,25 @@ def test_response_perplexities_chunked_equal_one_row_at_a_time(lm):
     assert got[2] is None and want[2] is None
     assert [g for g in got if g is not None] == pytest.approx([w for w in want if w is not None],
                                                               rel=1e-5)
+
+
+def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draws(lm, tmp_path):
+    sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=4,
+                            samples=2, apply_chat_template=False, seed=5)
+    full = build_cache(lm, sampled, OFFSETS, tmp_path / "full", progress=False)
+    lines = (full.dir / "rollouts.rank0.jsonl").read_text().splitlines()
+    # batch 4 / 2 samples = blocks of 2 prompts, each finished at all 3 depths before the next
+    first = [json.loads(line) for line in lines[: 2 * 3 * 2]]
+    assert len({r["key"] for r in first}) == 2
+    assert {(r["depth"], r["sample"]) for r in first} == {(k, s) for k in range(3) for s in range(2)}
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("manifest.json", "prompts.jsonl", "states.safetensors"):
+        (partial / name).write_bytes((full.dir / name).read_bytes())
+    # stopped after block 0 and the first depth of block 1 (one append per call)
+    (partial / "rollouts.rank0.jsonl").write_text("\n".join(lines[: 12 + 4]) + "\n")
+    resumed = build_cache(lm, sampled, OFFSETS, partial, progress=False)
+    key = lambda r: (r["key"], r["depth"], r["sample"])  # noqa: E731
+    want = {key(json.loads(line)): json.loads(line)["text"] for line in lines}
+    got = {key(r): r["text"] for r in resumed.records()}
+    assert got == want

@@ -1,0 +1,387 @@
+"""Is there headroom for an adaptive controller? Rollout caches with expected outcomes per depth,
+then the best fixed depth against the per-prompt oracle on held-out prompts, and a probe.
+
+    # 1. build (resumable: run it again after any interruption; finished prompts are kept)
+    python benchmarks/headroom.py build --form ours  --samples 4
+    python benchmarks/headroom.py build --form ours  --samples 1      # the greedy outcomes
+    python benchmarks/headroom.py build --form paper --samples 4
+    # 2. analyse whatever prefix of prompts is complete (every depth, every sample)
+    python benchmarks/headroom.py analyse --form ours --samples 4 --out docs/headroom
+
+A cache is exactly the trainer's (``python -m lm_eval_ponder.train --cache_dir DIR`` with the
+same settings reuses it): the issue's prompt set (400 arith train prompts, all levels
+interleaved, then 200 GSM8K train prompts), depths 0..K_max at the form's offsets, S samples at
+T=0.7 (or greedy), 256 new tokens. The build goes prompt block by prompt block, each finished
+at every depth and sample, so a stopped build leaves a usable prefix.
+
+Forms: ``ours`` starts at alpha_start=-0.2 and ponders toward "deliberate" (the shipped
+defaults); ``paper`` starts unsteered (alpha_start=0), as FR-Ponder's appendix does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+FORMS = {"ours": -0.2, "paper": 0.0}
+PROMPTS = {"arith_ponder": 400, "gsm8k_ponder": 200}
+
+
+def train_config(form: str, samples: int, max_tokens: int, batch_size: int):
+    from lm_eval_ponder.training.config import TrainConfig
+
+    cfg = TrainConfig(output="unused")
+    cfg.ponder.alpha_start = FORMS[form]
+    cfg.rollout.prompts = dict(PROMPTS)
+    cfg.rollout.samples = samples
+    cfg.rollout.max_completion_length = max_tokens
+    cfg.rollout.batch_size = batch_size
+    return cfg.validate()
+
+
+def cache_dir(root: str, form: str, samples: int) -> Path:
+    return Path(root) / f"{form}-{'greedy' if samples == 1 else f's{samples}'}"
+
+
+def build(args) -> None:
+    import torch
+
+    from lm_eval_ponder.pondering.dynamics import cumulative_offsets
+    from lm_eval_ponder.training.loop import load_backbone
+    from lm_eval_ponder.training.rollouts import generate_missing, prepare_cache
+
+    torch.set_num_threads(args.threads)
+    cfg = train_config(args.form, args.samples, args.max_tokens, args.batch_size)
+    offsets = cumulative_offsets(cfg.ponder).tolist()
+    lm = load_backbone(cfg, offsets)
+    directory = cache_dir(args.root, args.form, args.samples)
+    t0 = time.time()
+    cache, prompts = prepare_cache(lm, cfg.rollout, offsets, directory)
+    print(f"cache {directory}: {len(prompts)} prompts x {len(offsets)} depths x "
+          f"{args.samples} samples, offsets {[round(c, 4) for c in offsets]}", flush=True)
+    generate_missing(lm, cache, prompts, cfg.rollout, offsets)
+    with open(directory / "build_log.jsonl", "a") as f:
+        f.write(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                            "wall_s": round(time.time() - t0, 1)}) + "\n")
+
+
+# ----------------------------------------------------------------------------- analysis
+def outcome_matrices(env, ids: list[int], samples: list[int] | None = None) -> dict:
+    """[prompt, depth] arrays of expected accuracy, tokens, FLOPs and score."""
+    import numpy as np
+
+    keys = ("accuracy", "gen_tokens", "flops", "score")
+    out = {k: np.zeros((len(ids), env.k_max + 1)) for k in keys}
+    for row, i in enumerate(ids):
+        for k in range(env.k_max + 1):
+            e = env.expected(i, k, samples)
+            for name in keys:
+                out[name][row, k] = e[name]
+    return out
+
+
+def oracle_choice(value, tokens):
+    """Per row, the column with the highest value; ties go to the fewest tokens."""
+    import numpy as np
+
+    best = value.max(axis=1, keepdims=True)
+    masked = np.where(np.isclose(value, best), tokens, np.inf)
+    return masked.argmin(axis=1)
+
+
+def lagrangian_curve(acc_choose, tok_choose, acc_eval, tok_eval, lambdas):
+    """Per-prompt oracle curve: for each lambda choose argmax(acc - lambda*tokens) on one set of
+    samples, report mean accuracy and tokens of those choices on another. [len(lambdas), 2]."""
+    import numpy as np
+
+    rows = np.arange(acc_choose.shape[0])
+    pts = []
+    for lam in lambdas:
+        pick = oracle_choice(acc_choose - lam * tok_choose, tok_choose)
+        pts.append((tok_eval[rows, pick].mean(), acc_eval[rows, pick].mean()))
+    return np.array(pts)
+
+
+def accuracy_at_tokens(curve, tokens: float) -> float:
+    """Oracle accuracy at a token budget: the best curve point within the budget, linearly
+    interpolated between the two points around it (the curve is a convex-ish frontier)."""
+    import numpy as np
+
+    order = np.argsort(curve[:, 0])
+    x, y = curve[order, 0], np.maximum.accumulate(curve[order, 1])
+    if tokens <= x[0]:
+        return float(y[0]) if np.isclose(tokens, x[0]) else float("nan")
+    return float(np.interp(tokens, x, y))
+
+
+def headroom_figures(val_mats, halves, fixed_k, lambdas, idx=None) -> dict:
+    """Best fixed depth against the per-prompt oracle, on (a resample ``idx`` of) held-out
+    prompts. ``halves`` are the two disjoint sample sets' matrices for the cross-fitted oracle:
+    choose the depth on one half, score it on the other, average both directions, so the oracle
+    is not rewarded for picking the luckiest of noisy estimates."""
+    import numpy as np
+
+    if idx is None:
+        idx = np.arange(val_mats["score"].shape[0])
+    m = {k: v[idx] for k, v in val_mats.items()}
+    rows = np.arange(len(idx))
+    naive = oracle_choice(m["score"], m["gen_tokens"])
+    out = {
+        "fixed_score": float(m["score"][:, fixed_k].mean()),
+        "fixed_accuracy": float(m["accuracy"][:, fixed_k].mean()),
+        "fixed_tokens": float(m["gen_tokens"][:, fixed_k].mean()),
+        "oracle_naive_score": float(m["score"][rows, naive].mean()),
+        "oracle_naive_accuracy": float(m["accuracy"][rows, naive].mean()),
+        "oracle_naive_tokens": float(m["gen_tokens"][rows, naive].mean()),
+    }
+    if halves is not None:
+        a, b = ({k: v[idx] for k, v in h.items()} for h in halves)
+        cf = {"score": [], "accuracy": [], "gen_tokens": []}
+        for choose, ev in ((a, b), (b, a)):
+            pick = oracle_choice(choose["score"], choose["gen_tokens"])
+            for k in cf:
+                cf[k].append(ev[k][rows, pick].mean())
+        out.update({f"oracle_cf_{k}": float(np.mean(v)) for k, v in cf.items()})
+        curves = [lagrangian_curve(c["accuracy"], c["gen_tokens"], e["accuracy"],
+                                   e["gen_tokens"], lambdas) for c, e in ((a, b), (b, a))]
+        at = np.nanmean([accuracy_at_tokens(c, out["fixed_tokens"]) for c in curves])
+        out["oracle_cf_accuracy_at_fixed_tokens"] = float(at)
+    out["gap_score_naive"] = out["oracle_naive_score"] - out["fixed_score"]
+    if halves is not None:
+        out["gap_score_cf"] = out["oracle_cf_score"] - out["fixed_score"]
+        out["gap_accuracy_at_equal_tokens_cf"] = (out["oracle_cf_accuracy_at_fixed_tokens"]
+                                                  - out["fixed_accuracy"])
+    return out
+
+
+def probe(z0, labels, seed: int = 0) -> dict:
+    """Cross-validated linear probe (standardised logistic regression, 5 folds) against the
+    majority class predicted from the training folds."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_predict
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    labels = np.asarray(labels)
+    classes, counts = np.unique(labels, return_counts=True)
+    folds = int(min(5, counts.min())) if len(classes) > 1 else 0
+    if folds < 2:
+        return {"n": int(len(labels)), "classes": classes.tolist(), "note": "too few per class"}
+    cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    model = make_pipeline(StandardScaler(), LogisticRegression(C=0.1, max_iter=2000))
+    pred = cross_val_predict(model, z0, labels, cv=cv)
+    majority = []
+    for train, test in cv.split(z0, labels):
+        vals, cnt = np.unique(labels[train], return_counts=True)
+        majority.append((labels[test] == vals[cnt.argmax()]).sum())
+    return {"n": int(len(labels)), "folds": folds,
+            "classes": {str(c): int(n) for c, n in zip(classes, counts)},
+            "probe_accuracy": float((pred == labels).mean()),
+            "majority_accuracy": float(sum(majority) / len(labels))}
+
+
+def bootstrap(fn, n: int, draws: int, seed: int = 0) -> dict[str, tuple[float, float]]:
+    """Percentile 95% intervals of every figure ``fn(idx)`` returns, resampling prompts."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    samples: dict[str, list[float]] = {}
+    for _ in range(draws):
+        for k, v in fn(rng.integers(0, n, n)).items():
+            samples.setdefault(k, []).append(v)
+    return {k: (float(np.nanpercentile(v, 2.5)), float(np.nanpercentile(v, 97.5)))
+            for k, v in samples.items()}
+
+
+def analyse(args) -> None:
+    import numpy as np
+    import torch
+    from scipy.stats import spearmanr
+
+    from lm_eval_ponder.pondering.controller import PonderController
+    from lm_eval_ponder.training.environment import CachedEnvironment, split_prompts
+    from lm_eval_ponder.training.rewards import RewardConfig
+    from lm_eval_ponder.training.rollouts import RolloutCache
+
+    directory = cache_dir(args.root, args.form, args.samples)
+    cache = RolloutCache(directory)
+    k_max = cache.manifest["k_max"]
+    z0 = cache.states()
+    flops_ctrl = PonderController(z0.shape[1], 512).evaluation_flops(k_max + 1)
+    env = CachedEnvironment(cache, k_max, args.samples, flops_ctrl, RewardConfig(),
+                            torch.Generator().manual_seed(0), complete_only=True)
+    prompts = env.prompts
+    train, val = split_prompts([p.key for p in prompts], args.val_fraction)
+    if len(val) < 10:
+        sys.exit(f"only {len(val)} held-out prompts are complete; build further first")
+    offsets = cache.manifest["identity"]["offsets"]
+    mats_train = outcome_matrices(env, train)
+    mats_val = outcome_matrices(env, val)
+    fixed_k = int(mats_train["score"].mean(axis=0).argmax())
+    fixed_k_acc = int(mats_train["accuracy"].mean(axis=0).argmax())
+    halves = None
+    if args.samples >= 2:
+        h = args.samples // 2
+        halves = (outcome_matrices(env, val, list(range(h))),
+                  outcome_matrices(env, val, list(range(h, 2 * h))))
+    lambdas = np.concatenate([[0.0], np.geomspace(1e-5, 1e-1, 40)])
+    point = headroom_figures(mats_val, halves, fixed_k, lambdas)
+    ci = bootstrap(lambda idx: headroom_figures(mats_val, halves, fixed_k, lambdas, idx),
+                   len(val), args.bootstrap)
+
+    # the fixed-depth curve and the per-level view, on held-out prompts
+    levels = np.array([p.level if p.level is not None else 0 for p in (prompts[i] for i in val)])
+    tasks = np.array([p.task for p in (prompts[i] for i in val)])
+    fixed = []
+    for k in range(k_max + 1):
+        row = {"depth": k, "offset": offsets[k],
+               **{name: float(mats_val[name][:, k].mean())
+                  for name in ("accuracy", "gen_tokens", "flops", "score")}}
+        for task in sorted(set(tasks)):
+            row[f"accuracy_{task}"] = float(mats_val["accuracy"][tasks == task, k].mean())
+        for lvl in sorted(set(levels[tasks == "arith_ponder"])):
+            sel = (tasks == "arith_ponder") & (levels == lvl)
+            row[f"accuracy_L{lvl}"] = float(mats_val["accuracy"][sel, k].mean())
+        fixed.append(row)
+
+    # does z_0 carry difficulty? all complete prompts (the probe is cross-validated itself)
+    all_ids = list(range(len(prompts)))
+    mats_all = outcome_matrices(env, all_ids)
+    arith = [i for i in all_ids if prompts[i].task == "arith_ponder"]
+    z = env.z0.float().numpy()
+    best_depth = oracle_choice(mats_all["score"], mats_all["gen_tokens"])
+    probes = {
+        "level_from_z0 (arith)": probe(z[arith], [prompts[i].level for i in arith]),
+        "best_depth_from_z0": probe(z, best_depth),
+        "any_depth_correct_from_z0": probe(z, (mats_all["accuracy"].max(axis=1) > 0).astype(int)),
+    }
+    rho = spearmanr([prompts[i].level for i in arith], best_depth[arith])
+    summary = {
+        "form": args.form, "samples": args.samples, "cache": str(directory),
+        "manifest": cache.manifest["fingerprint"], "k_max": k_max, "offsets": offsets,
+        "prompts_complete": len(prompts), "prompts_in_manifest": cache.manifest["n_prompts"],
+        "by_task": {t: sum(p.task == t for p in prompts) for t in sorted({p.task for p in prompts})},
+        "n_train": len(train), "n_val": len(val),
+        "best_fixed_depth_by_score (train)": fixed_k, "best_fixed_depth_by_accuracy (train)": fixed_k_acc,
+        "headroom_val": point, "headroom_val_ci95": ci, "fixed_depths_val": fixed,
+        "probes": probes,
+        "spearman_level_vs_oracle_depth (arith, all complete)": {
+            "rho": float(rho.statistic), "p": float(rho.pvalue)},
+        "oracle_depth_histogram (all complete)": np.bincount(best_depth, minlength=k_max + 1).tolist(),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = directory.name
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_markdown(out / f"{name}.md", summary)
+    plot(out / f"{name}.png", summary, halves, fixed_k, lambdas)
+    print((out / f"{name}.md").read_text())
+
+
+def write_markdown(path: Path, s: dict) -> None:
+    h, ci = s["headroom_val"], s["headroom_val_ci95"]
+
+    def fmt(key: str, digits: int = 3) -> str:
+        lo, hi = ci.get(key, (float("nan"), float("nan")))
+        return f"{h[key]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+    lines = [f"# Headroom: form `{s['form']}`, {s['samples']} samples per (prompt, depth)", "",
+             f"Cache `{s['cache']}` (manifest {s['manifest']}): {s['prompts_complete']} of "
+             f"{s['prompts_in_manifest']} prompts complete ({s['by_task']}); held out "
+             f"{s['n_val']}, train {s['n_train']}. Depths 0..{s['k_max']} at offsets "
+             f"{[round(c, 3) for c in s['offsets']]}.", "",
+             "Held-out figures, 95% bootstrap CIs over prompts:", "",
+             "| | score | accuracy | tokens |", "|---|---|---|---|",
+             f"| best fixed depth (k={s['best_fixed_depth_by_score (train)']}, chosen on train) | "
+             f"{fmt('fixed_score')} | {fmt('fixed_accuracy')} | {fmt('fixed_tokens', 1)} |",
+             f"| per-prompt oracle, naive (same samples) | {fmt('oracle_naive_score')} | "
+             f"{fmt('oracle_naive_accuracy')} | {fmt('oracle_naive_tokens', 1)} |"]
+    if "oracle_cf_score" in h:
+        lines += [f"| per-prompt oracle, cross-fitted | {fmt('oracle_cf_score')} | "
+                  f"{fmt('oracle_cf_accuracy')} | {fmt('oracle_cf_gen_tokens', 1)} |", "",
+                  f"- gap in expected score (cross-fitted oracle - best fixed): {fmt('gap_score_cf')}",
+                  f"- gap in accuracy at equal tokens (cross-fitted): "
+                  f"{fmt('gap_accuracy_at_equal_tokens_cf')}"]
+    lines += [f"- gap in expected score (naive oracle - best fixed, an upper bound): "
+              f"{fmt('gap_score_naive')}", "", "Fixed depths, held out:", ""]
+    cols = [c for c in s["fixed_depths_val"][0] if c not in ("depth",)]
+    lines += ["| depth | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for row in s["fixed_depths_val"]:
+        lines.append(f"| {row['depth']} | " + " | ".join(
+            f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c]) for c in cols) + " |")
+    lines += ["", "Probes from z_0 (5-fold CV, logistic regression) against the majority class:", ""]
+    for name, p in s["probes"].items():
+        if "probe_accuracy" in p:
+            lines.append(f"- {name}: {p['probe_accuracy']:.3f} vs majority "
+                         f"{p['majority_accuracy']:.3f} (n={p['n']}, classes {p['classes']})")
+        else:
+            lines.append(f"- {name}: {p['note']} (n={p['n']})")
+    r = s["spearman_level_vs_oracle_depth (arith, all complete)"]
+    lines += [f"- Spearman(level, oracle depth), arith: rho={r['rho']:.3f} (p={r['p']:.3g})",
+              f"- oracle depth histogram: {s['oracle_depth_histogram (all complete)']}", ""]
+    path.write_text("\n".join(lines))
+
+
+def plot(path: Path, s: dict, halves, fixed_k: int, lambdas) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    rows = s["fixed_depths_val"]
+    ax.plot([r["gen_tokens"] for r in rows], [r["accuracy"] for r in rows], "o-", color="C0",
+            label="fixed depth (offset c_k)")
+    for r in rows:
+        ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
+                    textcoords="offset points", xytext=(3, 3))
+    if halves is not None:
+        a, b = halves
+        curve = (lagrangian_curve(a["accuracy"], a["gen_tokens"], b["accuracy"], b["gen_tokens"], lambdas)
+                 + lagrangian_curve(b["accuracy"], b["gen_tokens"], a["accuracy"], a["gen_tokens"], lambdas)) / 2
+        order = np.argsort(curve[:, 0])
+        ax.plot(curve[order, 0], curve[order, 1], "s--", ms=3, color="C3",
+                label="per-prompt oracle, cross-fitted (acc - lambda tokens)")
+    h = s["headroom_val"]
+    ax.plot([h["oracle_naive_tokens"]], [h["oracle_naive_accuracy"]], "^", color="C1",
+            label="per-prompt oracle by score, naive")
+    ax.set_xlabel("mean generated tokens")
+    ax.set_ylabel("expected accuracy (held-out prompts)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"Headroom, form {s['form']}: {s['n_val']} held-out prompts, "
+                 f"{s['samples']} samples", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("build", "analyse"):
+        s = sub.add_parser(name)
+        s.add_argument("--form", choices=sorted(FORMS), default="ours")
+        s.add_argument("--samples", type=int, default=4)
+        s.add_argument("--root", default="results/headroom", help="where the caches live")
+    b = sub.choices["build"]
+    b.add_argument("--max-tokens", type=int, default=256)
+    b.add_argument("--batch-size", type=int, default=128, help="rows per generation call")
+    b.add_argument("--threads", type=int, default=2)
+    a = sub.choices["analyse"]
+    a.add_argument("--out", default="docs/headroom", help="summary JSON, table and plot")
+    a.add_argument("--val-fraction", type=float, default=0.3)
+    a.add_argument("--bootstrap", type=int, default=2000)
+    args = p.parse_args(argv)
+    if args.samples < 1:
+        sys.exit("--samples must be >= 1")
+    build(args) if args.command == "build" else analyse(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,8 +1,9 @@
 """Is there headroom for an adaptive controller? Rollout caches with expected outcomes per depth,
 then the best fixed depth against the per-prompt oracle on held-out prompts, and a probe.
 
+    export LM_EVAL_PONDER_DATA=../shared/data   # the benchmark data (see its README)
     # 1. build (resumable: run it again after any interruption; finished prompts are kept)
-    python benchmarks/headroom.py build --form ours  --samples 4
+    python benchmarks/headroom.py build --form ours  --samples 4 --batch-size 256
     python benchmarks/headroom.py build --form ours  --samples 1      # the greedy outcomes
     python benchmarks/headroom.py build --form paper --samples 4
     # 2. analyse whatever prefix of prompts is complete (every depth, every sample)
@@ -106,22 +107,32 @@ def lagrangian_curve(acc_choose, tok_choose, acc_eval, tok_eval, lambdas):
 
 
 def accuracy_at_tokens(curve, tokens: float) -> float:
-    """Oracle accuracy at a token budget: the best curve point within the budget, linearly
-    interpolated between the two points around it (the curve is a convex-ish frontier)."""
+    """Oracle accuracy at a token budget: the curve's upper envelope linearly interpolated at
+    ``tokens``; nan below the curve's cheapest point (beyond a 2% tolerance)."""
     import numpy as np
 
     order = np.argsort(curve[:, 0])
     x, y = curve[order, 0], np.maximum.accumulate(curve[order, 1])
-    if tokens <= x[0]:
-        return float(y[0]) if np.isclose(tokens, x[0]) else float("nan")
+    if tokens < x[0]:
+        return float(y[0]) if tokens >= 0.98 * x[0] else float("nan")
     return float(np.interp(tokens, x, y))
 
 
-def headroom_figures(val_mats, halves, fixed_k, lambdas, idx=None) -> dict:
-    """Best fixed depth against the per-prompt oracle, on (a resample ``idx`` of) held-out
-    prompts. ``halves`` are the two disjoint sample sets' matrices for the cross-fitted oracle:
-    choose the depth on one half, score it on the other, average both directions, so the oracle
-    is not rewarded for picking the luckiest of noisy estimates."""
+def crossfit_curve(halves, idx, lambdas):
+    """The cross-fitted oracle's accuracy-tokens curve: for each lambda, depths chosen on one
+    half of the samples and scored on the other, both directions averaged."""
+    a, b = ({k: v[idx] for k, v in h.items()} for h in halves)
+    return (lagrangian_curve(a["accuracy"], a["gen_tokens"], b["accuracy"], b["gen_tokens"], lambdas)
+            + lagrangian_curve(b["accuracy"], b["gen_tokens"], a["accuracy"], a["gen_tokens"],
+                               lambdas)) / 2
+
+
+def headroom_figures(val_mats, halves, fixed: dict[str, int], lambdas, idx=None) -> dict:
+    """Best fixed depths against the per-prompt oracle, on (a resample ``idx`` of) held-out
+    prompts. ``fixed``: name -> the fixed depth chosen on training prompts. ``halves`` are two
+    disjoint sample sets' matrices for the cross-fitted oracle: choose the depth on one half,
+    score it on the other, average both directions, so the oracle is not credited for picking
+    the luckiest of noisy estimates (the naive oracle is, and is an upper bound)."""
     import numpy as np
 
     if idx is None:
@@ -129,14 +140,15 @@ def headroom_figures(val_mats, halves, fixed_k, lambdas, idx=None) -> dict:
     m = {k: v[idx] for k, v in val_mats.items()}
     rows = np.arange(len(idx))
     naive = oracle_choice(m["score"], m["gen_tokens"])
-    out = {
-        "fixed_score": float(m["score"][:, fixed_k].mean()),
-        "fixed_accuracy": float(m["accuracy"][:, fixed_k].mean()),
-        "fixed_tokens": float(m["gen_tokens"][:, fixed_k].mean()),
-        "oracle_naive_score": float(m["score"][rows, naive].mean()),
-        "oracle_naive_accuracy": float(m["accuracy"][rows, naive].mean()),
-        "oracle_naive_tokens": float(m["gen_tokens"][rows, naive].mean()),
-    }
+    out = {"oracle_naive_score": float(m["score"][rows, naive].mean()),
+           "oracle_naive_accuracy": float(m["accuracy"][rows, naive].mean()),
+           "oracle_naive_tokens": float(m["gen_tokens"][rows, naive].mean())}
+    for name, k in fixed.items():
+        out[f"{name}_score"] = float(m["score"][:, k].mean())
+        out[f"{name}_accuracy"] = float(m["accuracy"][:, k].mean())
+        out[f"{name}_tokens"] = float(m["gen_tokens"][:, k].mean())
+    main = next(iter(fixed))
+    out["gap_score_naive"] = out["oracle_naive_score"] - out[f"{main}_score"]
     if halves is not None:
         a, b = ({k: v[idx] for k, v in h.items()} for h in halves)
         cf = {"score": [], "accuracy": [], "gen_tokens": []}
@@ -145,15 +157,12 @@ def headroom_figures(val_mats, halves, fixed_k, lambdas, idx=None) -> dict:
             for k in cf:
                 cf[k].append(ev[k][rows, pick].mean())
         out.update({f"oracle_cf_{k}": float(np.mean(v)) for k, v in cf.items()})
-        curves = [lagrangian_curve(c["accuracy"], c["gen_tokens"], e["accuracy"],
-                                   e["gen_tokens"], lambdas) for c, e in ((a, b), (b, a))]
-        at = np.nanmean([accuracy_at_tokens(c, out["fixed_tokens"]) for c in curves])
-        out["oracle_cf_accuracy_at_fixed_tokens"] = float(at)
-    out["gap_score_naive"] = out["oracle_naive_score"] - out["fixed_score"]
-    if halves is not None:
-        out["gap_score_cf"] = out["oracle_cf_score"] - out["fixed_score"]
-        out["gap_accuracy_at_equal_tokens_cf"] = (out["oracle_cf_accuracy_at_fixed_tokens"]
-                                                  - out["fixed_accuracy"])
+        out["gap_score_cf"] = out["oracle_cf_score"] - out[f"{main}_score"]
+        curve = crossfit_curve(halves, idx, lambdas)
+        for name in fixed:
+            at = accuracy_at_tokens(curve, out[f"{name}_tokens"])
+            out[f"oracle_cf_accuracy_at_{name}_tokens"] = at
+            out[f"gap_accuracy_at_{name}_tokens_cf"] = at - out[f"{name}_accuracy"]
     return out
 
 
@@ -221,22 +230,22 @@ def analyse(args) -> None:
     offsets = cache.manifest["identity"]["offsets"]
     mats_train = outcome_matrices(env, train)
     mats_val = outcome_matrices(env, val)
-    fixed_k = int(mats_train["score"].mean(axis=0).argmax())
-    fixed_k_acc = int(mats_train["accuracy"].mean(axis=0).argmax())
+    fixed = {"fixed": int(mats_train["score"].mean(axis=0).argmax()),
+             "fixed_acc": int(mats_train["accuracy"].mean(axis=0).argmax())}
     halves = None
     if args.samples >= 2:
         h = args.samples // 2
         halves = (outcome_matrices(env, val, list(range(h))),
                   outcome_matrices(env, val, list(range(h, 2 * h))))
-    lambdas = np.concatenate([[0.0], np.geomspace(1e-5, 1e-1, 40)])
-    point = headroom_figures(mats_val, halves, fixed_k, lambdas)
-    ci = bootstrap(lambda idx: headroom_figures(mats_val, halves, fixed_k, lambdas, idx),
+    lambdas = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, 61)])
+    point = headroom_figures(mats_val, halves, fixed, lambdas)
+    ci = bootstrap(lambda idx: headroom_figures(mats_val, halves, fixed, lambdas, idx),
                    len(val), args.bootstrap)
 
     # the fixed-depth curve and the per-level view, on held-out prompts
     levels = np.array([p.level if p.level is not None else 0 for p in (prompts[i] for i in val)])
     tasks = np.array([p.task for p in (prompts[i] for i in val)])
-    fixed = []
+    per_depth = []
     for k in range(k_max + 1):
         row = {"depth": k, "offset": offsets[k],
                **{name: float(mats_val[name][:, k].mean())
@@ -246,7 +255,7 @@ def analyse(args) -> None:
         for lvl in sorted(set(levels[tasks == "arith_ponder"])):
             sel = (tasks == "arith_ponder") & (levels == lvl)
             row[f"accuracy_L{lvl}"] = float(mats_val["accuracy"][sel, k].mean())
-        fixed.append(row)
+        per_depth.append(row)
 
     # does z_0 carry difficulty? all complete prompts (the probe is cross-validated itself)
     all_ids = list(range(len(prompts)))
@@ -266,8 +275,9 @@ def analyse(args) -> None:
         "prompts_complete": len(prompts), "prompts_in_manifest": cache.manifest["n_prompts"],
         "by_task": {t: sum(p.task == t for p in prompts) for t in sorted({p.task for p in prompts})},
         "n_train": len(train), "n_val": len(val),
-        "best_fixed_depth_by_score (train)": fixed_k, "best_fixed_depth_by_accuracy (train)": fixed_k_acc,
-        "headroom_val": point, "headroom_val_ci95": ci, "fixed_depths_val": fixed,
+        "best_fixed_depth_by_score (train)": fixed["fixed"],
+        "best_fixed_depth_by_accuracy (train)": fixed["fixed_acc"],
+        "headroom_val": point, "headroom_val_ci95": ci, "fixed_depths_val": per_depth,
         "probes": probes,
         "spearman_level_vs_oracle_depth (arith, all complete)": {
             "rho": float(rho.statistic), "p": float(rho.pvalue)},
@@ -278,7 +288,7 @@ def analyse(args) -> None:
     name = directory.name
     (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_markdown(out / f"{name}.md", summary)
-    plot(out / f"{name}.png", summary, halves, fixed_k, lambdas)
+    plot(out / f"{name}.png", summary, halves, lambdas)
     print((out / f"{name}.md").read_text())
 
 
@@ -286,6 +296,8 @@ def write_markdown(path: Path, s: dict) -> None:
     h, ci = s["headroom_val"], s["headroom_val_ci95"]
 
     def fmt(key: str, digits: int = 3) -> str:
+        if h[key] != h[key]:
+            return "n/a (the oracle curve does not reach that few tokens)"
         lo, hi = ci.get(key, (float("nan"), float("nan")))
         return f"{h[key]:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
@@ -296,16 +308,22 @@ def write_markdown(path: Path, s: dict) -> None:
              f"{[round(c, 3) for c in s['offsets']]}.", "",
              "Held-out figures, 95% bootstrap CIs over prompts:", "",
              "| | score | accuracy | tokens |", "|---|---|---|---|",
-             f"| best fixed depth (k={s['best_fixed_depth_by_score (train)']}, chosen on train) | "
-             f"{fmt('fixed_score')} | {fmt('fixed_accuracy')} | {fmt('fixed_tokens', 1)} |",
+             f"| best fixed depth by score (k={s['best_fixed_depth_by_score (train)']}, chosen "
+             f"on train) | {fmt('fixed_score')} | {fmt('fixed_accuracy')} | "
+             f"{fmt('fixed_tokens', 1)} |",
+             f"| best fixed depth by accuracy (k={s['best_fixed_depth_by_accuracy (train)']}) | "
+             f"{fmt('fixed_acc_score')} | {fmt('fixed_acc_accuracy')} | "
+             f"{fmt('fixed_acc_tokens', 1)} |",
              f"| per-prompt oracle, naive (same samples) | {fmt('oracle_naive_score')} | "
              f"{fmt('oracle_naive_accuracy')} | {fmt('oracle_naive_tokens', 1)} |"]
     if "oracle_cf_score" in h:
-        lines += [f"| per-prompt oracle, cross-fitted | {fmt('oracle_cf_score')} | "
+        lines += [f"| per-prompt oracle by score, cross-fitted | {fmt('oracle_cf_score')} | "
                   f"{fmt('oracle_cf_accuracy')} | {fmt('oracle_cf_gen_tokens', 1)} |", "",
                   f"- gap in expected score (cross-fitted oracle - best fixed): {fmt('gap_score_cf')}",
-                  f"- gap in accuracy at equal tokens (cross-fitted): "
-                  f"{fmt('gap_accuracy_at_equal_tokens_cf')}"]
+                  f"- gap in accuracy at the best-score fixed depth's tokens (cross-fitted "
+                  f"oracle curve): {fmt('gap_accuracy_at_fixed_tokens_cf')}",
+                  f"- gap in accuracy at the best-accuracy fixed depth's tokens: "
+                  f"{fmt('gap_accuracy_at_fixed_acc_tokens_cf')}"]
     lines += [f"- gap in expected score (naive oracle - best fixed, an upper bound): "
               f"{fmt('gap_score_naive')}", "", "Fixed depths, held out:", ""]
     cols = [c for c in s["fixed_depths_val"][0] if c not in ("depth",)]
@@ -326,7 +344,7 @@ def write_markdown(path: Path, s: dict) -> None:
     path.write_text("\n".join(lines))
 
 
-def plot(path: Path, s: dict, halves, fixed_k: int, lambdas) -> None:
+def plot(path: Path, s: dict, halves, lambdas) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -341,9 +359,7 @@ def plot(path: Path, s: dict, halves, fixed_k: int, lambdas) -> None:
         ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
                     textcoords="offset points", xytext=(3, 3))
     if halves is not None:
-        a, b = halves
-        curve = (lagrangian_curve(a["accuracy"], a["gen_tokens"], b["accuracy"], b["gen_tokens"], lambdas)
-                 + lagrangian_curve(b["accuracy"], b["gen_tokens"], a["accuracy"], a["gen_tokens"], lambdas)) / 2
+        curve = crossfit_curve(halves, np.arange(s["n_val"]), lambdas)
         order = np.argsort(curve[:, 0])
         ax.plot(curve[order, 0], curve[order, 1], "s--", ms=3, color="C3",
                 label="per-prompt oracle, cross-fitted (acc - lambda tokens)")

@@ -22,6 +22,7 @@ defaults); ``paper`` starts unsteered (alpha_start=0), as FR-Ponder's appendix d
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -127,9 +128,10 @@ def crossfit_curve(halves, idx, lambdas):
                                lambdas)) / 2
 
 
-def headroom_figures(val_mats, halves, fixed: dict[str, int], lambdas, idx=None) -> dict:
+def headroom_figures(val_mats, halves, fixed: dict, lambdas, idx=None) -> dict:
     """Best fixed depths against the per-prompt oracle, on (a resample ``idx`` of) held-out
-    prompts. ``fixed``: name -> the fixed depth chosen on training prompts. ``halves`` are two
+    prompts. ``fixed``: name -> each prompt's fixed depth, chosen on the other folds' prompts
+    (one depth for all prompts of a fold). ``halves`` are two
     disjoint sample sets' matrices for the cross-fitted oracle: choose the depth on one half,
     score it on the other, average both directions, so the oracle is not credited for picking
     the luckiest of noisy estimates (the naive oracle is, and is an upper bound)."""
@@ -143,12 +145,15 @@ def headroom_figures(val_mats, halves, fixed: dict[str, int], lambdas, idx=None)
     out = {"oracle_naive_score": float(m["score"][rows, naive].mean()),
            "oracle_naive_accuracy": float(m["accuracy"][rows, naive].mean()),
            "oracle_naive_tokens": float(m["gen_tokens"][rows, naive].mean())}
-    for name, k in fixed.items():
-        out[f"{name}_score"] = float(m["score"][:, k].mean())
-        out[f"{name}_accuracy"] = float(m["accuracy"][:, k].mean())
-        out[f"{name}_tokens"] = float(m["gen_tokens"][:, k].mean())
+    for name, depths in fixed.items():
+        k = depths[idx]
+        out[f"{name}_score"] = float(m["score"][rows, k].mean())
+        out[f"{name}_accuracy"] = float(m["accuracy"][rows, k].mean())
+        out[f"{name}_tokens"] = float(m["gen_tokens"][rows, k].mean())
     main = next(iter(fixed))
     out["gap_score_naive"] = out["oracle_naive_score"] - out[f"{main}_score"]
+    if "by_level" in fixed:
+        out["gap_score_by_level"] = out["by_level_score"] - out[f"{main}_score"]
     if halves is not None:
         a, b = ({k: v[idx] for k, v in h.items()} for h in halves)
         cf = {"score": [], "accuracy": [], "gen_tokens": []}
@@ -212,7 +217,7 @@ def analyse(args) -> None:
     from scipy.stats import spearmanr
 
     from lm_eval_ponder.pondering.controller import PonderController
-    from lm_eval_ponder.training.environment import CachedEnvironment, split_prompts
+    from lm_eval_ponder.training.environment import CachedEnvironment
     from lm_eval_ponder.training.rewards import RewardConfig
     from lm_eval_ponder.training.rollouts import RolloutCache
 
@@ -224,14 +229,33 @@ def analyse(args) -> None:
     env = CachedEnvironment(cache, k_max, args.samples, flops_ctrl, RewardConfig(),
                             torch.Generator().manual_seed(0), complete_only=True)
     prompts = env.prompts
-    train, val = split_prompts([p.key for p in prompts], args.val_fraction)
-    if len(val) < 10:
-        sys.exit(f"only {len(val)} held-out prompts are complete; build further first")
+    if len(prompts) < 20:
+        sys.exit(f"only {len(prompts)} prompts are complete; build further first")
     offsets = cache.manifest["identity"]["offsets"]
-    mats_train = outcome_matrices(env, train)
+    val = list(range(len(prompts)))  # every prompt is held out from its own fixed-depth choice
     mats_val = outcome_matrices(env, val)
-    fixed = {"fixed": int(mats_train["score"].mean(axis=0).argmax()),
-             "fixed_acc": int(mats_train["accuracy"].mean(axis=0).argmax())}
+    folds = np.array([int(hashlib.sha256(p.key.encode()).hexdigest()[:8], 16) % args.folds
+                      for p in prompts])
+    fixed = {"fixed": np.zeros(len(val), dtype=int), "fixed_acc": np.zeros(len(val), dtype=int)}
+    chosen: dict[str, list[int]] = {"fixed": [], "fixed_acc": []}
+    # what a controller that knew each prompt's difficulty could do: one depth per task and
+    # level, chosen by score on the other folds (GSM8K has no level: one group)
+    groups = np.array([f"{p.task}:{p.level}" for p in prompts])
+    fixed["by_level"] = np.zeros(len(val), dtype=int)
+    chosen["by_level"] = []
+    for f in range(args.folds):
+        train = folds != f
+        for name, key in (("fixed", "score"), ("fixed_acc", "accuracy")):
+            k = int(mats_val[key][train].mean(axis=0).argmax())
+            fixed[name][folds == f] = k
+            chosen[name].append(k)
+        picks = {}
+        for g in sorted(set(groups)):
+            sel = train & (groups == g)
+            source = sel if sel.any() else train
+            picks[str(g).replace("_ponder", "")] = int(mats_val["score"][source].mean(axis=0).argmax())
+            fixed["by_level"][(folds == f) & (groups == g)] = picks[str(g).replace("_ponder", "")]
+        chosen["by_level"].append(picks)
     halves = None
     if args.samples >= 2:
         h = args.samples // 2
@@ -242,7 +266,7 @@ def analyse(args) -> None:
     ci = bootstrap(lambda idx: headroom_figures(mats_val, halves, fixed, lambdas, idx),
                    len(val), args.bootstrap)
 
-    # the fixed-depth curve and the per-level view, on held-out prompts
+    # the fixed-depth curve and the per-level view
     levels = np.array([p.level if p.level is not None else 0 for p in (prompts[i] for i in val)])
     tasks = np.array([p.task for p in (prompts[i] for i in val)])
     per_depth = []
@@ -274,9 +298,10 @@ def analyse(args) -> None:
         "manifest": cache.manifest["fingerprint"], "k_max": k_max, "offsets": offsets,
         "prompts_complete": len(prompts), "prompts_in_manifest": cache.manifest["n_prompts"],
         "by_task": {t: sum(p.task == t for p in prompts) for t in sorted({p.task for p in prompts})},
-        "n_train": len(train), "n_val": len(val),
-        "best_fixed_depth_by_score (train)": fixed["fixed"],
-        "best_fixed_depth_by_accuracy (train)": fixed["fixed_acc"],
+        "n_val": len(val), "folds": args.folds,
+        "best_fixed_depth_by_score (per fold)": chosen["fixed"],
+        "best_fixed_depth_by_accuracy (per fold)": chosen["fixed_acc"],
+        "depth_by_level (per fold)": chosen["by_level"],
         "headroom_val": point, "headroom_val_ci95": ci, "fixed_depths_val": per_depth,
         "probes": probes,
         "spearman_level_vs_oracle_depth (arith, all complete)": {
@@ -303,17 +328,21 @@ def write_markdown(path: Path, s: dict) -> None:
 
     lines = [f"# Headroom: form `{s['form']}`, {s['samples']} samples per (prompt, depth)", "",
              f"Cache `{s['cache']}` (manifest {s['manifest']}): {s['prompts_complete']} of "
-             f"{s['prompts_in_manifest']} prompts complete ({s['by_task']}); held out "
-             f"{s['n_val']}, train {s['n_train']}. Depths 0..{s['k_max']} at offsets "
+             f"{s['prompts_in_manifest']} prompts complete ({s['by_task']}), every one held "
+             f"out: the fixed depth of each of {s['folds']} folds (by key hash) is chosen on the "
+             f"other folds. Depths 0..{s['k_max']} at offsets "
              f"{[round(c, 3) for c in s['offsets']]}.", "",
              "Held-out figures, 95% bootstrap CIs over prompts:", "",
              "| | score | accuracy | tokens |", "|---|---|---|---|",
-             f"| best fixed depth by score (k={s['best_fixed_depth_by_score (train)']}, chosen "
-             f"on train) | {fmt('fixed_score')} | {fmt('fixed_accuracy')} | "
+             f"| best fixed depth by score (k per fold: {s['best_fixed_depth_by_score (per fold)']}) "
+             f"| {fmt('fixed_score')} | {fmt('fixed_accuracy')} | "
              f"{fmt('fixed_tokens', 1)} |",
-             f"| best fixed depth by accuracy (k={s['best_fixed_depth_by_accuracy (train)']}) | "
+             f"| best fixed depth by accuracy (k per fold: "
+             f"{s['best_fixed_depth_by_accuracy (per fold)']}) | "
              f"{fmt('fixed_acc_score')} | {fmt('fixed_acc_accuracy')} | "
              f"{fmt('fixed_acc_tokens', 1)} |",
+             f"| one depth per level, chosen by score on the other folds | "
+             f"{fmt('by_level_score')} | {fmt('by_level_accuracy')} | {fmt('by_level_tokens', 1)} |",
              f"| per-prompt oracle, naive (same samples) | {fmt('oracle_naive_score')} | "
              f"{fmt('oracle_naive_accuracy')} | {fmt('oracle_naive_tokens', 1)} |"]
     if "oracle_cf_score" in h:
@@ -325,7 +354,11 @@ def write_markdown(path: Path, s: dict) -> None:
                   f"- gap in accuracy at the best-accuracy fixed depth's tokens: "
                   f"{fmt('gap_accuracy_at_fixed_acc_tokens_cf')}"]
     lines += [f"- gap in expected score (naive oracle - best fixed, an upper bound): "
-              f"{fmt('gap_score_naive')}", "", "Fixed depths, held out:", ""]
+              f"{fmt('gap_score_naive')}",
+              f"- gap in expected score (one depth per level - best fixed): "
+              f"{fmt('gap_score_by_level')}; depths per level by fold: " + "; ".join(
+                  " ".join(f"{g}={k}" for g, k in fold.items())
+                  for fold in s["depth_by_level (per fold)"]), "", "Fixed depths, all complete prompts:", ""]
     cols = [c for c in s["fixed_depths_val"][0] if c not in ("depth",)]
     lines += ["| depth | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for row in s["fixed_depths_val"]:
@@ -365,11 +398,13 @@ def plot(path: Path, s: dict, halves, lambdas) -> None:
                 label="per-prompt oracle, cross-fitted (acc - lambda tokens)")
     h = s["headroom_val"]
     ax.plot([h["oracle_naive_tokens"]], [h["oracle_naive_accuracy"]], "^", color="C1",
-            label="per-prompt oracle by score, naive")
+            label="per-prompt oracle by score, naive (upper bound)")
+    ax.plot([h["by_level_tokens"]], [h["by_level_accuracy"]], "D", color="C2",
+            label="one depth per level (chosen on other folds)")
     ax.set_xlabel("mean generated tokens")
-    ax.set_ylabel("expected accuracy (held-out prompts)")
+    ax.set_ylabel("expected accuracy")
     ax.set_ylim(0, 1)
-    ax.set_title(f"Headroom, form {s['form']}: {s['n_val']} held-out prompts, "
+    ax.set_title(f"Headroom, form {s['form']}: {s['n_val']} prompts (cross-fitted), "
                  f"{s['samples']} samples", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -391,7 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--threads", type=int, default=2)
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/headroom", help="summary JSON, table and plot")
-    a.add_argument("--val-fraction", type=float, default=0.3)
+    a.add_argument("--folds", type=int, default=5, help="cross-fitting folds of prompts")
     a.add_argument("--bootstrap", type=int, default=2000)
     args = p.parse_args(argv)
     if args.samples < 1:

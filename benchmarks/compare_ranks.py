@@ -19,9 +19,10 @@ differ on a few near-tie tokens (the printout says which).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+from lm_eval_ponder.reporting.report import read_samples
 
 FIELDS = ("filtered_resps", "exact_match", "gen_tokens", "flops", "ponder_steps")
 
@@ -33,10 +34,7 @@ def load(root: Path) -> dict[tuple[str, int], dict]:
         sys.exit(f"no samples_*.jsonl under {root} (was the run made with --log_samples?)")
     for path in files:
         task = path.name[len("samples_"):].rsplit("_", 1)[0]
-        with path.open() as f:
-            for line in f:
-                s = json.loads(line)
-                out[(task, int(s["doc_id"]))] = s
+        out.update({(task, int(s["doc_id"])): s for s in read_samples(path)})
     return out
 
 

@@ -252,9 +252,9 @@ def analyse(args) -> None:
         picks = {}
         for g in sorted(set(groups)):
             sel = train & (groups == g)
-            source = sel if sel.any() else train
-            picks[str(g).replace("_ponder", "")] = int(mats_val["score"][source].mean(axis=0).argmax())
-            fixed["by_level"][(folds == f) & (groups == g)] = picks[str(g).replace("_ponder", "")]
+            k = int(mats_val["score"][sel if sel.any() else train].mean(axis=0).argmax())
+            fixed["by_level"][(folds == f) & (groups == g)] = k
+            picks[str(g).replace("_ponder", "")] = k
         chosen["by_level"].append(picks)
     halves = None
     if args.samples >= 2:
@@ -267,8 +267,8 @@ def analyse(args) -> None:
                    len(val), args.bootstrap)
 
     # the fixed-depth curve and the per-level view
-    levels = np.array([p.level if p.level is not None else 0 for p in (prompts[i] for i in val)])
-    tasks = np.array([p.task for p in (prompts[i] for i in val)])
+    levels = np.array([p.level if p.level is not None else 0 for p in prompts])
+    tasks = np.array([p.task for p in prompts])
     per_depth = []
     for k in range(k_max + 1):
         row = {"depth": k, "offset": offsets[k],
@@ -282,15 +282,13 @@ def analyse(args) -> None:
         per_depth.append(row)
 
     # does z_0 carry difficulty? all complete prompts (the probe is cross-validated itself)
-    all_ids = list(range(len(prompts)))
-    mats_all = outcome_matrices(env, all_ids)
-    arith = [i for i in all_ids if prompts[i].task == "arith_ponder"]
+    arith = [i for i in val if prompts[i].task == "arith_ponder"]
     z = env.z0.float().numpy()
-    best_depth = oracle_choice(mats_all["score"], mats_all["gen_tokens"])
+    best_depth = oracle_choice(mats_val["score"], mats_val["gen_tokens"])
     probes = {
         "level_from_z0 (arith)": probe(z[arith], [prompts[i].level for i in arith]),
         "best_depth_from_z0": probe(z, best_depth),
-        "any_depth_correct_from_z0": probe(z, (mats_all["accuracy"].max(axis=1) > 0).astype(int)),
+        "any_depth_correct_from_z0": probe(z, (mats_val["accuracy"].max(axis=1) > 0).astype(int)),
     }
     rho = spearmanr([prompts[i].level for i in arith], best_depth[arith])
     summary = {

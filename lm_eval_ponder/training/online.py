@@ -109,9 +109,8 @@ class OnlineEnvironment(RewardBook):
         if not ids:
             return {}
         recs = []
-        per_call = max(1, int(getattr(self.lm, "max_rows", len(ids))))
-        for start in range(0, len(ids), per_call):
-            chunk = ids[start : start + per_call]
+        for start in range(0, len(ids), self.lm.max_rows):
+            chunk = ids[start : start + self.lm.max_rows]
             policy = TokenPolicy(trainer, torch.zeros(len(chunk), dtype=torch.bool),
                                  torch.zeros(len(chunk), dtype=torch.long), greedy=True)
             recs += self.rollout(chunk, 1, policy)[0]

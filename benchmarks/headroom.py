@@ -410,14 +410,18 @@ def plot(path: Path, s: dict, halves, lambdas) -> None:
     plt.close(fig)
 
 
+def cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which cache: form, samples per (prompt, depth), root folder (shared with adaptation.py)."""
+    parser.add_argument("--form", choices=sorted(FORMS), default="ours")
+    parser.add_argument("--samples", type=int, default=4)
+    parser.add_argument("--root", default="results/headroom", help="where the caches live")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("build", "analyse"):
-        s = sub.add_parser(name)
-        s.add_argument("--form", choices=sorted(FORMS), default="ours")
-        s.add_argument("--samples", type=int, default=4)
-        s.add_argument("--root", default="results/headroom", help="where the caches live")
+        cache_arguments(sub.add_parser(name))
     b = sub.choices["build"]
     b.add_argument("--max-tokens", type=int, default=256)
     b.add_argument("--batch-size", type=int, default=128, help="rows per generation call")

@@ -235,6 +235,10 @@ class StepResult:
     updated: bool
     diversity: float
     mean_depth: torch.Tensor | None = None  # token level: each trajectory's mean depth [P, G]
+    # collapse diagnostics (prompt level, stages 2-3): mean |A| over kept trajectories and
+    # mean policy entropy of the trajectories; nan where not computed
+    advantage_abs: float = float("nan")
+    entropy: float = float("nan")
 
 
 class GRPOTrainer:
@@ -315,18 +319,23 @@ class GRPOTrainer:
         outcome = reward_fn(prompt_ids.repeat_interleave(G), depths)
         rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
         log_probs = trajectory_log_prob(flat, depths, temp)
+        adv_abs = ent = float("nan")
         if curriculum_stage(t, cfg.t1, cfg.t2) == 1:
             loss = imitation_loss(log_probs) if cfg.stage1 == "imitation" else None
         else:
             adv = group_advantages(rewards, keep, cfg.scale_rewards).view(-1)
             entropy = trajectory_entropy(flat, depths, temp)
             loss = grpo_loss(log_probs, adv, entropy, keep.view(-1), cfg.entropy_beta)
+            kept = keep.view(-1)
+            adv_abs = float(adv[kept].abs().mean()) if kept.any() else 0.0
+            ent = float(entropy.detach().mean())
         updated = loss is not None
         if updated:
             self.update(loss.backward, gradient_hook)
         self.check_diversity(diversity)
         return StepResult(depths.view(P, G), teacher.view(P, G), outcome, keep,
-                          float(loss.detach()) if updated else float("nan"), updated, diversity)
+                          float(loss.detach()) if updated else float("nan"), updated, diversity,
+                          advantage_abs=adv_abs, entropy=ent)
 
 
 # ----------------------------------------------------------------------------- token level

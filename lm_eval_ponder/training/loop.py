@@ -28,7 +28,7 @@ import torch
 
 from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
-from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key
+from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key, split_prompts
 from lm_eval_ponder.training.online import OnlineEnvironment
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.training.grpo import GRPOTrainer, curriculum_probability, curriculum_stage
@@ -80,10 +80,17 @@ def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, ste
         "weights": dict(weights),
         "balance_ratio": ratio, "balance_ok": 0.1 <= ratio <= 1.0,
         "gate_pass": float(cat["keep"].float().mean()),
-        "loss": float(torch.nanmean(cat["loss"])) if torch.isfinite(cat["loss"]).any() else None,
+        "loss": nan_mean(cat["loss"]),
         "min_diversity": float(cat["diversity"].min()),
+        # collapse diagnostics: GRPO's signal (mean |advantage|) and the policy's entropy
+        "advantage_abs": nan_mean(cat["advantage_abs"]), "entropy": nan_mean(cat["entropy"]),
         "reinitialisations": reinitialisations,
     }
+
+
+def nan_mean(values: torch.Tensor) -> float | None:
+    """Mean of the finite entries (None if there are none: e.g. stage 1 has no advantages)."""
+    return float(torch.nanmean(values)) if torch.isfinite(values).any() else None
 
 
 def window_entry(outcome: dict[str, torch.Tensor], res, dist: "Distributed") -> dict:
@@ -93,7 +100,9 @@ def window_entry(outcome: dict[str, torch.Tensor], res, dist: "Distributed") -> 
     entry.update({"depths": dist.gather(res.depths.reshape(-1)),
                   "teacher": dist.gather(res.teacher.reshape(-1)),
                   "keep": dist.gather(res.keep.reshape(-1)),
-                  "loss": torch.tensor([res.loss]), "diversity": torch.tensor([res.diversity])})
+                  "loss": torch.tensor([res.loss]), "diversity": torch.tensor([res.diversity]),
+                  "advantage_abs": torch.tensor([res.advantage_abs]),
+                  "entropy": torch.tensor([res.entropy])})
     if res.mean_depth is not None:
         entry["depth_mean"] = dist.gather(res.mean_depth.reshape(-1))
     return entry
@@ -214,29 +223,16 @@ def build_environment(cfg: TrainConfig, lm, controller: PonderController, offset
     return env
 
 
-def run(cfg: TrainConfig) -> Path:
-    dist = Distributed()
-    out = Path(cfg.output)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
-    offsets = cumulative_offsets(cfg.ponder)
-    lm = load_backbone(cfg, offsets.tolist())
-    identity = identity_of(lm)
-    torch.manual_seed(cfg.seed)
-    controller = PonderController(identity["hidden_size"], cfg.controller_hidden,
-                                  cfg.controller_temperature)
-    env = build_environment(cfg, lm, controller, offsets.tolist(), out, dist)
-    if cfg.ponder.granularity != "token":
-        del lm  # GRPO on lookups needs no backbone
-    from lm_eval_ponder.steering.vector import load_vector
-
-    vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
-    trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
-                          cfg.ponder.tau, cfg.grpo, cfg.seed)
+def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
+             train_ids: list[int], val_ids: list[int], out: Path,
+             dist: Distributed) -> tuple[int, float]:
+    """GRPO on ``train_ids`` for ``cfg.grpo.max_steps`` steps, resuming from ``out``'s
+    checkpoint; every ``logging_steps`` a log line with figures on ``val_ids`` (the selection
+    key). Leaves the selected weights (``cfg.select``) in ``trainer.controller`` and returns
+    (selected step, training wall seconds). Separate from ``run`` so that experiments can train
+    on their own prompt splits (``benchmarks/adaptation.py`` cross-fits) with the same loop."""
+    controller = trainer.controller
     generators = {"grpo": trainer.generator, **env.generators()}
-    from lm_eval_ponder.training.environment import split_prompts
-
-    train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
     P = dist.check_batch(cfg.grpo.prompts_per_step)
 
     run_config = config_dict(cfg)
@@ -284,11 +280,36 @@ def run(cfg: TrainConfig) -> Path:
         bar.set_postfix(acc=round(summary["accuracy"], 3), depth=round(summary["depth_mean"], 2))
     train_wall = time.time() - t_train
     dist.assert_same(controller)
+    chosen = cfg.grpo.max_steps
+    if cfg.select == "best" and best is not None:
+        controller.load_state_dict(best)
+        chosen = best_step
+    return chosen, train_wall
+
+
+def run(cfg: TrainConfig) -> Path:
+    dist = Distributed()
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    offsets = cumulative_offsets(cfg.ponder)
+    lm = load_backbone(cfg, offsets.tolist())
+    identity = identity_of(lm)
+    torch.manual_seed(cfg.seed)
+    controller = PonderController(identity["hidden_size"], cfg.controller_hidden,
+                                  cfg.controller_temperature)
+    env = build_environment(cfg, lm, controller, offsets.tolist(), out, dist)
+    if cfg.ponder.granularity != "token":
+        del lm  # GRPO on lookups needs no backbone
+    from lm_eval_ponder.steering.vector import load_vector
+
+    vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
+    trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
+                          cfg.ponder.tau, cfg.grpo, cfg.seed)
+    train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
+    chosen, train_wall = optimise(cfg, trainer, env, train_ids, val_ids, out, dist)
     if dist.rank == 0:
-        chosen = cfg.grpo.max_steps
-        if cfg.select == "best" and best is not None:
-            controller.load_state_dict(best)
-            chosen = best_step
+        run_config = config_dict(cfg)
         figures = env.final_figures(trainer, train_ids, val_ids)
         data, cost = env.data_and_cost(cfg, len(train_ids), len(val_ids))
         extra = {"backbone": identity, "ponder": run_config["ponder"], "layer": identity["layer"],

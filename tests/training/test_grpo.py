@@ -35,6 +35,28 @@ def test_group_advantages():
     assert torch.allclose(scaled, torch.tensor([[1.0, -1.0]]) / math.sqrt(2), atol=1e-6)
 
 
+def test_step_reports_collapse_diagnostics():
+    """Stages 2-3 report mean |advantage| over kept trajectories and the policy entropy (what a
+    collapse shows in the log); stage 1 has no advantages, so both are nan."""
+    D = 8
+    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+                          GRPOConfig(prompts_per_step=2, num_generations=4, t1=1, t2=1,
+                                     quality_gates=False), seed=0)
+    seen = {}
+
+    def reward_fn(ids, depths):
+        seen["reward"] = depths.float()  # reward = depth: advantages are depth - group mean
+        return {"reward": depths.float(), "flops": 1.0 + depths.float()}
+
+    z = torch.randn(2, D)
+    first = trainer.step(0, torch.tensor([0, 1]), z, reward_fn)
+    assert math.isnan(first.advantage_abs) and math.isnan(first.entropy)
+    res = trainer.step(5, torch.tensor([0, 1]), z, reward_fn)
+    r = seen["reward"].view(2, 4)
+    assert res.advantage_abs == pytest.approx(float((r - r.mean(1, keepdim=True)).abs().mean()))
+    assert res.entropy > 0
+
+
 def test_trajectory_log_prob_by_hand():
     logits = torch.tensor([[0.0, 1.0, -1.0]])  # K = 2
     p = torch.sigmoid(logits[0])

@@ -49,7 +49,8 @@ def test_outputs_config_log_and_card(run_a):
     logs = [x for x in lines if "alert" not in x]
     assert [x["step"] for x in logs] == [10, 20, 30]
     for key in ("accuracy", "flops_mean", "flops_std", "depth_hist", "R_acc", "R_flops",
-                "R_comp", "R_qual", "R_rep", "balance_ratio", "weights", "val_greedy"):
+                "R_comp", "R_qual", "R_rep", "balance_ratio", "weights", "val_greedy",
+                "advantage_abs", "entropy"):
         assert key in logs[-1]
     assert [x["stage"] for x in logs] == [2, 3, 3]
     card = (run_a / "card.md").read_text()

@@ -1,0 +1,484 @@
+"""Does a trained controller beat fixed steering? GRPO controllers trained on a headroom rollout
+cache, cross-fitted over prompts, placed against the fixed-depth accuracy-tokens curve.
+
+    export LM_EVAL_PONDER_DATA=../shared/data
+    python benchmarks/headroom.py build --form ours --samples 4       # the cache (resumable)
+    python benchmarks/adaptation.py train --form ours --samples 4     # resumable, see below
+    python benchmarks/adaptation.py analyse --form ours --samples 4 --out docs/adaptation
+
+``train`` takes the prompts of the cache that are complete (every depth and sample), splits
+them into the same 5 folds as ``headroom.py analyse`` (by key hash) and, for every arm of the
+reward x seed x fold, trains a controller with the trainer's own loop
+(``training.loop.optimise``: curriculum, GRPO, reward, balancing, exactly as
+``python -m lm_eval_ponder.train``) on the other four folds, then records its inference-time
+depths (first phi <= tau) on the held-out fold. Every prompt thus gets a depth from a controller
+that never saw it. Each run has its own directory with the trainer's checkpoint, so an
+interrupted sweep continues where it stopped; finished runs are skipped. Runs are keyed by the
+set of complete prompts, so growing the cache starts a fresh sweep instead of mixing sets.
+
+The arms trace the accuracy-FLOPs trade-off that a family of controllers can reach:
+``balanced`` is the shipped reward (w_flops adapted toward 0.3 x E|R_acc|, the paper's
+balancing); ``flops<w>`` fixes w_flops = w with no balancing (w = 0: accuracy and the small
+quality terms only). A controller helps only if it lies above the fixed-depth curve by more
+than the bootstrap CI over prompts.
+
+The perplexity reference of R_qual (median and IQR of correct answers' perplexities) is taken
+from the whole cache, held-out prompts included: a normalisation constant with weight 0.05,
+not a label.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from headroom import (FORMS, PROMPTS, accuracy_at_tokens, bootstrap, cache_arguments, cache_dir,
+                      outcome_matrices)
+
+ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
+                                 "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
+
+
+def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Path):
+    """The trainer's config of one run: the form's pondering, the headroom cache's rollout
+    settings (for the record), the arm's FLOPs weight, the seed."""
+    from lm_eval_ponder.training.config import TrainConfig
+
+    cfg = TrainConfig(output=str(out), seed=seed, val_fraction=0.0, select="last")
+    cfg.ponder.alpha_start = FORMS[form]
+    cfg.rollout.prompts = dict(PROMPTS)
+    cfg.rollout.samples = samples
+    cfg.grpo.max_steps = steps
+    weight = ARMS[arm]
+    if weight is not None:
+        cfg.reward.balance = ()
+        cfg.reward.weights = {**cfg.reward.weights, "flops": weight}
+    return cfg.validate()
+
+
+def environment(cache, cfg, controller_flops: float):
+    import torch
+
+    from lm_eval_ponder.training.environment import CachedEnvironment
+
+    return CachedEnvironment(cache, cache.manifest["k_max"], cfg.rollout.samples,
+                             controller_flops, cfg.reward,
+                             torch.Generator().manual_seed(cfg.seed + 1), complete_only=True)
+
+
+def fold_of(keys: list[str], folds: int) -> list[int]:
+    """The same folds as ``headroom.py analyse``."""
+    return [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % folds for k in keys]
+
+
+def sweep_dir(root: str, directory: Path, keys: list[str]) -> Path:
+    tag = hashlib.sha256("\n".join(keys).encode()).hexdigest()[:10]
+    return Path(root) / directory.name / f"n{len(keys)}-{tag}"
+
+
+def train_one(cache, form: str, samples: int, arm: str, seed: int, fold: int, folds: int,
+              steps: int, out: Path) -> dict:
+    """One controller, trained on every fold but ``fold``; its held-out depths, to out/heldout.json."""
+    import torch
+
+    from lm_eval_ponder.pondering.controller import PonderController
+    from lm_eval_ponder.steering.vector import load_vector
+    from lm_eval_ponder.training.distributed import Distributed
+    from lm_eval_ponder.training.grpo import GRPOTrainer
+    from lm_eval_ponder.training.loop import LOG, optimise
+
+    done = out / "heldout.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = arm_config(form, samples, arm, seed, steps, out)
+    ident = cache.manifest["identity"]
+    z0 = cache.states()
+    torch.manual_seed(cfg.seed)
+    controller = PonderController(z0.shape[1], cfg.controller_hidden, cfg.controller_temperature)
+    env = environment(cache, cfg, controller.evaluation_flops(cache.manifest["k_max"] + 1))
+    keys = [p.key for p in env.prompts]
+    f_of = fold_of(keys, folds)
+    train_ids = [i for i, f in enumerate(f_of) if f != fold]
+    val_ids = [i for i, f in enumerate(f_of) if f == fold]
+    vector = load_vector(steering_dir(ident)).vector(ident["layer"])
+    offsets = torch.tensor(ident["offsets"])
+    trainer = GRPOTrainer(controller, ident["scale"] * vector, offsets, cfg.ponder.tau, cfg.grpo,
+                          cfg.seed)
+    # val_ids=[]: nothing about the held-out fold reaches training or its log
+    _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
+    log = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
+    record = {"arm": arm, "seed": seed, "fold": fold, "steps": steps,
+              "train_wall_s": round(wall, 1),
+              "val_keys": [keys[i] for i in val_ids],
+              "val_depths": trainer.greedy_depths(env.z0[val_ids]).tolist(),
+              "val_p_continue": p_continue(trainer, env.z0[val_ids]).tolist(),
+              "train_depths_hist": torch.bincount(trainer.greedy_depths(env.z0[train_ids]),
+                                                  minlength=env.k_max + 1).tolist(),
+              "log": [{k: e.get(k) for k in ("step", "stage", "depth_mean", "depth_hist",
+                                             "accuracy", "reward_mean", "R_acc", "R_flops",
+                                             "weights", "balance_ratio", "advantage_abs",
+                                             "entropy", "loss", "reinitialisations")}
+                      for e in log if "alert" not in e]}
+    done.write_text(json.dumps(record) + "\n")
+    return record
+
+
+def p_continue(trainer, z0):
+    """The controller's continue probabilities on every candidate state [N, K+1]: enough to
+    replay any halting rule (the shipped tau, or the sampling policy GRPO optimised)."""
+    import torch
+
+    with torch.no_grad():
+        return trainer.controller.probability(trainer.logits(z0))
+
+
+def steering_dir(ident: dict) -> str:
+    """The shipped steering vector, refused unless it is the one the cache was built with."""
+    from lm_eval_ponder.files import file_sha256
+    from lm_eval_ponder.resources import shipped_controller_dir
+
+    path = shipped_controller_dir("smollm2-135m-instruct")
+    sha = file_sha256(path / "steering.safetensors")[:16] if path else "missing"
+    if sha != ident["steering_sha256"]:
+        sys.exit(f"the cache was built with steering vector {ident['steering_sha256']}; the "
+                 f"shipped one is {sha}")
+    return str(path)
+
+
+def train(args) -> None:
+    import torch
+
+    from lm_eval_ponder.training.rollouts import RolloutCache
+
+    torch.set_num_threads(args.threads)
+    directory = cache_dir(args.root, args.form, args.samples)
+    cache = RolloutCache(directory)
+    cfg0 = arm_config(args.form, args.samples, "balanced", 0, args.steps, Path("unused"))
+    keys = [p.key for p in environment(cache, cfg0, 0.0).prompts]
+    root = sweep_dir(args.out_root, directory, keys)
+    print(f"{len(keys)} complete prompts -> {root}", flush=True)
+    runs = [(a, s, f) for a in args.arms.split(",") for s in map(int, args.seeds.split(","))
+            for f in range(args.folds)]
+    for arm, _, _ in runs:
+        if arm not in ARMS:
+            sys.exit(f"unknown arm {arm!r}; known: {sorted(ARMS)}")
+    (root).mkdir(parents=True, exist_ok=True)
+    (root / "prompts.json").write_text(json.dumps({"cache": str(directory), "keys": keys}) + "\n")
+    for n, (arm, seed, fold) in enumerate(runs, 1):
+        t0 = time.time()
+        rec = train_one(cache, args.form, args.samples, arm, seed, fold, args.folds, args.steps,
+                        root / arm / f"seed{seed}" / f"fold{fold}")
+        print(f"[{n}/{len(runs)}] {arm} seed {seed} fold {fold}: held-out depths "
+              f"{sorted(set(rec['val_depths']))}, train hist {rec['train_depths_hist']} "
+              f"({time.time() - t0:.0f} s)", flush=True)
+
+
+# ----------------------------------------------------------------------------- analysis
+# How a controller's continue probabilities become depths. ``--model ponder`` halts at the first
+# phi <= tau (tau=0.2, the paper's); GRPO optimises the *sampling* policy (halt at k with
+# probability 1 - phi_k). Where phi sits between tau and 1 the two disagree completely, so each
+# controller is scored under both, plus tau=0.5 (halt where halting is the likelier action).
+RULES = ("tau=0.2", "tau=0.5", "sampled")
+
+
+def depth_weights(p, rule: str):
+    """[N, K+1] probability of each depth under ``rule`` (one-hot for the threshold rules)."""
+    import numpy as np
+
+    n, k1 = p.shape
+    if rule == "sampled":
+        reach = np.cumprod(np.concatenate([np.ones((n, 1)), p[:, :-1]], axis=1), axis=1)
+        return reach * np.concatenate([1 - p[:, :-1], np.ones((n, 1))], axis=1)
+    halt = p <= float(rule.split("=")[1])
+    depth = np.where(halt.any(axis=1), halt.argmax(axis=1), k1 - 1)
+    return np.eye(k1)[depth]
+
+
+def load_runs(root: Path, keys: list[str], folds: int) -> dict[tuple[str, int], dict]:
+    """(arm, seed) -> every prompt's held-out continue probabilities and the runs' records,
+    for the (arm, seed) pairs whose folds are all finished."""
+    import numpy as np
+
+    index = {k: i for i, k in enumerate(keys)}
+    runs = {}
+    for arm in ARMS:
+        for seed_dir in sorted((root / arm).glob("seed*")):
+            paths = [seed_dir / f"fold{f}" / "heldout.json" for f in range(folds)]
+            if not all(r.is_file() for r in paths):
+                continue
+            recs = [json.loads(r.read_text()) for r in paths]
+            p = np.full((len(keys), len(recs[0]["val_p_continue"][0])), np.nan)
+            for r in recs:
+                p[[index[k] for k in r["val_keys"]]] = r["val_p_continue"]
+            if np.isnan(p).any():
+                sys.exit(f"{seed_dir}: its folds do not cover every prompt")
+            runs[(arm, int(seed_dir.name[4:]))] = {"p": p, "records": recs}
+    return runs
+
+
+def fixed_curve(mats, idx):
+    """The fixed-depth curve on prompts ``idx``: [depths, (mean tokens, mean accuracy)]."""
+    import numpy as np
+
+    return np.stack([mats["gen_tokens"][idx].mean(axis=0), mats["accuracy"][idx].mean(axis=0)], 1)
+
+
+def controller_figures(mats, weights_by_seed, fixed_depths, idx) -> dict:
+    """Seed-mean expected figures of one arm under one rule on (a resample ``idx`` of) the
+    prompts, its gap to the fixed-depth curve at equal tokens and to the cross-fitted best fixed
+    depth's score."""
+    import numpy as np
+
+    rows = np.arange(len(idx))
+    m = {k: v[idx] for k, v in mats.items()}
+    per = {"accuracy": [], "gen_tokens": [], "score": [], "depth": []}
+    depth_axis = np.arange(m["score"].shape[1])
+    for w in weights_by_seed:
+        w = w[idx]
+        for k in ("accuracy", "gen_tokens", "score"):
+            per[k].append((m[k] * w).sum(axis=1).mean())
+        per["depth"].append((w * depth_axis).sum(axis=1).mean())
+    out = {k: float(np.mean(v)) for k, v in per.items()}
+    out["fixed_curve_accuracy_at_tokens"] = accuracy_at_tokens(fixed_curve(mats, idx),
+                                                               out["gen_tokens"])
+    out["gap_accuracy_at_equal_tokens"] = out["accuracy"] - out["fixed_curve_accuracy_at_tokens"]
+    out["gap_score_vs_best_fixed"] = out["score"] - float(
+        m["score"][rows, fixed_depths[idx]].mean())
+    return out
+
+
+def depth_profile(weights: list, prompts) -> dict:
+    """Where an arm's depths go: histogram, mean by level, Spearman with the arith level."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    w = np.concatenate(weights)
+    depth = (w * np.arange(w.shape[1])).sum(axis=1)
+    level = np.array([p.level if p.level is not None else -1 for p in prompts] * len(weights))
+    arith = np.array([p.task == "arith_ponder" for p in prompts] * len(weights))
+    by_level = {f"L{lvl}": float(depth[arith & (level == lvl)].mean())
+                for lvl in sorted(set(level[arith]))}
+    if (~arith).any():
+        by_level["gsm8k"] = float(depth[~arith].mean())
+    rho = (float(spearmanr(level[arith], depth[arith]).statistic)
+           if np.ptp(depth[arith]) > 0 else float("nan"))
+    hist = w.sum(axis=0)
+    return {"depth_hist": [round(float(h), 1) for h in hist],
+            "modal_depth_share": float(hist.max() / hist.sum()),
+            "mean_depth_by_level": by_level, "spearman_depth_vs_level (arith)": rho}
+
+
+def training_signals(records: list[dict]) -> dict:
+    """From the training logs: the signals that explain a collapse, last window and stages 2-3."""
+    import numpy as np
+
+    last = [rec["log"][-1] for rec in records]
+    late = [e for rec in records for e in rec["log"] if e["stage"] >= 2]
+
+    def mean(rows, key):
+        vals = [e[key] for e in rows if e.get(key) is not None]
+        return float(np.mean(vals)) if vals else None
+
+    return {"last_window": {k: mean(last, k) for k in (
+                "accuracy", "depth_mean", "R_acc", "R_flops", "balance_ratio",
+                "advantage_abs", "entropy")},
+            "w_flops_at_end": float(np.mean([e["weights"]["flops"] for e in last])),
+            "advantage_abs_stages_2_3": mean(late, "advantage_abs"),
+            "entropy_stages_2_3": mean(late, "entropy"),
+            "train_wall_s_per_run": float(np.mean([rec["train_wall_s"] for rec in records])),
+            "runs": len(records)}
+
+
+def analyse(args) -> None:
+    import numpy as np
+
+    from lm_eval_ponder.pondering.controller import PonderController
+    from lm_eval_ponder.training.rollouts import RolloutCache
+
+    directory = cache_dir(args.root, args.form, args.samples)
+    cache = RolloutCache(directory)
+    cfg0 = arm_config(args.form, args.samples, "balanced", 0, args.steps, Path("unused"))
+    k_max = cache.manifest["k_max"]
+    flops_ctrl = PonderController(cache.states().shape[1], 512).evaluation_flops(k_max + 1)
+    env = environment(cache, cfg0, flops_ctrl)
+    prompts = env.prompts
+    keys = [p.key for p in prompts]
+    root = sweep_dir(args.out_root, directory, keys)
+    runs = load_runs(root, keys, args.folds)
+    if not runs:
+        sys.exit(f"no finished sweep under {root}: run `adaptation.py train` first")
+    ids = np.arange(len(prompts))
+    mats = outcome_matrices(env, list(ids))
+    f_of = np.array(fold_of(keys, args.folds))
+    fixed_depths = np.zeros(len(ids), dtype=int)
+    for f in range(args.folds):
+        fixed_depths[f_of == f] = int(mats["score"][f_of != f].mean(axis=0).argmax())
+    arms = {}
+    for arm in ARMS:
+        seeds = sorted(s for a, s in runs if a == arm)
+        if not seeds:
+            continue
+        entry = {"seeds": seeds,
+                 "training": training_signals([r for s in seeds
+                                               for r in runs[(arm, s)]["records"]])}
+        for rule in RULES:
+            ws = [depth_weights(runs[(arm, s)]["p"], rule) for s in seeds]
+            entry[rule] = {
+                "figures": controller_figures(mats, ws, fixed_depths, ids),
+                "ci95": bootstrap(lambda idx: controller_figures(mats, ws, fixed_depths, idx),
+                                  len(ids), args.bootstrap),
+                "per_seed": {str(s): controller_figures(mats, [w], fixed_depths, ids)
+                             for s, w in zip(seeds, ws)},
+                **depth_profile(ws, prompts)}
+        arms[arm] = entry
+    curve = fixed_curve(mats, ids)
+    summary = {
+        "form": args.form, "samples": args.samples, "cache": str(directory),
+        "manifest": cache.manifest["fingerprint"], "sweep": str(root),
+        "prompts": len(prompts), "by_task": {t: sum(p.task == t for p in prompts)
+                                             for t in sorted({p.task for p in prompts})},
+        "folds": args.folds, "steps": args.steps, "rules": list(RULES),
+        "fixed_curve": [{"depth": k, "gen_tokens": float(curve[k, 0]),
+                         "accuracy": float(curve[k, 1]),
+                         "score": float(mats["score"][:, k].mean())} for k in range(k_max + 1)],
+        "best_fixed_by_score (cross-fitted)": {
+            "depth per fold": [int(fixed_depths[f_of == f][0]) for f in range(args.folds)
+                               if (f_of == f).any()],
+            "accuracy": float(mats["accuracy"][ids, fixed_depths].mean()),
+            "gen_tokens": float(mats["gen_tokens"][ids, fixed_depths].mean()),
+            "score": float(mats["score"][ids, fixed_depths].mean())},
+        "arms": arms,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = directory.name
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_markdown(out / f"{name}.md", summary)
+    plot(out / f"{name}.png", summary)
+    print((out / f"{name}.md").read_text())
+
+
+def write_markdown(path: Path, s: dict) -> None:
+    def fmt(r: dict, key: str, digits: int = 3) -> str:
+        v, (lo, hi) = r["figures"][key], r["ci95"].get(key, (float("nan"),) * 2)
+        return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+    b = s["best_fixed_by_score (cross-fitted)"]
+    lines = [f"# Trained controllers against fixed depths: form `{s['form']}`, "
+             f"{s['samples']} samples per (prompt, depth)", "",
+             f"Cache `{s['cache']}` (manifest {s['manifest']}): {s['prompts']} complete prompts "
+             f"({s['by_task']}). Each prompt's depth comes from controllers trained on the other "
+             f"{s['folds'] - 1} of {s['folds']} folds ({s['steps']} GRPO steps, the trainer's "
+             "loop, curriculum and reward); figures are expected values over the cached "
+             "samples, seed means with 95% bootstrap CIs over prompts. Rules: `tau=0.2` is what "
+             "`--model ponder` does (halt at the first phi <= 0.2); `sampled` is the stochastic "
+             "policy GRPO optimised; `tau=0.5` halts where halting is the likelier action.", "",
+             f"Best fixed depth by score, chosen on the other folds (depth per fold "
+             f"{b['depth per fold']}): accuracy {b['accuracy']:.3f}, {b['gen_tokens']:.1f} "
+             f"tokens, score {b['score']:.4f}. Fixed depths (all prompts): " + ", ".join(
+                 f"k={r['depth']}: {r['accuracy']:.3f} / {r['gen_tokens']:.0f} tok"
+                 for r in s["fixed_curve"]) + ".", "",
+             "| arm | rule | accuracy | tokens | mean depth | accuracy - fixed curve at equal "
+             "tokens | score - best fixed | depth histogram (all seeds) | Spearman(depth, level) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for arm, a in s["arms"].items():
+        for rule in s["rules"]:
+            r = a[rule]
+            lines.append(
+                f"| {arm} ({len(a['seeds'])} seeds) | {rule} | {fmt(r, 'accuracy')} | "
+                f"{fmt(r, 'gen_tokens', 1)} | {r['figures']['depth']:.2f} | "
+                f"{fmt(r, 'gap_accuracy_at_equal_tokens')} | "
+                f"{fmt(r, 'gap_score_vs_best_fixed', 4)} | "
+                f"{[round(h) for h in r['depth_hist']]} | "
+                f"{r['spearman_depth_vs_level (arith)']:.2f} |")
+    lines += ["", "Depth by level under `tau=0.2` and the training signals (mean over runs; last "
+              "log window unless stated):", "",
+              "| arm | mean depth by level (tau=0.2) | w_flops at end | E|w R_flops|/E|R_acc| "
+              "| mean abs advantage, stages 2-3 | policy entropy, stages 2-3 / last | "
+              "sampled depth, last | s/run |", "|---|---|---|---|---|---|---|---|"]
+    for arm, a in s["arms"].items():
+        t, lw = a["training"], a["training"]["last_window"]
+        lvl = ", ".join(f"{k} {v:.1f}" for k, v in a["tau=0.2"]["mean_depth_by_level"].items())
+
+        def g(v):
+            return "-" if v is None else f"{v:.3g}"
+
+        lines.append(f"| {arm} | {lvl} | {g(t['w_flops_at_end'])} | {g(lw['balance_ratio'])} | "
+                     f"{g(t['advantage_abs_stages_2_3'])} | {g(t['entropy_stages_2_3'])} / "
+                     f"{g(lw['entropy'])} | {g(lw['depth_mean'])} | "
+                     f"{t['train_wall_s_per_run']:.0f} |")
+    lines += ["", "Per seed, `tau=0.2` (accuracy, tokens, gap at equal tokens):", ""]
+    for arm, a in s["arms"].items():
+        lines.append(f"- {arm}: " + "; ".join(
+            f"seed {k}: {v['accuracy']:.3f}, {v['gen_tokens']:.1f}, "
+            f"{v['gap_accuracy_at_equal_tokens']:+.3f}"
+            for k, v in a["tau=0.2"]["per_seed"].items()))
+    lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def plot(path: Path, s: dict) -> None:
+    """The fixed-depth curve with each arm as a point (seed mean, 95% CI of its accuracy; x:
+    single seeds), under the inference rule and the sampled policy. Whether a point is above
+    the curve beyond noise is the table's paired gap, not these unpaired bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+    for ax, rule in zip(axes, ("tau=0.2", "sampled")):
+        rows = s["fixed_curve"]
+        ax.plot([r["gen_tokens"] for r in rows], [r["accuracy"] for r in rows], "o-", color="k",
+                label="fixed depth k (offset c_k)")
+        for r in rows:
+            ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
+                        textcoords="offset points", xytext=(3, -9))
+        for n, (arm, a) in enumerate(s["arms"].items()):
+            r = a[rule]
+            for v in r["per_seed"].values():
+                ax.plot(v["gen_tokens"], v["accuracy"], "x", color=f"C{n}", alpha=0.6)
+            f, ci = r["figures"], r["ci95"]["accuracy"]
+            ax.errorbar([f["gen_tokens"]], [f["accuracy"]],
+                        yerr=[[f["accuracy"] - ci[0]], [ci[1] - f["accuracy"]]], fmt="o",
+                        color=f"C{n}", capsize=3, label=f"{arm} (mean of seeds; x: seeds)")
+        ax.set_xlabel("mean generated tokens")
+        ax.set_title(f"rule {rule}", fontsize=9)
+    axes[0].set_ylabel("expected accuracy")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Controllers vs fixed depth, form {s['form']}: {s['prompts']} prompts, "
+                 "cross-fitted", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("train", "analyse"):
+        s = sub.add_parser(name)
+        cache_arguments(s)
+        s.add_argument("--out-root", default="results/adaptation", help="where runs go")
+        s.add_argument("--folds", type=int, default=5, help="cross-fitting folds of prompts")
+        s.add_argument("--steps", type=int, default=2500, help="GRPO steps per controller")
+    t = sub.choices["train"]
+    t.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {sorted(ARMS)}")
+    t.add_argument("--seeds", default="0,1,2")
+    t.add_argument("--threads", type=int, default=1, help="torch threads (a tiny MLP)")
+    a = sub.choices["analyse"]
+    a.add_argument("--out", default="docs/adaptation", help="summary JSON, table and plot")
+    a.add_argument("--bootstrap", type=int, default=2000)
+    args = p.parse_args(argv)
+    if args.samples < 1 or args.folds < 2:
+        sys.exit("--samples must be >= 1 and --folds >= 2")
+    train(args) if args.command == "train" else analyse(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -167,7 +167,7 @@ def train(args) -> None:
     for arm, _, _ in runs:
         if arm not in ARMS:
             sys.exit(f"unknown arm {arm!r}; known: {sorted(ARMS)}")
-    (root).mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     (root / "prompts.json").write_text(json.dumps({"cache": str(directory), "keys": keys}) + "\n")
     for n, (arm, seed, fold) in enumerate(runs, 1):
         t0 = time.time()

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 from headroom import (FORMS, PROMPTS, accuracy_at_tokens, bootstrap, cache_arguments, cache_dir,
-                      outcome_matrices)
+                      fixed_by_fold, fold_of, outcome_matrices)
 
 ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
                                  "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
@@ -60,19 +60,15 @@ def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Pa
     return cfg.validate()
 
 
-def environment(cache, cfg, controller_flops: float):
+def environment(cache, cfg, controller_flops: float, max_prompts: int | None = None):
     import torch
 
     from lm_eval_ponder.training.environment import CachedEnvironment
 
     return CachedEnvironment(cache, cache.manifest["k_max"], cfg.rollout.samples,
                              controller_flops, cfg.reward,
-                             torch.Generator().manual_seed(cfg.seed + 1), complete_only=True)
-
-
-def fold_of(keys: list[str], folds: int) -> list[int]:
-    """The same folds as ``headroom.py analyse``."""
-    return [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % folds for k in keys]
+                             torch.Generator().manual_seed(cfg.seed + 1), complete_only=True,
+                             max_prompts=max_prompts)
 
 
 def sweep_dir(root: str, directory: Path, keys: list[str]) -> Path:
@@ -80,13 +76,12 @@ def sweep_dir(root: str, directory: Path, keys: list[str]) -> Path:
     return Path(root) / directory.name / f"n{len(keys)}-{tag}"
 
 
-def train_one(cache, form: str, samples: int, arm: str, seed: int, fold: int, folds: int,
-              steps: int, out: Path) -> dict:
+def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int, fold: int,
+              folds: int, steps: int, out: Path, max_prompts: int | None = None) -> dict:
     """One controller, trained on every fold but ``fold``; its held-out depths, to out/heldout.json."""
     import torch
 
     from lm_eval_ponder.pondering.controller import PonderController
-    from lm_eval_ponder.steering.vector import load_vector
     from lm_eval_ponder.training.distributed import Distributed
     from lm_eval_ponder.training.grpo import GRPOTrainer
     from lm_eval_ponder.training.loop import LOG, optimise
@@ -100,15 +95,14 @@ def train_one(cache, form: str, samples: int, arm: str, seed: int, fold: int, fo
     z0 = cache.states()
     torch.manual_seed(cfg.seed)
     controller = PonderController(z0.shape[1], cfg.controller_hidden, cfg.controller_temperature)
-    env = environment(cache, cfg, controller.evaluation_flops(cache.manifest["k_max"] + 1))
+    env = environment(cache, cfg, controller.evaluation_flops(cache.manifest["k_max"] + 1),
+                      max_prompts)
     keys = [p.key for p in env.prompts]
     f_of = fold_of(keys, folds)
     train_ids = [i for i, f in enumerate(f_of) if f != fold]
     val_ids = [i for i, f in enumerate(f_of) if f == fold]
-    vector = load_vector(steering_dir(ident)).vector(ident["layer"])
-    offsets = torch.tensor(ident["offsets"])
-    trainer = GRPOTrainer(controller, ident["scale"] * vector, offsets, cfg.ponder.tau, cfg.grpo,
-                          cfg.seed)
+    trainer = GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
+                          cfg.grpo, cfg.seed)
     # val_ids=[]: nothing about the held-out fold reaches training or its log
     _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
     log = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
@@ -155,11 +149,15 @@ def train(args) -> None:
 
     from lm_eval_ponder.training.rollouts import RolloutCache
 
+    from lm_eval_ponder.steering.vector import load_vector
+
     torch.set_num_threads(args.threads)
     directory = cache_dir(args.root, args.form, args.samples)
     cache = RolloutCache(directory)
+    ident = cache.manifest["identity"]
+    step_vector = ident["scale"] * load_vector(steering_dir(ident)).vector(ident["layer"])
     cfg0 = arm_config(args.form, args.samples, "balanced", 0, args.steps, Path("unused"))
-    keys = [p.key for p in environment(cache, cfg0, 0.0).prompts]
+    keys = [p.key for p in environment(cache, cfg0, 0.0, args.prompts).prompts]
     root = sweep_dir(args.out_root, directory, keys)
     print(f"{len(keys)} complete prompts -> {root}", flush=True)
     runs = [(a, s, f) for a in args.arms.split(",") for s in map(int, args.seeds.split(","))
@@ -171,8 +169,8 @@ def train(args) -> None:
     (root / "prompts.json").write_text(json.dumps({"cache": str(directory), "keys": keys}) + "\n")
     for n, (arm, seed, fold) in enumerate(runs, 1):
         t0 = time.time()
-        rec = train_one(cache, args.form, args.samples, arm, seed, fold, args.folds, args.steps,
-                        root / arm / f"seed{seed}" / f"fold{fold}")
+        rec = train_one(cache, step_vector, args.form, args.samples, arm, seed, fold, args.folds,
+                        args.steps, root / arm / f"seed{seed}" / f"fold{fold}", args.prompts)
         print(f"[{n}/{len(runs)}] {arm} seed {seed} fold {fold}: held-out depths "
               f"{sorted(set(rec['val_depths']))}, train hist {rec['train_depths_hist']} "
               f"({time.time() - t0:.0f} s)", flush=True)
@@ -305,7 +303,7 @@ def analyse(args) -> None:
     cfg0 = arm_config(args.form, args.samples, "balanced", 0, args.steps, Path("unused"))
     k_max = cache.manifest["k_max"]
     flops_ctrl = PonderController(cache.states().shape[1], 512).evaluation_flops(k_max + 1)
-    env = environment(cache, cfg0, flops_ctrl)
+    env = environment(cache, cfg0, flops_ctrl, args.prompts)
     prompts = env.prompts
     keys = [p.key for p in prompts]
     root = sweep_dir(args.out_root, directory, keys)
@@ -314,10 +312,8 @@ def analyse(args) -> None:
         sys.exit(f"no finished sweep under {root}: run `adaptation.py train` first")
     ids = np.arange(len(prompts))
     mats = outcome_matrices(env, list(ids))
-    f_of = np.array(fold_of(keys, args.folds))
-    fixed_depths = np.zeros(len(ids), dtype=int)
-    for f in range(args.folds):
-        fixed_depths[f_of == f] = int(mats["score"][f_of != f].mean(axis=0).argmax())
+    fixed_depths, fold_depths = fixed_by_fold(mats["score"], np.array(fold_of(keys, args.folds)),
+                                              args.folds)
     arms = {}
     for arm in ARMS:
         seeds = sorted(s for a, s in runs if a == arm)
@@ -347,8 +343,7 @@ def analyse(args) -> None:
                          "accuracy": float(curve[k, 1]),
                          "score": float(mats["score"][:, k].mean())} for k in range(k_max + 1)],
         "best_fixed_by_score (cross-fitted)": {
-            "depth per fold": [int(fixed_depths[f_of == f][0]) for f in range(args.folds)
-                               if (f_of == f).any()],
+            "depth per fold": fold_depths,
             "accuracy": float(mats["accuracy"][ids, fixed_depths].mean()),
             "gen_tokens": float(mats["gen_tokens"][ids, fixed_depths].mean()),
             "score": float(mats["score"][ids, fixed_depths].mean())},
@@ -467,6 +462,8 @@ def main(argv: list[str] | None = None) -> None:
         s.add_argument("--out-root", default="results/adaptation", help="where runs go")
         s.add_argument("--folds", type=int, default=5, help="cross-fitting folds of prompts")
         s.add_argument("--steps", type=int, default=2500, help="GRPO steps per controller")
+        s.add_argument("--prompts", type=int, default=None,
+                       help="only the first N complete prompts (default: all complete ones)")
     t = sub.choices["train"]
     t.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {sorted(ARMS)}")
     t.add_argument("--seeds", default="0,1,2")

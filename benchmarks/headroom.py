@@ -7,7 +7,7 @@ then the best fixed depth against the per-prompt oracle on held-out prompts, and
     python benchmarks/headroom.py build --form ours  --samples 1      # the greedy outcomes
     python benchmarks/headroom.py build --form paper --samples 4
     # 2. analyse whatever prefix of prompts is complete (every depth, every sample)
-    python benchmarks/headroom.py analyse --form ours --samples 4 --out docs/headroom
+    python benchmarks/headroom.py analyse --form ours --samples 4 --out docs/headroom  # [--prompts N]
 
 A cache is exactly the trainer's (``python -m lm_eval_ponder.train --cache_dir DIR`` with the
 same settings reuses it): the issue's prompt set (400 arith train prompts, all levels
@@ -171,6 +171,24 @@ def headroom_figures(val_mats, halves, fixed: dict, lambdas, idx=None) -> dict:
     return out
 
 
+def fold_of(keys: list[str], folds: int) -> list[int]:
+    """Cross-fitting folds by key hash, so a prompt is in the same fold in every analysis."""
+    return [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % folds for k in keys]
+
+
+def fixed_by_fold(values, fold, folds: int):
+    """Each prompt's fixed depth: the one with the best mean ``values`` [prompt, depth] on the
+    other folds. Returns (depth per prompt, depth per fold)."""
+    import numpy as np
+
+    depths, chosen = np.zeros(len(fold), dtype=int), []
+    for f in range(folds):
+        k = int(values[fold != f].mean(axis=0).argmax())
+        depths[fold == f] = k
+        chosen.append(k)
+    return depths, chosen
+
+
 def probe(z0, labels, seed: int = 0) -> dict:
     """Cross-validated linear probe (standardised logistic regression, 5 folds) against the
     majority class predicted from the training folds."""
@@ -227,17 +245,18 @@ def analyse(args) -> None:
     z0 = cache.states()
     flops_ctrl = PonderController(z0.shape[1], 512).evaluation_flops(k_max + 1)
     env = CachedEnvironment(cache, k_max, args.samples, flops_ctrl, RewardConfig(),
-                            torch.Generator().manual_seed(0), complete_only=True)
+                            torch.Generator().manual_seed(0), complete_only=True,
+                            max_prompts=args.prompts)
     prompts = env.prompts
     if len(prompts) < 20:
         sys.exit(f"only {len(prompts)} prompts are complete; build further first")
     offsets = cache.manifest["identity"]["offsets"]
     val = list(range(len(prompts)))  # every prompt is held out from its own fixed-depth choice
     mats_val = outcome_matrices(env, val)
-    folds = np.array([int(hashlib.sha256(p.key.encode()).hexdigest()[:8], 16) % args.folds
-                      for p in prompts])
-    fixed = {"fixed": np.zeros(len(val), dtype=int), "fixed_acc": np.zeros(len(val), dtype=int)}
-    chosen: dict[str, list[int]] = {"fixed": [], "fixed_acc": []}
+    folds = np.array(fold_of([p.key for p in prompts], args.folds))
+    fixed, chosen = {}, {}
+    for name, key in (("fixed", "score"), ("fixed_acc", "accuracy")):
+        fixed[name], chosen[name] = fixed_by_fold(mats_val[key], folds, args.folds)
     # what a controller that knew each prompt's difficulty could do: one depth per task and
     # level, chosen by score on the other folds (GSM8K has no level: one group)
     groups = np.array([f"{p.task}:{p.level}" for p in prompts])
@@ -245,10 +264,6 @@ def analyse(args) -> None:
     chosen["by_level"] = []
     for f in range(args.folds):
         train = folds != f
-        for name, key in (("fixed", "score"), ("fixed_acc", "accuracy")):
-            k = int(mats_val[key][train].mean(axis=0).argmax())
-            fixed[name][folds == f] = k
-            chosen[name].append(k)
         picks = {}
         for g in sorted(set(groups)):
             sel = train & (groups == g)
@@ -429,6 +444,8 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/headroom", help="summary JSON, table and plot")
     a.add_argument("--folds", type=int, default=5, help="cross-fitting folds of prompts")
+    a.add_argument("--prompts", type=int, default=None,
+                   help="only the first N complete prompts (default: all complete ones)")
     a.add_argument("--bootstrap", type=int, default=2000)
     args = p.parse_args(argv)
     if args.samples < 1:

@@ -99,9 +99,11 @@ class CachedEnvironment(RewardBook):
 
     def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
                  reward_cfg: R.RewardConfig, generator: torch.Generator,
-                 complete_only: bool = False) -> None:
+                 complete_only: bool = False, max_prompts: int | None = None) -> None:
         """``complete_only``: keep only the prompts that have every depth and sample (an
-        analysis of a cache that is still being built); training refuses an incomplete cache."""
+        analysis of a cache that is still being built); training refuses an incomplete cache.
+        ``max_prompts``: only the first that many (complete) prompts, so an analysis of a
+        growing cache can be repeated on the prefix it was first made on."""
         super().__init__(reward_cfg)
         self.cache = cache
         self.cache_wall = 0.0  # seconds the training run spent building/checking the cache
@@ -121,6 +123,10 @@ class CachedEnvironment(RewardBook):
             self.prompts = [self.prompts[i] for i in keep]
             self.z0 = self.z0[keep]
             missing = []
+        if max_prompts is not None:
+            self.prompts, self.z0 = self.prompts[:max_prompts], self.z0[:max_prompts]
+            kept = {p.key for p in self.prompts}
+            missing = [(key, k) for key, k in missing if key in kept]
         if missing:
             raise PonderError(f"rollout cache {cache.dir} is incomplete ({len(missing)} of "
                               f"{len(self.prompts) * (k_max + 1)} prompt x depth outcomes "

@@ -84,6 +84,10 @@ def test_analysis_of_a_cache_in_progress_keeps_only_complete_prompts(tmp_path):
     assert env.z0[:, 0].tolist() == [0.0, 2.0]  # states follow their prompts
     assert env.expected(0, 1)["accuracy"] == 0.5  # the mean over samples
     assert env.expected(0, 1, samples=[0])["accuracy"] == 1.0
+    first = CachedEnvironment(cache, k_max=1, samples=2, controller_flops=0.0,
+                              reward_cfg=R.RewardConfig(), generator=torch.Generator(),
+                              complete_only=True, max_prompts=1)
+    assert [p.key for p in first.prompts] == ["p0"] and first.z0[:, 0].tolist() == [0.0]
     empty = RolloutCache(tmp_path / "empty", manifest={"fingerprint": "y"})
     empty.write_prompts(prompts[:1], torch.zeros(1, 8))
     with pytest.raises(PonderError, match="no prompt with all"):

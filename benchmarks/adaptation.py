@@ -5,6 +5,7 @@ cache, cross-fitted over prompts, placed against the fixed-depth accuracy-tokens
     python benchmarks/headroom.py build --form ours --samples 4       # the cache (resumable)
     python benchmarks/adaptation.py train --form ours --samples 4     # resumable, see below
     python benchmarks/adaptation.py analyse --form ours --samples 4 --out docs/adaptation
+    python benchmarks/adaptation.py train --form ours --samples 4 --final  # for testset.py
 
 ``train`` takes the prompts of the cache that are complete (every depth and sample), splits
 them into the same 5 folds as ``headroom.py analyse`` (by key hash) and, for every arm of the
@@ -76,9 +77,12 @@ def sweep_dir(root: str, directory: Path, keys: list[str]) -> Path:
     return Path(root) / directory.name / f"n{len(keys)}-{tag}"
 
 
-def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int, fold: int,
-              folds: int, steps: int, out: Path, max_prompts: int | None = None) -> dict:
-    """One controller, trained on every fold but ``fold``; its held-out depths, to out/heldout.json."""
+def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
+              fold: int | None, folds: int, steps: int, out: Path,
+              max_prompts: int | None = None) -> dict:
+    """One controller, trained on every fold but ``fold``; its held-out depths, to
+    out/heldout.json. ``fold=None``: the arm's final controller, trained on every prompt and
+    saved to out/controller as ``--model ponder controller=DIR`` loads it (out/final.json)."""
     import torch
 
     from lm_eval_ponder.pondering.controller import PonderController
@@ -86,7 +90,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int, 
     from lm_eval_ponder.training.grpo import GRPOTrainer
     from lm_eval_ponder.training.loop import LOG, optimise
 
-    done = out / "heldout.json"
+    done = out / ("heldout.json" if fold is not None else "final.json")
     if done.is_file():
         return json.loads(done.read_text())
     out.mkdir(parents=True, exist_ok=True)
@@ -98,7 +102,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int, 
     env = environment(cache, cfg, controller.evaluation_flops(cache.manifest["k_max"] + 1),
                       max_prompts)
     keys = [p.key for p in env.prompts]
-    f_of = fold_of(keys, folds)
+    f_of = fold_of(keys, folds) if fold is not None else [-1] * len(keys)
     train_ids = [i for i, f in enumerate(f_of) if f != fold]
     val_ids = [i for i, f in enumerate(f_of) if f == fold]
     trainer = GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
@@ -118,8 +122,33 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int, 
                                              "weights", "balance_ratio", "advantage_abs",
                                              "entropy", "loss", "reinitialisations")}
                       for e in log if "alert" not in e]}
+    if fold is None:
+        save_final(trainer, cfg, ident, out / "controller", record, len(keys))
     done.write_text(json.dumps(record) + "\n")
     return record
+
+
+def save_final(trainer, cfg, ident: dict, directory: Path, record: dict, n_prompts: int) -> None:
+    """The controller with the config the evaluation path reads (pondering, layer, the steering
+    vector it was trained with), like ``python -m lm_eval_ponder.train`` writes it."""
+    from lm_eval_ponder.pondering.controller import save_controller
+    from lm_eval_ponder.resources import shipped_controller_dir
+    from lm_eval_ponder.training.config import config_dict
+
+    run_config = config_dict(cfg)
+    backbone = {k: ident[k] for k in ("backbone", "backbone_sha256", "layer", "steering_sha256")}
+    backbone["steering_dir"] = str(shipped_controller_dir("smollm2-135m-instruct"))
+    backbone["steering_scale"] = ident["scale"]
+    save_controller(trainer.controller, directory, extra_config={
+        "backbone": backbone, "ponder": run_config["ponder"], "layer": ident["layer"],
+        "train_config": run_config, "seed": cfg.seed,
+        "data": {"cache": cache_note(ident), "prompts": n_prompts, "arm": record["arm"]},
+        "cost": {"train_wall_s": record["train_wall_s"]}})
+
+
+def cache_note(ident: dict) -> str:
+    return (f"headroom rollout cache, {ident['samples']} samples per (prompt, depth), prompts "
+            f"sha256 {ident['prompts_sha256'][:16]}")
 
 
 def p_continue(trainer, z0):
@@ -160,8 +189,9 @@ def train(args) -> None:
     keys = [p.key for p in environment(cache, cfg0, 0.0, args.prompts).prompts]
     root = sweep_dir(args.out_root, directory, keys)
     print(f"{len(keys)} complete prompts -> {root}", flush=True)
+    folds = [None] if args.final else range(args.folds)
     runs = [(a, s, f) for a in args.arms.split(",") for s in map(int, args.seeds.split(","))
-            for f in range(args.folds)]
+            for f in folds]
     for arm, _, _ in runs:
         if arm not in ARMS:
             sys.exit(f"unknown arm {arm!r}; known: {sorted(ARMS)}")
@@ -169,9 +199,10 @@ def train(args) -> None:
     (root / "prompts.json").write_text(json.dumps({"cache": str(directory), "keys": keys}) + "\n")
     for n, (arm, seed, fold) in enumerate(runs, 1):
         t0 = time.time()
+        name = f"fold{fold}" if fold is not None else "all"
         rec = train_one(cache, step_vector, args.form, args.samples, arm, seed, fold, args.folds,
-                        args.steps, root / arm / f"seed{seed}" / f"fold{fold}", args.prompts)
-        print(f"[{n}/{len(runs)}] {arm} seed {seed} fold {fold}: held-out depths "
+                        args.steps, root / arm / f"seed{seed}" / name, args.prompts)
+        print(f"[{n}/{len(runs)}] {arm} seed {seed} {name}: held-out depths "
               f"{sorted(set(rec['val_depths']))}, train hist {rec['train_depths_hist']} "
               f"({time.time() - t0:.0f} s)", flush=True)
 
@@ -467,6 +498,10 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.choices["train"]
     t.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {sorted(ARMS)}")
     t.add_argument("--seeds", default="0,1,2")
+    t.add_argument("--final", action="store_true",
+                   help="train each arm and seed once on every complete prompt and save it as "
+                        "a controller directory (<run>/all/controller) for lm_eval; see "
+                        "benchmarks/testset.py")
     t.add_argument("--threads", type=int, default=1, help="torch threads (a tiny MLP)")
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/adaptation", help="summary JSON, table and plot")

@@ -32,10 +32,11 @@ FORMS = {"ours": -0.2, "paper": 0.0}
 PROMPTS = {"arith_ponder": 400, "gsm8k_ponder": 200}
 
 
-def train_config(form: str, samples: int, max_tokens: int, batch_size: int):
+def train_config(form: str, samples: int, max_tokens: int, batch_size: int,
+                 dtype: str | None = None):
     from lm_eval_ponder.training.config import TrainConfig
 
-    cfg = TrainConfig(output="unused")
+    cfg = TrainConfig(output="unused", dtype=dtype)
     cfg.ponder.alpha_start = FORMS[form]
     cfg.rollout.prompts = dict(PROMPTS)
     cfg.rollout.samples = samples
@@ -48,6 +49,15 @@ def cache_dir(root: str, form: str, samples: int) -> Path:
     return Path(root) / f"{form}-{'greedy' if samples == 1 else f's{samples}'}"
 
 
+def recorded_dtype(directory: Path) -> str | None:
+    """The dtype a cache was started in. A build resumed on another machine keeps it (the
+    default dtype follows the CPU's bf16 support, and a cache refuses other settings)."""
+    manifest = directory / "manifest.json"
+    if not manifest.is_file():
+        return None
+    return str(json.loads(manifest.read_text())["identity"]["dtype"]).removeprefix("torch.")
+
+
 def build(args) -> None:
     import torch
 
@@ -56,10 +66,11 @@ def build(args) -> None:
     from lm_eval_ponder.training.rollouts import generate_missing, prepare_cache
 
     torch.set_num_threads(args.threads)
-    cfg = train_config(args.form, args.samples, args.max_tokens, args.batch_size)
+    directory = cache_dir(args.root, args.form, args.samples)
+    cfg = train_config(args.form, args.samples, args.max_tokens, args.batch_size,
+                       args.dtype or recorded_dtype(directory))
     offsets = cumulative_offsets(cfg.ponder).tolist()
     lm = load_backbone(cfg, offsets)
-    directory = cache_dir(args.root, args.form, args.samples)
     t0 = time.time()
     cache, prompts = prepare_cache(lm, cfg.rollout, offsets, directory)
     print(f"cache {directory}: {len(prompts)} prompts x {len(offsets)} depths x "
@@ -441,6 +452,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--max-tokens", type=int, default=256)
     b.add_argument("--batch-size", type=int, default=128, help="rows per generation call")
     b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--dtype", default=None,
+                   help="backbone dtype (default: the cache's own, else the device's native one)")
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/headroom", help="summary JSON, table and plot")
     a.add_argument("--folds", type=int, default=5, help="cross-fitting folds of prompts")

@@ -37,3 +37,89 @@ def test_threshold_rule_is_the_inference_rule(probabilities):
     w = adaptation.depth_weights(probabilities.numpy().astype(float), "tau=0.2")
     assert np.array_equal(w.argmax(axis=1), halting_depth(probabilities, 0.2).numpy())
     assert np.array_equal(w.sum(axis=1), np.ones(6))
+
+
+# ----------------------------------------------------------------------------- testset.py
+import testset  # noqa: E402
+
+
+@pytest.fixture
+def sweep():
+    """Three depths x four documents: depth 1 is right on documents 0-1, depth 2 on 2-3."""
+    correct = np.array([[0, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1]], dtype=float)
+    tokens = np.array([[10, 10, 10, 10], [20, 20, 20, 20], [30, 30, 30, 30]], dtype=float)
+    return {"docs": [0, 1, 2, 3], "correct": correct, "gen_tokens": tokens,
+            "flops": tokens * 100.0}
+
+
+def test_a_controller_at_one_fixed_depth_sits_on_the_curve(sweep):
+    f = testset.composed_figures(sweep, np.full(4, 1), 7.0, np.arange(4))
+    assert f["accuracy"] == 0.5 and f["gen_tokens"] == 20 and f["flops"] == 2007.0
+    assert f["gap_accuracy_at_equal_tokens"] == 0.0
+
+
+def test_a_controller_that_picks_per_document_is_above_the_curve(sweep):
+    f = testset.composed_figures(sweep, np.array([1, 1, 2, 2]), 0.0, np.arange(4))
+    assert f["accuracy"] == 1.0 and f["gen_tokens"] == 25.0
+    assert f["gap_accuracy_at_equal_tokens"] == pytest.approx(0.5)  # envelope at 25 tokens: 0.5
+    resampled = testset.composed_figures(sweep, np.array([1, 1, 2, 2]), 0.0, np.array([0, 0, 2]))
+    assert resampled["accuracy"] == 1.0 and resampled["depth"] == pytest.approx(4 / 3)
+
+
+def _write_samples(directory, task, docs, correct):
+    import json
+
+    directory.mkdir(parents=True)
+    with open(directory / f"samples_{task}_ponder_2026.jsonl", "w") as f:
+        for d, c in zip(docs, correct):
+            f.write(json.dumps({
+                "doc_id": d, "doc": {"level": 1 + d % 2}, "exact_match": c, "gen_tokens": 5.0,
+                "flops": 1.0, "resps": [[f"answer {d}"]],
+                "arguments": {"gen_args_0": {"arg_0": f"question {d}", "arg_1": {}}}}) + "\n")
+
+
+def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
+    for k, correct in enumerate(([1, 0, 1], [0, 0, 1])):
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k) / "greedy" / "FR" / "arith",
+                       "arith", [0, 1, 2], correct)
+    assert testset.load_sweep(str(tmp_path), "ours", "arith", 2) is None  # depth 2 missing
+    s = testset.load_sweep(str(tmp_path), "ours", "arith", 1)
+    assert s["correct"].tolist() == [[1, 0, 1], [0, 0, 1]]
+    assert s["contexts"] == ["question 0", "question 1", "question 2"]
+    assert s["level"].tolist() == [1, 2, 1] and s["texts"][1][2] == "answer 2"
+    _write_samples(testset.run_dir(str(tmp_path), "ours", 2) / "greedy" / "FR" / "arith",
+                   "arith", [0, 1], [1, 1])
+    with pytest.raises(SystemExit, match="different documents"):
+        testset.load_sweep(str(tmp_path), "ours", "arith", 2)
+
+
+def test_final_controllers_choose_depths_as_the_evaluation_path_does(tmp_path):
+    """``adaptation.save_final`` writes what ``testset.controller_depths`` (and ``--model
+    ponder``) load: the same first-phi<=tau depths and the controller's FLOPs; a controller of
+    the other form is refused."""
+    from types import SimpleNamespace
+
+    from lm_eval_ponder.pondering.controller import PonderController
+    from lm_eval_ponder.pondering.dynamics import candidate_states
+    from lm_eval_ponder.steering.vector import load_vector
+
+    torch.manual_seed(0)
+    controller = PonderController(576, 16)
+    ident = {"backbone": "b", "backbone_sha256": "0" * 64, "layer": 15,
+             "steering_sha256": "s", "scale": 3.0, "samples": 4, "prompts_sha256": "p" * 64}
+    record = {"arm": "flops0", "train_wall_s": 1.0}
+    for form in ("ours", "paper"):
+        cfg = adaptation.arm_config(form, 4, "flops0", 0, 10, tmp_path / form)
+        adaptation.save_final(SimpleNamespace(controller=controller), cfg, ident,
+                              tmp_path / form / "controller", record, 5)
+    z0 = torch.randn(5, 576)
+    offsets = testset.offsets_of("ours")
+    depth, flops, config = testset.controller_depths(tmp_path / "ours" / "controller", z0, offsets)
+    steering = load_vector(config["backbone"]["steering_dir"])
+    h = float(steering.residual_norm(15)) * steering.vector(15)
+    with torch.no_grad():
+        p = controller(candidate_states(z0, h, torch.tensor(offsets))).squeeze(-1)
+    assert depth.tolist() == halting_depth(p, 0.2).tolist()
+    assert flops == controller.evaluation_flops(9) and config["data"]["arm"] == "flops0"
+    with pytest.raises(SystemExit, match="other form"):
+        testset.controller_depths(tmp_path / "paper" / "controller", z0, offsets)

@@ -8,7 +8,8 @@ report.
 Each (decoding, method, dataset) is one ``lm_eval`` run in its own directory, written by the
 real CLI (so the files are exactly what users get) with a ``ponder_run.json`` naming the method.
 A run whose directory already holds results is skipped, so an interrupted suite continues
-where it stopped. Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``),
+where it stopped; with ``--resume_within`` a run also keeps its answers as they come (lm-eval's
+``--use_cache``, stamped with the model's settings), so a long run resumes mid-dataset. Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``),
 FP-Direct, FP-CoT, FP-BoN (the controller: ``--controller`` or the one shipped for the
 backbone; skipped, with a message, when there is none).
 """
@@ -118,6 +119,8 @@ def run_suite(a: argparse.Namespace) -> Path:
                "--seed", str(a.seed)]
         if a.limit:
             cmd += ["--limit", str(a.limit)]
+        if a.resume_within:  # lm-eval keeps each answer as it comes: a killed run loses none
+            cmd += ["--use_cache", str(target / "answers")]
         LOGGER.info("[%d/%d] %s %s: %s", i, len(runs), r["label"], r["dataset"], " ".join(cmd[2:]))
         start = time.time()
         done = subprocess.run(cmd)
@@ -128,9 +131,10 @@ def run_suite(a: argparse.Namespace) -> Path:
         (target / "ponder_run.json").write_text(json.dumps(
             {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
              "wall_s": round(time.time() - start, 1), "command": cmd[1:]}, indent=1))
-    from lm_eval_ponder.reporting.report import report
+    if a.report:
+        from lm_eval_ponder.reporting.report import report
 
-    print(report([out], out / "report"))
+        print(report([out], out / "report"))
     return out
 
 
@@ -154,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model_args", default="",
                    help="extra model args for every run, e.g. dtype=bfloat16,parallelize=True")
+    p.add_argument("--resume_within", action="store_true",
+                   help="keep each run's answers as they come (lm-eval's --use_cache, in the run's "
+                        "directory), so an interrupted run resumes mid-dataset, not from its start")
+    p.add_argument("--no_report", dest="report", action="store_false",
+                   help="run only; make the report later with python -m lm_eval_ponder.report")
     p.add_argument("--launcher", default=None,
                    help="start each run with this, e.g. 'accelerate launch --multi_gpu "
                         "--num_processes 8' (default: this Python, one process)")

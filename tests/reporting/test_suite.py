@@ -55,3 +55,26 @@ def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):
     cmd = commands[0]
     assert cmd[:6] == ["accelerate", "launch", "--multi_gpu", "--num_processes", "8", "-m"]
     assert cmd[cmd.index("--model_args") + 1] == "controller=none,dtype=bfloat16,parallelize=False"
+
+
+def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_vector_dir,
+                                                           tmp_path, capfd):
+    """``--resume_within``: a run whose results never got written (killed mid-dataset) is
+    re-run, and the answers it had already produced come back from its directory, not the
+    model."""
+    argv = ["--output", str(tmp_path / "s"), "--pretrained", str(tiny_model_dir),
+            "--steering", str(tiny_vector_dir), "--controller", "none", "--tasks", "arith",
+            "--methods", "FR", "--limit", "3", "--max_gen_toks", "4", "--batch_size", "4",
+            "--no_chat_template", "--resume_within", "--no_report"]
+    suite.main(argv)
+    target = tmp_path / "s" / "greedy" / "FR" / "arith"
+    first = [p.read_text() for p in target.rglob("samples_*.jsonl")]
+    assert list(target.glob("answers*")) and not (tmp_path / "s" / "report").exists()
+    for p in [*target.rglob("results_*.json"), *target.rglob("samples_*.jsonl")]:
+        p.unlink()  # as if killed before lm-eval wrote its files
+    capfd.readouterr()
+    suite.main(argv)
+    assert "Cached requests: 3, Requests remaining: 0" in "".join(capfd.readouterr())
+    again = [p.read_text() for p in target.rglob("samples_*.jsonl")]
+    assert [s.split('"resps"')[1][:200] for s in again] == \
+        [s.split('"resps"')[1][:200] for s in first]

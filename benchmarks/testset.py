@@ -1,0 +1,408 @@
+"""Trained controllers against the fixed-alpha sweep on the test documents, through lm_eval.
+
+    export LM_EVAL_PONDER_DATA=../shared/data
+    # 1. the sweep: --model ponder alpha=c_k for every depth k of the form, greedy, on the full
+    #    arith ladder (500) and the first 500 GSM8K test questions (resumable, see below)
+    python benchmarks/testset.py sweep --form ours
+    # 2. controllers: trained on the headroom cache's complete prompts, one per arm and seed
+    python benchmarks/adaptation.py train --form ours --samples 4 --final
+    # 3. every controller against the sweep; 4. the composition checked through lm_eval itself
+    python benchmarks/testset.py analyse --form ours --sweep results/adaptation/ours-s4/n128-...
+    python benchmarks/testset.py verify --form ours --controller DIR --limit 100
+
+Why the controllers need no generation of their own: a prompt-level controller chooses its
+depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
+``--model ponder alpha=c_k`` generates. So the sweep's K+1 runs already hold every controller's
+answers: its result on a document is the sweep's answer at the depth it chooses there (from
+z_0 through the inference path, ``pondering.dynamics.ponder``), plus its own FLOPs. ``verify``
+tests that claim on the first N documents by running a controller through lm_eval
+(``--model ponder controller=DIR``) and comparing depth and answer text per document; its
+agreement is reported next to the figures.
+
+Every lm_eval run is one directory under ``results/testset/<form>/k<k>`` written by
+``python -m lm_eval_ponder.suite`` with ``--resume_within``: finished runs are skipped and a
+killed run keeps the answers it had (lm-eval's ``--use_cache``), so re-running the same command
+continues. The dtype is pinned (float32, the rollout caches' dtype) so that a sweep resumed on
+another machine stays one configuration. Arith runs first at every depth, then GSM8K.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from headroom import FORMS, accuracy_at_tokens, bootstrap, train_config
+
+TASKS = {"arith": 500, "gsm8k": 500}
+
+
+def offsets_of(form: str) -> list[float]:
+    from lm_eval_ponder.pondering.dynamics import cumulative_offsets
+
+    return cumulative_offsets(train_config(form, 1, 256, 1).ponder).tolist()
+
+
+def run_dir(root: str, form: str, k: int) -> Path:
+    return Path(root) / form / f"k{k}"
+
+
+def sweep(args) -> None:
+    from lm_eval_ponder.reporting import suite
+
+    offsets = offsets_of(args.form)
+    depths = range(len(offsets)) if args.depths is None else map(int, args.depths.split(","))
+    depths = list(depths)
+    for task in args.tasks.split(","):
+        if task not in TASKS:
+            sys.exit(f"unknown task {task!r}; known: {sorted(TASKS)}")
+        for k in depths:
+            print(f"[{args.form}] {task}, depth {k} (alpha={offsets[k]:.4f})", flush=True)
+            code = suite.main([
+                "--output", str(run_dir(args.root, args.form, k)), "--methods", "FR",
+                "--alpha", repr(offsets[k]), "--tasks", task,
+                "--limit", str(args.limit or TASKS[task]), "--max_gen_toks", str(args.max_tokens),
+                "--batch_size", str(args.batch_size), "--controller", "none", "--resume_within",
+                "--no_report", "--model_args", f"dtype={args.dtype}"])
+            if code:
+                sys.exit(code)
+
+
+# ----------------------------------------------------------------------------- reading
+def samples_file(directory: Path, task: str) -> Path | None:
+    files = sorted(directory.rglob(f"samples_{task}_ponder_*.jsonl"))
+    return files[-1] if files else None
+
+
+def load_sweep(root: str, form: str, task: str, k_max: int) -> dict | None:
+    """The sweep on one task as [depth, doc] arrays, or None until every depth has finished."""
+    import numpy as np
+
+    from lm_eval_ponder.reporting.report import read_samples
+
+    per_k = []
+    for k in range(k_max + 1):
+        path = samples_file(run_dir(root, form, k) / "greedy" / "FR" / task, task)
+        if path is None:
+            return None
+        per_k.append({int(s["doc_id"]): s for s in read_samples(path)})
+    docs = sorted(per_k[0])
+    if any(sorted(p) != docs for p in per_k):
+        sys.exit(f"{task}: the sweep's depths answered different documents; re-run one limit")
+    first = per_k[0]
+
+    def grid(key):
+        return np.array([[float(p[d][key]) for d in docs] for p in per_k])
+
+    return {"docs": docs, "correct": grid("exact_match"), "gen_tokens": grid("gen_tokens"),
+            "flops": grid("flops"),
+            "texts": [[p[d]["resps"][0][0] for d in docs] for p in per_k],
+            "contexts": [first[d]["arguments"]["gen_args_0"]["arg_0"] for d in docs],
+            "level": np.array([-1 if first[d]["doc"].get("level") is None
+                               else int(first[d]["doc"]["level"]) for d in docs]),
+            "wall_s": sum(json.loads(f.read_text()).get("wall_s", 0.0)
+                          for k in range(k_max + 1)
+                          for f in (run_dir(root, form, k) / "greedy" / "FR" / task).glob(
+                              "ponder_run.json"))}
+
+
+def test_states(root: str, form: str, task: str, contexts: list[str], dtype: str):
+    """z_0 of every test prompt, computed as the rollout cache computes it for training prompts
+    (``training.rollouts.prompt_states``: one prompt at a time, the steering layer's output at
+    the last token); kept next to the sweep, keyed by the contexts."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    path = Path(root) / form / f"z0_{task}.safetensors"
+    digest = hashlib.sha256("\n\0".join(contexts).encode()).hexdigest()
+    if path.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            if (f.metadata() or {}).get("contexts_sha256") == digest:
+                return load_file(str(path))["z0"]
+    from lm_eval_ponder.training.loop import load_backbone
+    from lm_eval_ponder.training.rollouts import prompt_states
+
+    cfg = train_config(form, 1, 256, 1, dtype)
+    lm = load_backbone(cfg, offsets_of(form))
+    with torch.no_grad():
+        z0 = prompt_states(lm, contexts, lm.steer_layer).float()
+    save_file({"z0": z0.contiguous()}, str(path),
+              metadata={"contexts_sha256": digest, "dtype": dtype})
+    return z0
+
+
+def controller_depths(directory: Path, z0, offsets: list[float]) -> tuple:
+    """(depth per document, controller FLOPs per document, its config), by the inference path."""
+    import torch
+
+    from lm_eval_ponder.pondering.controller import load_controller
+    from lm_eval_ponder.pondering.dynamics import (
+        PonderConfig,
+        cumulative_offsets,
+        ponder,
+    )
+    from lm_eval_ponder.steering.vector import load_vector
+
+    controller, config = load_controller(directory, expected_hidden_size=z0.shape[1])
+    pcfg = PonderConfig(**config["ponder"])
+    mine = cumulative_offsets(pcfg)
+    if len(mine) != len(offsets) or not torch.allclose(mine, torch.tensor(offsets)):
+        sys.exit(f"{directory} ponders at offsets {mine.tolist()}, not this sweep's {offsets}: "
+                 "a controller of the other form")
+    steering = load_vector(config["backbone"]["steering_dir"])
+    layer = int(config["layer"])
+    h = float(steering.residual_norm(layer)) * steering.vector(layer)
+    depth, _ = ponder(controller, z0, h, mine, pcfg.tau)
+    return depth.numpy(), float(controller.evaluation_flops(pcfg.k_max + 1)), config
+
+
+def find_controllers(sweep_root: Path | None, form: str) -> dict[str, Path]:
+    """name -> directory: the final controllers of an adaptation sweep, and for our form the
+    shipped one (trained with alpha_start=-0.2)."""
+    from lm_eval_ponder.resources import shipped_controller_dir
+
+    found = {}
+    if form == "ours":
+        shipped = shipped_controller_dir("smollm2-135m-instruct")
+        if shipped is not None and (shipped / "controller.safetensors").is_file():
+            found["shipped"] = shipped
+    if sweep_root is not None:
+        for d in sorted(sweep_root.glob("*/seed*/all/controller")):
+            found[f"{d.parent.parent.parent.name}/{d.parent.parent.name}"] = d
+    return found
+
+
+# ----------------------------------------------------------------------------- figures
+def fixed_curve(s: dict, idx):
+    import numpy as np
+
+    return np.stack([s["gen_tokens"][:, idx].mean(axis=1), s["correct"][:, idx].mean(axis=1)], 1)
+
+
+def composed_figures(s: dict, depth, ctrl_flops: float, idx) -> dict:
+    """A controller's figures on (a resample ``idx`` of) the documents, and its gap to the
+    fixed-alpha curve at equal tokens (the curve's upper envelope, interpolated)."""
+    import numpy as np
+
+    cols = np.arange(len(s["docs"]))[idx]
+    d = depth[idx]
+    acc = s["correct"][d, cols].mean()
+    tok = s["gen_tokens"][d, cols].mean()
+    at = accuracy_at_tokens(fixed_curve(s, idx), tok)
+    return {"accuracy": float(acc), "gen_tokens": float(tok),
+            "flops": float(s["flops"][d, cols].mean() + ctrl_flops), "depth": float(d.mean()),
+            "fixed_curve_accuracy_at_tokens": at, "gap_accuracy_at_equal_tokens": acc - at}
+
+
+def depth_profile(depth, level) -> dict:
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    out = {"depth_hist": np.bincount(depth, minlength=9).tolist()}
+    if (level >= 0).any():
+        out["mean_depth_by_level"] = {f"L{v}": float(depth[level == v].mean())
+                                      for v in sorted(set(level[level >= 0].tolist()))}
+        out["spearman_depth_vs_level"] = (float(spearmanr(level, depth).statistic)
+                                          if np.ptp(depth) > 0 else float("nan"))
+    return out
+
+
+def analyse(args) -> None:
+    import numpy as np
+
+    from lm_eval_ponder.reporting.report import wilson
+
+    offsets = offsets_of(args.form)
+    k_max = len(offsets) - 1
+    controllers = find_controllers(Path(args.sweep) if args.sweep else None, args.form)
+    summary = {"form": args.form, "offsets": offsets, "sweep": args.sweep, "tasks": {}}
+    for task in TASKS:
+        s = load_sweep(args.root, args.form, task, k_max)
+        if s is None:
+            print(f"{task}: the sweep is not finished at every depth; skipped", flush=True)
+            continue
+        n = len(s["docs"])
+        z0 = test_states(args.root, args.form, task, s["contexts"], args.dtype)
+        fixed = []
+        for k in range(k_max + 1):
+            lo, hi = wilson(s["correct"][k].sum(), n)
+            fixed.append({"depth": k, "alpha": offsets[k], "accuracy": float(s["correct"][k].mean()),
+                          "ci95": [lo, hi], "gen_tokens": float(s["gen_tokens"][k].mean()),
+                          "flops": float(s["flops"][k].mean())})
+        rows = {}
+        for name, directory in controllers.items():
+            depth, ctrl_flops, _ = controller_depths(directory, z0, offsets)
+            f = composed_figures(s, depth, ctrl_flops, np.arange(n))
+            lo, hi = wilson(f["accuracy"] * n, n)
+            def resampled(idx, s=s, depth=depth, ctrl_flops=ctrl_flops):
+                return composed_figures(s, depth, ctrl_flops, idx)
+
+            rows[name] = {"figures": {**f, "accuracy_ci95": [lo, hi]},
+                          "ci95": bootstrap(resampled, n, args.bootstrap),
+                          **depth_profile(depth, s["level"]), "directory": str(directory)}
+        summary["tasks"][task] = {"documents": n, "fixed": fixed, "controllers": rows,
+                                  "sweep_wall_s": s["wall_s"]}
+    for path in sorted(Path(args.root, args.form, "verify").glob("*/verify.json")):
+        summary.setdefault("verify", {})[path.parent.name] = json.loads(path.read_text())
+    if not summary["tasks"]:
+        sys.exit("no task has finished the sweep at every depth: run `testset.py sweep` first")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.form}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    write_markdown(out / f"{args.form}.md", summary)
+    plot(out / f"{args.form}.png", summary)
+    print((out / f"{args.form}.md").read_text())
+
+
+def write_markdown(path: Path, s: dict) -> None:
+    lines = [f"# Controllers against the fixed-alpha sweep on test documents: form `{s['form']}`",
+             "", "Greedy, through `lm_eval --model ponder` (256 new tokens, float32). A "
+             "controller's answers are the sweep's answers at the depth it chooses per document "
+             "(see `benchmarks/testset.py`; `verify` below checks this through lm_eval). CIs: "
+             "Wilson for accuracies, paired bootstrap over documents for the gap.", ""]
+    for task, t in s["tasks"].items():
+        lines += [f"## {task} ({t['documents']} documents; sweep wall {t['sweep_wall_s'] / 3600:.1f} h)",
+                  "", "| depth k | alpha | accuracy [95% CI] | tokens | FLOPs |", "|---|---|---|---|---|"]
+        for r in t["fixed"]:
+            lines.append(f"| {r['depth']} | {r['alpha']:.4f} | {r['accuracy']:.3f} "
+                         f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {r['gen_tokens']:.1f} | "
+                         f"{r['flops']:.3e} |")
+        lines += ["", "| controller | accuracy [95% CI] | tokens | FLOPs | mean depth | accuracy - "
+                  "fixed curve at equal tokens [95% CI] | depth histogram | mean depth by level | "
+                  "Spearman(depth, level) |", "|---|---|---|---|---|---|---|---|---|"]
+        for name, r in t["controllers"].items():
+            f, ci = r["figures"], r["ci95"]["gap_accuracy_at_equal_tokens"]
+            lvl = ", ".join(f"{k} {v:.1f}" for k, v in r.get("mean_depth_by_level", {}).items())
+            lines.append(
+                f"| {name} | {f['accuracy']:.3f} [{f['accuracy_ci95'][0]:.3f}, "
+                f"{f['accuracy_ci95'][1]:.3f}] | {f['gen_tokens']:.1f} | {f['flops']:.3e} | "
+                f"{f['depth']:.2f} | {f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, "
+                f"{ci[1]:+.3f}] | {r['depth_hist']} | {lvl or '-'} | "
+                f"{r.get('spearman_depth_vs_level', float('nan')):.2f} |")
+        lines.append("")
+    for name, v in s.get("verify", {}).items():
+        lines.append(f"Verify `{name}` through lm_eval on {v['documents']} documents: "
+                     f"{json.dumps(v['agreement'])}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(path: Path, s: dict) -> None:
+    """Per task, the fixed-alpha curve (Wilson CIs) with each controller as a point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = list(s["tasks"])
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.4), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        t = s["tasks"][task]
+        x = [r["gen_tokens"] for r in t["fixed"]]
+        y = [r["accuracy"] for r in t["fixed"]]
+        err = [[r["accuracy"] - r["ci95"][0] for r in t["fixed"]],
+               [r["ci95"][1] - r["accuracy"] for r in t["fixed"]]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", color="k", capsize=2, label="fixed alpha (depth k)")
+        for r in t["fixed"]:
+            ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
+                        textcoords="offset points", xytext=(3, -9))
+        arms = sorted({name.split("/")[0] for name in t["controllers"]})
+        for name, r in t["controllers"].items():
+            f = r["figures"]
+            ax.plot(f["gen_tokens"], f["accuracy"], "x" if "/" in name else "*", ms=8,
+                    color=f"C{arms.index(name.split('/')[0])}",
+                    label=name.split("/")[0] if name.endswith("seed0") or "/" not in name else None)
+        ax.set_xlabel("mean generated tokens")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{task}, {t['documents']} test documents", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Controllers vs fixed alpha, form {s['form']} (greedy, lm_eval)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- verification
+def verify(args) -> None:
+    """Run one controller through lm_eval on the first N documents of each task and compare,
+    per document, its depth with the composed one and its answer with the sweep's answer at
+    that depth."""
+    import numpy as np
+
+    from lm_eval_ponder.reporting import suite
+    from lm_eval_ponder.reporting.report import read_samples
+
+    offsets = offsets_of(args.form)
+    directory = Path(args.controller)
+    name = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
+    out = Path(args.root) / args.form / "verify" / name
+    agreement, n_docs = {}, 0
+    for task in TASKS:
+        s = load_sweep(args.root, args.form, task, len(offsets) - 1)
+        if s is None:
+            continue
+        code = suite.main([
+            "--output", str(out), "--methods", "FP-Direct", "--controller", str(directory),
+            "--tasks", task, "--limit", str(args.limit), "--max_gen_toks", str(args.max_tokens),
+            "--batch_size", str(args.batch_size), "--resume_within", "--no_report",
+            "--model_args", f"dtype={args.dtype}"])
+        if code:
+            sys.exit(code)
+        real = {int(r["doc_id"]): r for r in read_samples(
+            samples_file(out / "greedy" / "FP-Direct" / task, task))}
+        z0 = test_states(args.root, args.form, task, s["contexts"], args.dtype)
+        depth, _, _ = controller_depths(directory, z0, offsets)
+        col = {d: i for i, d in enumerate(s["docs"])}
+        same_depth = same_text = same_text_own = 0
+        for d, r in real.items():
+            i, k_real = col[d], round(float(r["ponder_steps"]))
+            text = r["resps"][0][0]
+            same_depth += k_real == depth[i]
+            same_text += text == s["texts"][depth[i]][i]
+            same_text_own += text == s["texts"][k_real][i]
+        n = len(real)
+        n_docs += n
+        agreement[task] = {"documents": n, "depth": float(same_depth / n),
+                           "text_at_composed_depth": float(same_text / n),
+                           "text_at_its_own_depth": float(same_text_own / n),
+                           "real_accuracy": float(np.mean([float(r["exact_match"])
+                                                           for r in real.values()]))}
+        print(task, agreement[task], flush=True)
+    if not agreement:
+        sys.exit("no task has finished the sweep at every depth: run `testset.py sweep` first")
+    (out / "verify.json").write_text(json.dumps(
+        {"controller": str(directory), "documents": n_docs, "agreement": agreement}, indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ("sweep", "analyse", "verify"):
+        s = sub.add_parser(name)
+        s.add_argument("--form", choices=sorted(FORMS), default="ours")
+        s.add_argument("--root", default="results/testset", help="where the lm_eval runs go")
+        s.add_argument("--dtype", default="float32", help="backbone dtype of every run")
+        s.add_argument("--max-tokens", type=int, default=256)
+        s.add_argument("--batch-size", type=int, default=32)
+    sw = sub.choices["sweep"]
+    sw.add_argument("--tasks", default=",".join(TASKS))
+    sw.add_argument("--depths", default=None, help="comma list (default: all)")
+    sw.add_argument("--limit", type=int, default=None, help="documents per task (default: 500)")
+    a = sub.choices["analyse"]
+    a.add_argument("--sweep", default=None,
+                   help="an adaptation sweep directory holding final controllers "
+                        "(adaptation.py train --final)")
+    a.add_argument("--out", default="docs/testset")
+    a.add_argument("--bootstrap", type=int, default=2000)
+    v = sub.choices["verify"]
+    v.add_argument("--controller", required=True)
+    v.add_argument("--limit", type=int, default=100)
+    args = p.parse_args(argv)
+    {"sweep": sweep, "analyse": analyse, "verify": verify}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

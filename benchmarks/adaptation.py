@@ -20,7 +20,8 @@ set of complete prompts, so growing the cache starts a fresh sweep instead of mi
 The arms trace the accuracy-FLOPs trade-off that a family of controllers can reach:
 ``balanced`` is the shipped reward (w_flops adapted toward 0.3 x E|R_acc|, the paper's
 balancing); ``flops<w>`` fixes w_flops = w with no balancing (w = 0: accuracy and the small
-quality terms only). A controller helps only if it lies above the fixed-depth curve by more
+quality terms only); ``balanced-*`` change one GRPO setting of the shipped reward (entropy
+bonus x10, advantages scaled by the group's std, step size / 10). A controller helps only if it lies above the fixed-depth curve by more
 than the bootstrap CI over prompts.
 
 The perplexity reference of R_qual (median and IQR of correct answers' perplexities) is taken
@@ -42,6 +43,12 @@ from headroom import (FORMS, PROMPTS, accuracy_at_tokens, bootstrap, cache_argum
 
 ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
                                  "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
+# The shipped reward with one optimisation setting changed: do the entropy bonus, advantage
+# scaling or step size, rather than the reward balance, decide where a controller ends?
+GRPO_ARMS: dict[str, tuple[str, float | bool]] = {
+    "balanced-ent0.1": ("entropy_beta", 0.1), "balanced-std": ("scale_rewards", True),
+    "balanced-lr5e-5": ("learning_rate", 5e-5)}
+ARMS.update(dict.fromkeys(GRPO_ARMS))
 
 
 def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Path):
@@ -54,6 +61,8 @@ def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Pa
     cfg.rollout.prompts = dict(PROMPTS)
     cfg.rollout.samples = samples
     cfg.grpo.max_steps = steps
+    if arm in GRPO_ARMS:
+        setattr(cfg.grpo, *GRPO_ARMS[arm])
     weight = ARMS[arm]
     if weight is not None:
         cfg.reward.balance = ()
@@ -205,6 +214,41 @@ def train(args) -> None:
         print(f"[{n}/{len(runs)}] {arm} seed {seed} {name}: held-out depths "
               f"{sorted(set(rec['val_depths']))}, train hist {rec['train_depths_hist']} "
               f"({time.time() - t0:.0f} s)", flush=True)
+
+
+def export(args) -> None:
+    """A finished cross-fitted run's controller as a directory ``--model ponder`` loads
+    (<run>/controller), refused unless it reproduces the held-out depths the run recorded.
+    Such a controller, with depths that differ across documents, is what ``testset.py verify``
+    needs to test its shortcut on batches that mix depths."""
+    import torch
+    from safetensors import safe_open
+
+    from lm_eval_ponder.pondering.controller import PonderController
+    from lm_eval_ponder.steering.vector import load_vector
+    from lm_eval_ponder.training.grpo import GRPOTrainer
+    from lm_eval_ponder.training.rollouts import RolloutCache
+
+    run = Path(args.run)
+    rec = json.loads((run / "heldout.json").read_text())
+    cache = RolloutCache(cache_dir(args.root, args.form, args.samples))
+    ident = cache.manifest["identity"]
+    cfg = arm_config(args.form, args.samples, rec["arm"], rec["seed"], rec["steps"], run)
+    env = environment(cache, cfg, 0.0)
+    row = {p.key: i for i, p in enumerate(env.prompts)}
+    controller = PonderController(env.z0.shape[1], cfg.controller_hidden,
+                                  cfg.controller_temperature)
+    with safe_open(str(run / "checkpoint.safetensors"), "pt") as f:
+        controller.load_state_dict({k.removeprefix("controller."): f.get_tensor(k)
+                                    for k in f.keys() if k.startswith("controller.")})
+    step_vector = ident["scale"] * load_vector(steering_dir(ident)).vector(ident["layer"])
+    trainer = GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
+                          cfg.grpo, cfg.seed)
+    depths = trainer.greedy_depths(env.z0[[row[k] for k in rec["val_keys"]]]).tolist()
+    if depths != rec["val_depths"]:
+        sys.exit(f"{run}: the checkpoint's controller does not reproduce the recorded depths")
+    save_final(trainer, cfg, ident, run / "controller", rec, sum(rec["train_depths_hist"]))
+    print(f"{run / 'controller'}: held-out depths {depths}")
 
 
 # ----------------------------------------------------------------------------- analysis
@@ -506,10 +550,13 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/adaptation", help="summary JSON, table and plot")
     a.add_argument("--bootstrap", type=int, default=2000)
+    e = sub.add_parser("export", help="a cross-fitted run's controller, for lm_eval")
+    cache_arguments(e)
+    e.add_argument("run", help="a finished run directory (<sweep>/<arm>/seed<s>/fold<f>)")
     args = p.parse_args(argv)
-    if args.samples < 1 or args.folds < 2:
+    if args.samples < 1 or getattr(args, "folds", 2) < 2:
         sys.exit("--samples must be >= 1 and --folds >= 2")
-    train(args) if args.command == "train" else analyse(args)
+    {"train": train, "analyse": analyse, "export": export}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -123,3 +123,16 @@ def test_final_controllers_choose_depths_as_the_evaluation_path_does(tmp_path):
     assert flops == controller.evaluation_flops(9) and config["data"]["arm"] == "flops0"
     with pytest.raises(SystemExit, match="other form"):
         testset.controller_depths(tmp_path / "paper" / "controller", z0, offsets)
+
+
+def test_arms_change_one_setting_each(tmp_path):
+    """``flops<w>`` fixes the FLOPs weight without balancing; ``balanced-*`` keep the shipped
+    reward and change one GRPO setting; the shipped config is untouched otherwise."""
+    base = adaptation.arm_config("ours", 4, "balanced", 0, 10, tmp_path)
+    fixed = adaptation.arm_config("ours", 4, "flops0.5", 0, 10, tmp_path)
+    assert fixed.reward.balance == () and fixed.reward.weights["flops"] == 0.5
+    for arm, (name, value) in adaptation.GRPO_ARMS.items():
+        cfg = adaptation.arm_config("ours", 4, arm, 0, 10, tmp_path)
+        assert getattr(cfg.grpo, name) == value != getattr(base.grpo, name)
+        assert cfg.reward == base.reward and cfg.ponder == base.ponder
+    assert adaptation.arm_config("paper", 4, "balanced", 0, 10, tmp_path).ponder.alpha_start == 0

@@ -34,7 +34,7 @@ import json
 import sys
 from pathlib import Path
 
-from headroom import FORMS, accuracy_at_tokens, bootstrap, train_config
+from headroom import FORMS, accuracy_at_tokens, bootstrap, oracle_choice, train_config
 
 TASKS = {"arith": 500, "gsm8k": 500}
 
@@ -244,7 +244,12 @@ def analyse(args) -> None:
             rows[name] = {"figures": {**f, "accuracy_ci95": [lo, hi]},
                           "ci95": bootstrap(resampled, n, args.bootstrap),
                           **depth_profile(depth, s["level"]), "directory": str(directory)}
+        # the naive per-document oracle: the cheapest depth that is right, knowing the answers
+        pick = oracle_choice(s["correct"].T, s["gen_tokens"].T)
+        oracle = composed_figures(s, pick, 0.0, np.arange(n))
         summary["tasks"][task] = {"documents": n, "fixed": fixed, "controllers": rows,
+                                  "oracle (upper bound)": {**oracle,
+                                                           **depth_profile(pick, s["level"])},
                                   "sweep_wall_s": s["wall_s"]}
     for path in sorted(Path(args.root, args.form, "verify").glob("*/verify.json")):
         summary.setdefault("verify", {})[path.parent.name] = json.loads(path.read_text())
@@ -283,9 +288,14 @@ def write_markdown(path: Path, s: dict) -> None:
                 f"{f['depth']:.2f} | {f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, "
                 f"{ci[1]:+.3f}] | {r['depth_hist']} | {lvl or '-'} | "
                 f"{r.get('spearman_depth_vs_level', float('nan')):.2f} |")
-        lines.append("")
+        o = t["oracle (upper bound)"]
+        lines += ["", f"Per-document oracle (the cheapest right depth, chosen knowing the answers; "
+                  f"an upper bound no controller can reach): accuracy {o['accuracy']:.3f} at "
+                  f"{o['gen_tokens']:.1f} tokens, {o['accuracy'] - o['fixed_curve_accuracy_at_tokens']:+.3f} "
+                  "over the fixed curve at equal tokens.", ""]
     for name, v in s.get("verify", {}).items():
-        lines.append(f"Verify `{name}` through lm_eval on {v['documents']} documents: "
+        lines.append(f"Verify ({name}): `{v['controller']}` through lm_eval on "
+                     f"{v['documents']} documents, share of documents that agree: "
                      f"{json.dumps(v['agreement'])}")
     path.write_text("\n".join(lines) + "\n")
 

@@ -219,6 +219,10 @@ def analyse(args) -> None:
     offsets = offsets_of(args.form)
     k_max = len(offsets) - 1
     controllers = find_controllers(Path(args.sweep) if args.sweep else None, args.form)
+    for extra in args.extra:
+        directory = Path(extra)
+        run = directory.parent  # an exported cross-fitted run: <arm>/seed<s>/fold<f>/controller
+        controllers[f"{run.parent.parent.name}/{run.parent.name}/{run.name}"] = directory
     summary = {"form": args.form, "offsets": offsets, "sweep": args.sweep, "tasks": {}}
     for task in TASKS:
         s = load_sweep(args.root, args.form, task, k_max)
@@ -289,10 +293,12 @@ def write_markdown(path: Path, s: dict) -> None:
                 f"{ci[1]:+.3f}] | {r['depth_hist']} | {lvl or '-'} | "
                 f"{r.get('spearman_depth_vs_level', float('nan')):.2f} |")
         o = t["oracle (upper bound)"]
+        gap = o["gap_accuracy_at_equal_tokens"]
         lines += ["", f"Per-document oracle (the cheapest right depth, chosen knowing the answers; "
                   f"an upper bound no controller can reach): accuracy {o['accuracy']:.3f} at "
-                  f"{o['gen_tokens']:.1f} tokens, {o['accuracy'] - o['fixed_curve_accuracy_at_tokens']:+.3f} "
-                  "over the fixed curve at equal tokens.", ""]
+                  f"{o['gen_tokens']:.1f} tokens, " + (
+                      "fewer tokens than any fixed depth." if gap != gap else
+                      f"{gap:+.3f} over the fixed curve at equal tokens."), ""]
     for name, v in s.get("verify", {}).items():
         lines.append(f"Verify ({name}): `{v['controller']}` through lm_eval on "
                      f"{v['documents']} documents, share of documents that agree: "
@@ -320,11 +326,15 @@ def plot(path: Path, s: dict) -> None:
             ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
                         textcoords="offset points", xytext=(3, -9))
         arms = sorted({name.split("/")[0] for name in t["controllers"]})
+        labelled = set()
         for name, r in t["controllers"].items():
             f = r["figures"]
-            ax.plot(f["gen_tokens"], f["accuracy"], "x" if "/" in name else "*", ms=8,
-                    color=f"C{arms.index(name.split('/')[0])}",
-                    label=name.split("/")[0] if name.endswith("seed0") or "/" not in name else None)
+            extra = name.count("/") == 2  # an exported cross-fitted run (--extra)
+            key = "cross-fitted runs (--extra)" if extra else name.split("/")[0]
+            ax.plot(f["gen_tokens"], f["accuracy"], "P" if extra else "x" if "/" in name else "*",
+                    ms=8, color="grey" if extra else f"C{arms.index(name.split('/')[0])}",
+                    label=None if key in labelled else key)
+            labelled.add(key)
         ax.set_xlabel("mean generated tokens")
         ax.set_ylabel("accuracy")
         ax.set_title(f"{task}, {t['documents']} test documents", fontsize=9)
@@ -405,6 +415,9 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--sweep", default=None,
                    help="an adaptation sweep directory holding final controllers "
                         "(adaptation.py train --final)")
+    a.add_argument("--extra", nargs="*", default=[],
+                   help="more controller directories, e.g. cross-fitted runs exported with "
+                        "adaptation.py export (<run>/controller)")
     a.add_argument("--out", default="docs/testset")
     a.add_argument("--bootstrap", type=int, default=2000)
     v = sub.choices["verify"]

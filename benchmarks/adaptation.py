@@ -21,8 +21,8 @@ The arms trace the accuracy-FLOPs trade-off that a family of controllers can rea
 ``balanced`` is the shipped reward (w_flops adapted toward 0.3 x E|R_acc|, the paper's
 balancing); ``flops<w>`` fixes w_flops = w with no balancing (w = 0: accuracy and the small
 quality terms only); ``balanced-*`` change one GRPO setting of the shipped reward (entropy
-bonus x10, advantages scaled by the group's std, step size / 10). A controller helps only if it lies above the fixed-depth curve by more
-than the bootstrap CI over prompts.
+bonus x10, advantages scaled by the group's std, step size / 10). A controller helps only if
+it lies above the fixed-depth curve by more than the bootstrap CI over prompts.
 
 The perplexity reference of R_qual (median and IQR of correct answers' perplexities) is taken
 from the whole cache, held-out prompts included: a normalisation constant with weight 0.05,
@@ -96,7 +96,6 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
 
     from lm_eval_ponder.pondering.controller import PonderController
     from lm_eval_ponder.training.distributed import Distributed
-    from lm_eval_ponder.training.grpo import GRPOTrainer
     from lm_eval_ponder.training.loop import LOG, optimise
 
     done = out / ("heldout.json" if fold is not None else "final.json")
@@ -114,8 +113,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     f_of = fold_of(keys, folds) if fold is not None else [-1] * len(keys)
     train_ids = [i for i, f in enumerate(f_of) if f != fold]
     val_ids = [i for i, f in enumerate(f_of) if f == fold]
-    trainer = GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
-                          cfg.grpo, cfg.seed)
+    trainer = make_trainer(controller, step_vector, ident, cfg)
     # val_ids=[]: nothing about the held-out fold reaches training or its log
     _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
     log = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
@@ -151,13 +149,27 @@ def save_final(trainer, cfg, ident: dict, directory: Path, record: dict, n_promp
     save_controller(trainer.controller, directory, extra_config={
         "backbone": backbone, "ponder": run_config["ponder"], "layer": ident["layer"],
         "train_config": run_config, "seed": cfg.seed,
-        "data": {"cache": cache_note(ident), "prompts": n_prompts, "arm": record["arm"]},
+        "data": {"cache": f"headroom rollout cache, {ident['samples']} samples per (prompt, "
+                          f"depth), prompts sha256 {ident['prompts_sha256'][:16]}",
+                 "prompts": n_prompts, "arm": record["arm"]},
         "cost": {"train_wall_s": record["train_wall_s"]}})
 
 
-def cache_note(ident: dict) -> str:
-    return (f"headroom rollout cache, {ident['samples']} samples per (prompt, depth), prompts "
-            f"sha256 {ident['prompts_sha256'][:16]}")
+def step_vector_of(ident: dict):
+    """One unit of offset as the cache applied it: scale x the shipped steering vector."""
+    from lm_eval_ponder.steering.vector import load_vector
+
+    return ident["scale"] * load_vector(steering_dir(ident)).vector(ident["layer"])
+
+
+def make_trainer(controller, step_vector, ident: dict, cfg):
+    """The trainer around ``controller`` at the cache's offsets."""
+    import torch
+
+    from lm_eval_ponder.training.grpo import GRPOTrainer
+
+    return GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
+                       cfg.grpo, cfg.seed)
 
 
 def p_continue(trainer, z0):
@@ -187,13 +199,11 @@ def train(args) -> None:
 
     from lm_eval_ponder.training.rollouts import RolloutCache
 
-    from lm_eval_ponder.steering.vector import load_vector
-
     torch.set_num_threads(args.threads)
     directory = cache_dir(args.root, args.form, args.samples)
     cache = RolloutCache(directory)
     ident = cache.manifest["identity"]
-    step_vector = ident["scale"] * load_vector(steering_dir(ident)).vector(ident["layer"])
+    step_vector = step_vector_of(ident)
     cfg0 = arm_config(args.form, args.samples, "balanced", 0, args.steps, Path("unused"))
     keys = [p.key for p in environment(cache, cfg0, 0.0, args.prompts).prompts]
     root = sweep_dir(args.out_root, directory, keys)
@@ -221,12 +231,9 @@ def export(args) -> None:
     (<run>/controller), refused unless it reproduces the held-out depths the run recorded.
     Such a controller, with depths that differ across documents, is what ``testset.py verify``
     needs to test its shortcut on batches that mix depths."""
-    import torch
     from safetensors import safe_open
 
     from lm_eval_ponder.pondering.controller import PonderController
-    from lm_eval_ponder.steering.vector import load_vector
-    from lm_eval_ponder.training.grpo import GRPOTrainer
     from lm_eval_ponder.training.rollouts import RolloutCache
 
     run = Path(args.run)
@@ -241,9 +248,7 @@ def export(args) -> None:
     with safe_open(str(run / "checkpoint.safetensors"), "pt") as f:
         controller.load_state_dict({k.removeprefix("controller."): f.get_tensor(k)
                                     for k in f.keys() if k.startswith("controller.")})
-    step_vector = ident["scale"] * load_vector(steering_dir(ident)).vector(ident["layer"])
-    trainer = GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
-                          cfg.grpo, cfg.seed)
+    trainer = make_trainer(controller, step_vector_of(ident), ident, cfg)
     depths = trainer.greedy_depths(env.z0[[row[k] for k in rec["val_keys"]]]).tolist()
     if depths != rec["val_depths"]:
         sys.exit(f"{run}: the checkpoint's controller does not reproduce the recorded depths")

@@ -53,8 +53,8 @@ def sweep(args) -> None:
     from lm_eval_ponder.reporting import suite
 
     offsets = offsets_of(args.form)
-    depths = range(len(offsets)) if args.depths is None else map(int, args.depths.split(","))
-    depths = list(depths)
+    depths = (list(range(len(offsets))) if args.depths is None
+              else [int(k) for k in args.depths.split(",")])
     for task in args.tasks.split(","):
         if task not in TASKS:
             sys.exit(f"unknown task {task!r}; known: {sorted(TASKS)}")
@@ -82,12 +82,15 @@ def load_sweep(root: str, form: str, task: str, k_max: int) -> dict | None:
 
     from lm_eval_ponder.reporting.report import read_samples
 
-    per_k = []
+    per_k, wall = [], 0.0
     for k in range(k_max + 1):
-        path = samples_file(run_dir(root, form, k) / "greedy" / "FR" / task, task)
+        run = run_dir(root, form, k) / "greedy" / "FR" / task  # suite's layout
+        path = samples_file(run, task)
         if path is None:
             return None
         per_k.append({int(s["doc_id"]): s for s in read_samples(path)})
+        marker = run / "ponder_run.json"
+        wall += json.loads(marker.read_text())["wall_s"] if marker.is_file() else 0.0
     docs = sorted(per_k[0])
     if any(sorted(p) != docs for p in per_k):
         sys.exit(f"{task}: the sweep's depths answered different documents; re-run one limit")
@@ -102,10 +105,7 @@ def load_sweep(root: str, form: str, task: str, k_max: int) -> dict | None:
             "contexts": [first[d]["arguments"]["gen_args_0"]["arg_0"] for d in docs],
             "level": np.array([-1 if first[d]["doc"].get("level") is None
                                else int(first[d]["doc"]["level"]) for d in docs]),
-            "wall_s": sum(json.loads(f.read_text()).get("wall_s", 0.0)
-                          for k in range(k_max + 1)
-                          for f in (run_dir(root, form, k) / "greedy" / "FR" / task).glob(
-                              "ponder_run.json"))}
+            "wall_s": wall}
 
 
 def test_states(root: str, form: str, task: str, contexts: list[str], dtype: str):

@@ -9,9 +9,10 @@ Each (decoding, method, dataset) is one ``lm_eval`` run in its own directory, wr
 real CLI (so the files are exactly what users get) with a ``ponder_run.json`` naming the method.
 A run whose directory already holds results is skipped, so an interrupted suite continues
 where it stopped; with ``--resume_within`` a run also keeps its answers as they come (lm-eval's
-``--use_cache``, stamped with the model's settings), so a long run resumes mid-dataset. Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``),
-FP-Direct, FP-CoT, FP-BoN (the controller: ``--controller`` or the one shipped for the
-backbone; skipped, with a message, when there is none).
+``--use_cache``, stamped with the model's settings), so a long run resumes mid-dataset.
+Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct, FP-CoT,
+FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
+message, when there is none).
 """
 
 from __future__ import annotations

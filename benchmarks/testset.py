@@ -9,6 +9,9 @@
     # 3. every controller against the sweep; 4. the composition checked through lm_eval itself
     python benchmarks/testset.py analyse --form ours --sweep results/adaptation/ours-s4/n128-...
     python benchmarks/testset.py verify --form ours --controller DIR --limit 100
+    # a token-level controller generates its own answers, then joins the analysis
+    python benchmarks/testset.py evaluate --form ours --controller DIR [--tau 0.5]
+    python benchmarks/testset.py analyse --form ours ... --generated DIR [DIR@tau=0.5]
 
 Why the controllers need no generation of their own: a prompt-level controller chooses its
 depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
@@ -198,11 +201,48 @@ def composed_figures(s: dict, depth, ctrl_flops: float, idx) -> dict:
             "fixed_curve_accuracy_at_tokens": at, "gap_accuracy_at_equal_tokens": acc - at}
 
 
+def generated_figures(s: dict, g: dict, idx) -> dict:
+    """``composed_figures`` for a controller that generated its own answers (``g``: arrays over
+    the sweep's documents); its depth is the mean ponder depth per document (per token at
+    token granularity)."""
+    acc = g["correct"][idx].mean()
+    tok = g["gen_tokens"][idx].mean()
+    at = accuracy_at_tokens(fixed_curve(s, idx), tok)
+    return {"accuracy": float(acc), "gen_tokens": float(tok), "flops": float(g["flops"][idx].mean()),
+            "depth": float(g["depth"][idx].mean()), "fixed_curve_accuracy_at_tokens": at,
+            "gap_accuracy_at_equal_tokens": acc - at}
+
+
+def load_generated(root: str, form: str, task: str, directory: Path, docs: list[int],
+                   tau: float | None = None) -> dict:
+    """A controller's own lm_eval answers (``evaluate``) as arrays over the sweep's documents."""
+    import numpy as np
+
+    from lm_eval_ponder.reporting.report import read_samples
+
+    run = (controller_run_dir(root, form, "generated", directory, tau) / "greedy" / "FP-Direct"
+           / task)
+    path = samples_file(run, task)
+    if path is None:
+        sys.exit(f"{directory} has no {task} answers in {run}: run `testset.py evaluate "
+                 f"--form {form} --controller {directory}"
+                 + ("" if tau is None else f" --tau {tau:g}") + "` first")
+    real = {int(r["doc_id"]): r for r in read_samples(path)}
+    if sorted(real) != docs:
+        sys.exit(f"{run} answered {len(real)} documents, the sweep {len(docs)}: re-run "
+                 "`testset.py evaluate` with the sweep's limit")
+    return {key: np.array([float(real[d][field]) for d in docs])
+            for key, field in (("correct", "exact_match"), ("gen_tokens", "gen_tokens"),
+                               ("flops", "flops"), ("depth", "ponder_steps"))}
+
+
 def depth_profile(depth, level) -> dict:
+    """Depth histogram (of rounded depths: a token-level controller's are means per token),
+    mean depth per level and Spearman(depth, level)."""
     import numpy as np
     from scipy.stats import spearmanr
 
-    out = {"depth_hist": np.bincount(depth, minlength=9).tolist()}
+    out = {"depth_hist": np.bincount(np.rint(depth).astype(int), minlength=9).tolist()}
     if (level >= 0).any():
         out["mean_depth_by_level"] = {f"L{v}": float(depth[level == v].mean())
                                       for v in sorted(set(level[level >= 0].tolist()))}
@@ -248,6 +288,19 @@ def analyse(args) -> None:
             rows[name] = {"figures": {**f, "accuracy_ci95": [lo, hi]},
                           "ci95": bootstrap(resampled, n, args.bootstrap),
                           **depth_profile(depth, s["level"]), "directory": str(directory)}
+        for extra in args.generated:
+            directory, _, tau = extra.partition("@tau=")  # DIR or DIR@tau=X (evaluate --tau)
+            directory, tau = Path(directory), float(tau) if tau else None
+            g = load_generated(args.root, args.form, task, directory, s["docs"], tau)
+            f = generated_figures(s, g, np.arange(n))
+            lo, hi = wilson(g["correct"].sum(), n)
+            def resampled(idx, s=s, g=g):
+                return generated_figures(s, g, idx)
+
+            rows[f"generated/{directory.name}" + (f" tau={tau:g}" if tau else "")] = {
+                "figures": {**f, "accuracy_ci95": [lo, hi]},
+                "ci95": bootstrap(resampled, n, args.bootstrap),
+                **depth_profile(g["depth"], s["level"]), "directory": str(directory)}
         # the naive per-document oracle: the cheapest depth that is right, knowing the answers
         pick = oracle_choice(s["correct"].T, s["gen_tokens"].T)
         oracle = composed_figures(s, pick, 0.0, np.arange(n))
@@ -331,7 +384,9 @@ def plot(path: Path, s: dict) -> None:
             f = r["figures"]
             extra = name.count("/") == 2  # an exported cross-fitted run (--extra)
             key = "cross-fitted runs (--extra)" if extra else name.split("/")[0]
-            ax.plot(f["gen_tokens"], f["accuracy"], "P" if extra else "x" if "/" in name else "*",
+            marker = ("P" if extra else "D" if name.startswith("generated/")
+                      else "x" if "/" in name else "*")
+            ax.plot(f["gen_tokens"], f["accuracy"], marker,
                     ms=8, color="grey" if extra else f"C{arms.index(name.split('/')[0])}",
                     label=None if key in labelled else key)
             labelled.add(key)
@@ -345,6 +400,49 @@ def plot(path: Path, s: dict) -> None:
     plt.close(fig)
 
 
+# ----------------------------------------------------------------------------- running controllers
+def controller_run_dir(root: str, form: str, kind: str, directory: Path,
+                       tau: float | None = None) -> Path:
+    """Where ``kind`` (verify | generated) keeps its lm_eval runs of the controller in
+    ``directory``: named by a hash of the directory's absolute path, plus the halting
+    threshold where it overrides the controller's own."""
+    name = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
+    return Path(root) / form / kind / (name if tau is None else f"{name}-tau{tau:g}")
+
+
+def run_controller(args, directory: Path, out: Path, task: str, limit: int,
+                   tau: float | None = None) -> dict:
+    """``--model ponder controller=DIR`` (FP-Direct) on the first ``limit`` documents of
+    ``task``, resumable; its samples by document id."""
+    from lm_eval_ponder.reporting import suite
+    from lm_eval_ponder.reporting.report import read_samples
+
+    model_args = f"dtype={args.dtype}" + ("" if tau is None else f",tau={tau!r}")
+    code = suite.main([
+        "--output", str(out), "--methods", "FP-Direct", "--controller", str(directory),
+        "--tasks", task, "--limit", str(limit), "--max_gen_toks", str(args.max_tokens),
+        "--batch_size", str(args.batch_size), "--resume_within", "--no_report",
+        "--model_args", model_args])
+    if code:
+        sys.exit(code)
+    (out / "controller.txt").write_text(str(directory.resolve()) + "\n")
+    return {int(r["doc_id"]): r for r in read_samples(
+        samples_file(out / "greedy" / "FP-Direct" / task, task))}
+
+
+def evaluate(args) -> None:
+    """Generate a controller's own answers through lm_eval on the sweep's documents: what a
+    token-level controller needs (it decides at every token, so the sweep cannot compose its
+    answers). ``analyse --generated DIR`` then places it against the fixed curve."""
+    directory = Path(args.controller)
+    out = controller_run_dir(args.root, args.form, "generated", directory, args.tau)
+    for task in args.tasks.split(","):
+        if task not in TASKS:
+            sys.exit(f"unknown task {task!r}; known: {sorted(TASKS)}")
+        real = run_controller(args, directory, out, task, args.limit or TASKS[task], args.tau)
+        print(f"{task}: {len(real)} documents in {out}", flush=True)
+
+
 # ----------------------------------------------------------------------------- verification
 def verify(args) -> None:
     """Run one controller through lm_eval on the first N documents of each task and compare,
@@ -352,27 +450,15 @@ def verify(args) -> None:
     that depth."""
     import numpy as np
 
-    from lm_eval_ponder.reporting import suite
-    from lm_eval_ponder.reporting.report import read_samples
-
     offsets = offsets_of(args.form)
     directory = Path(args.controller)
-    name = hashlib.sha256(str(directory.resolve()).encode()).hexdigest()[:8]
-    out = Path(args.root) / args.form / "verify" / name
+    out = controller_run_dir(args.root, args.form, "verify", directory)
     agreement, n_docs = {}, 0
     for task in TASKS:
         s = load_sweep(args.root, args.form, task, len(offsets) - 1)
         if s is None:
             continue
-        code = suite.main([
-            "--output", str(out), "--methods", "FP-Direct", "--controller", str(directory),
-            "--tasks", task, "--limit", str(args.limit), "--max_gen_toks", str(args.max_tokens),
-            "--batch_size", str(args.batch_size), "--resume_within", "--no_report",
-            "--model_args", f"dtype={args.dtype}"])
-        if code:
-            sys.exit(code)
-        real = {int(r["doc_id"]): r for r in read_samples(
-            samples_file(out / "greedy" / "FP-Direct" / task, task))}
+        real = run_controller(args, directory, out, task, args.limit)
         z0 = test_states(args.root, args.form, task, s["contexts"], args.dtype)
         depth, _, _ = controller_depths(directory, z0, offsets)
         col = {d: i for i, d in enumerate(s["docs"])}
@@ -400,7 +486,7 @@ def verify(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("sweep", "analyse", "verify"):
+    for name in ("sweep", "analyse", "verify", "evaluate"):
         s = sub.add_parser(name)
         s.add_argument("--form", choices=sorted(FORMS), default="ours")
         s.add_argument("--root", default="results/testset", help="where the lm_eval runs go")
@@ -418,13 +504,22 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--extra", nargs="*", default=[],
                    help="more controller directories, e.g. cross-fitted runs exported with "
                         "adaptation.py export (<run>/controller)")
+    a.add_argument("--generated", nargs="*", default=[],
+                   help="controller directories whose own answers `evaluate` generated "
+                        "(token-level controllers); DIR@tau=X for a run with `evaluate --tau X`")
     a.add_argument("--out", default="docs/testset")
     a.add_argument("--bootstrap", type=int, default=2000)
     v = sub.choices["verify"]
     v.add_argument("--controller", required=True)
     v.add_argument("--limit", type=int, default=100)
+    e = sub.choices["evaluate"]
+    e.add_argument("--controller", required=True)
+    e.add_argument("--tasks", default="arith")
+    e.add_argument("--limit", type=int, default=None, help="documents per task (default: 500)")
+    e.add_argument("--tau", type=float, default=None,
+                   help="halting threshold instead of the controller's own (its own run dir)")
     args = p.parse_args(argv)
-    {"sweep": sweep, "analyse": analyse, "verify": verify}[args.command](args)
+    {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,44 @@ def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
         testset.load_sweep(str(tmp_path), "ours", "arith", 2)
 
 
+def test_a_generated_controller_is_placed_against_the_curve_by_its_own_answers(sweep):
+    own = {"correct": np.array([1.0, 1.0, 1.0, 0.0]), "gen_tokens": np.full(4, 15.0),
+           "flops": np.full(4, 3.0), "depth": np.array([0.5, 1.5, 2.0, 0.0])}
+    f = testset.generated_figures(sweep, own, np.arange(4))
+    assert f["accuracy"] == 0.75 and f["gen_tokens"] == 15 and f["depth"] == 1.0
+    assert f["gap_accuracy_at_equal_tokens"] == pytest.approx(0.5)  # envelope at 15: 0.25
+    assert testset.generated_figures(sweep, own, np.array([3, 3]))["accuracy"] == 0.0
+
+
+def test_load_generated_reads_a_controllers_own_run_and_refuses_other_documents(tmp_path):
+    import json
+
+    controller = tmp_path / "ctrl"
+    run = testset.controller_run_dir(str(tmp_path), "ours", "generated", controller)
+    _write_samples(run / "greedy" / "FP-Direct" / "arith", "arith", [0, 1], [1, 0])
+    path = next((run / "greedy" / "FP-Direct" / "arith").glob("*.jsonl"))
+    rows = [{**json.loads(line), "ponder_steps": 2.5} for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    g = testset.load_generated(str(tmp_path), "ours", "arith", controller, [0, 1])
+    assert g["correct"].tolist() == [1.0, 0.0] and g["depth"].tolist() == [2.5, 2.5]
+    with pytest.raises(SystemExit, match="answered 2 documents"):
+        testset.load_generated(str(tmp_path), "ours", "arith", controller, [0, 1, 2])
+    with pytest.raises(SystemExit, match="testset.py evaluate"):
+        testset.load_generated(str(tmp_path), "ours", "arith", tmp_path / "other", [0, 1])
+    # a run at another halting threshold is another run, found only with that threshold
+    with pytest.raises(SystemExit, match="--tau 0.5"):
+        testset.load_generated(str(tmp_path), "ours", "arith", controller, [0, 1], 0.5)
+    assert testset.controller_run_dir(str(tmp_path), "ours", "generated", controller,
+                                      0.5).name == run.name + "-tau0.5"
+
+
+def test_depth_profile_takes_fractional_depths_per_token():
+    p = testset.depth_profile(np.array([0.4, 0.6, 2.2, 3.0]), np.array([2, 2, 1, 1]))
+    assert p["depth_hist"][:4] == [1, 1, 1, 1]
+    assert p["mean_depth_by_level"] == {"L1": pytest.approx(2.6), "L2": pytest.approx(0.5)}
+    assert p["spearman_depth_vs_level"] < 0
+
+
 def test_final_controllers_choose_depths_as_the_evaluation_path_does(tmp_path):
     """``adaptation.save_final`` writes what ``testset.controller_depths`` (and ``--model
     ponder``) load: the same first-phi<=tau depths and the controller's FLOPs; a controller of

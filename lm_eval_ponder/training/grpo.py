@@ -235,8 +235,8 @@ class StepResult:
     updated: bool
     diversity: float
     mean_depth: torch.Tensor | None = None  # token level: each trajectory's mean depth [P, G]
-    # collapse diagnostics (prompt level, stages 2-3): mean |A| over kept trajectories and
-    # mean policy entropy of the trajectories; nan where not computed
+    # collapse diagnostics (stages 2-3): mean |A| over kept trajectories and mean policy
+    # entropy of a trajectory (token level: per decoded token); nan where not computed
     advantage_abs: float = float("nan")
     entropy: float = float("nan")
 
@@ -455,13 +455,14 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     updated = not imitate or cfg.stage1 == "imitation"
     adv = group_advantages(rewards, keep, cfg.scale_rewards)
     norm = float(P * G) if imitate else float(keep.sum().clamp(min=1))
-    total = 0.0
+    total, entropy_sum = 0.0, 0.0
 
     def backward() -> None:  # group by group: a whole batch's states need not fit at once
-        nonlocal total
+        nonlocal total, entropy_sum
         for j in range(P):
             lp, ent = zip(*(token_trajectory_terms(trainer, s, d) for s, d in trajs[j]))
             lp, ent = torch.stack(lp), torch.stack(ent)
+            entropy_sum += float(ent.detach().sum())
             if imitate:
                 loss = imitation_loss(lp) * G / norm
             else:
@@ -474,5 +475,11 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
         trainer.update(backward, gradient_hook)
     trainer.check_diversity(diversity)
     mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group] for group in trajs])
+    adv_abs = ent = float("nan")  # the collapse diagnostics, as at prompt level (stages 2-3)
+    if not imitate:
+        adv_abs = float(adv[keep].abs().mean()) if keep.any() else 0.0
+        decisions = sum(len(d) for group in trajs for _, d in group)
+        ent = entropy_sum / max(decisions, 1)  # per decoded token
     return StepResult(mean_depth.round().long(), teacher, outcome, keep,
-                      total if updated else float("nan"), updated, diversity, mean_depth)
+                      total if updated else float("nan"), updated, diversity, mean_depth,
+                      advantage_abs=adv_abs, entropy=ent)

@@ -363,22 +363,24 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
         f"{cost['train_wall_s']} s",
         f"- Shipped weights: step {extra['selected_step']} ("
         f"{'the final weights' if cfg.select == 'last' else 'the best held-out figures'})", "",
-        "Inference-time choices (halt at the first phi <= tau)"
-        + (" at every token" if token else " on cached outcomes") + ":", "",
-        "| prompts | accuracy | gen tokens | FLOPs | mean depth | score |",
-        "|---|---|---|---|---|---|",
     ]
-    if figures.get("train"):
-        lines.append(row("train", figures["train"]))
-    if figures.get("val"):
-        lines.append(row("held-out", figures["val"]))
+    rows = [row(name, figures[key]) for key, name in (("train", "train"), ("val", "held-out"))
+            if figures.get(key)]
     if figures.get("val_oracle"):
         o = figures["val_oracle"]
-        lines.append(f"| held-out, best fixed depth ({int(o['best_fixed_depth'])}) | "
-                     f"{o['best_fixed_accuracy']:.3f} | {o['best_fixed_gen_tokens']:.1f} | "
-                     f"{o['best_fixed_flops']:.3e} | {o['best_fixed_depth']:.2f} | "
-                     f"{o['best_fixed_score']:.4f} |")
-    lines += ["", "Score: the training reward with its initial weights and whole-cache FLOPs "
+        rows.append(f"| held-out, best fixed depth ({int(o['best_fixed_depth'])}) | "
+                    f"{o['best_fixed_accuracy']:.3f} | {o['best_fixed_gen_tokens']:.1f} | "
+                    f"{o['best_fixed_flops']:.3e} | {o['best_fixed_depth']:.2f} | "
+                    f"{o['best_fixed_score']:.4f} |")
+    if not rows:  # a token-level run with val_fraction 0 evaluates nothing while it trains
+        lines += ["No inference-time figures: this run held out no prompts (val_fraction 0). "
+                  "Evaluate it with lm_eval (`--model_args controller=<this dir>`).", ""]
+        return "\n".join(lines)
+    lines += ["Inference-time choices (halt at the first phi <= tau)"
+              + (" at every token" if token else " on cached outcomes") + ":", "",
+              "| prompts | accuracy | gen tokens | FLOPs | mean depth | score |",
+              "|---|---|---|---|---|---|", *rows,
+              "", "Score: the training reward with its initial weights and whole-cache FLOPs "
               "statistics (prompt level). These are training-split outcomes, not benchmark "
               "results: see docs/results.md for lm-eval runs on test splits.", ""]
     return "\n".join(lines)

@@ -234,6 +234,24 @@ def test_token_level_update_learns_the_rewarded_direction(sign, want_depth):
     assert (depths == want_depth).float().mean() >= 0.95
 
 
+def test_token_step_reports_collapse_diagnostics():
+    """As at prompt level: nan in stage 1; in stages 2-3 the mean |advantage| of the kept
+    trajectories and the entropy per token (the Bernoulli entropies of at most K = 2 halting
+    decisions: at most 2 log 2)."""
+    cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=1, t2=1, quality_gates=False,
+                     eps_div=0.0)
+    trainer = GRPOTrainer(PonderController(8, hidden=16), torch.ones(8),
+                          torch.tensor([0.0, 0.5, 1.0]), 0.5, cfg, seed=0)
+    rollout, score = synthetic_rollout(1.0)
+    first = step_tokens(trainer, 0, torch.tensor([0, 1]), rollout, score)
+    assert math.isnan(first.advantage_abs) and math.isnan(first.entropy)
+    res = step_tokens(trainer, 5, torch.tensor([0, 1]), rollout, score)
+    r = res.mean_depth  # reward = +mean depth per trajectory
+    assert res.advantage_abs == pytest.approx(float((r - r.mean(1, keepdim=True)).abs().mean()),
+                                              rel=1e-5)
+    assert 0 < res.entropy <= 2 * math.log(2) + 1e-6
+
+
 def test_imitation_stage_learns_the_teacher_depth():
     torch.manual_seed(0)
     ctrl = PonderController(8, hidden=16)

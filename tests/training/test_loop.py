@@ -131,3 +131,22 @@ def test_bfloat16_backbone_trains_a_float32_controller(tiny_model_dir, tiny_vect
     assert config["backbone"]["dtype"] == "bfloat16"
     assert all(p.dtype == torch.float32 for p in controller.parameters())
     assert "bfloat16" in (out / "card.md").read_text()
+
+
+def test_card_without_held_out_figures_says_so_instead_of_an_empty_table():
+    """A token-level run with val_fraction 0 evaluates nothing while training: its card points
+    to lm_eval rather than printing a table with no rows."""
+    from lm_eval_ponder.training.config import TrainConfig
+    from lm_eval_ponder.training.loop import card
+
+    cfg = TrainConfig(output="x")
+    cfg.ponder.granularity = "token"
+    identity = {"backbone_name": "tiny", "backbone": "b", "backbone_sha256": "0", "hidden_size": 8,
+                "dtype": "float32", "steering_dir": "v", "steering_sha256": "1", "layer": 1,
+                "steering_scale": 1.0}
+    extra = {"cost": {"generations": 4, "train_wall_s": 1.0}, "data": {"n_train": 4, "n_val": 0},
+             "figures": {}, "ponder": {}, "selected_step": 2}
+    text = card(cfg, identity, extra)
+    assert "No inference-time figures" in text and "| prompts |" not in text
+    extra["figures"] = {"train": {"accuracy": 0.5, "gen_tokens": 3.0, "flops": 1.0, "depth": 1.0}}
+    assert "| train | 0.500 |" in card(cfg, identity, extra)

@@ -126,6 +126,7 @@ def test_token_training_writes_a_loadable_controller(token_run, tiny_model_dir, 
     for key in ("accuracy", "flops_mean", "depth_hist", "R_acc", "R_flops", "balance_ratio",
                 "val_greedy"):
         assert key in logs[-1]
+    assert logs[-1]["advantage_abs"] >= 0 and logs[-1]["entropy"] > 0  # logged, as at prompt level
     assert "No test split is used" in (token_run / "card.md").read_text()
     lm = PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir),
                   controller=str(token_run), batch_size=2, device="cpu")

@@ -367,7 +367,7 @@ def plot(path: Path, s: dict) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(s["tasks"])
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(7.5 * len(tasks), 4.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         t = s["tasks"][task]
         x = [r["gen_tokens"] for r in t["fixed"]]
@@ -383,7 +383,9 @@ def plot(path: Path, s: dict) -> None:
         for name, r in t["controllers"].items():
             f = r["figures"]
             extra = name.count("/") == 2  # an exported cross-fitted run (--extra)
-            key = "cross-fitted runs (--extra)" if extra else name.split("/")[0]
+            key = ("cross-fitted runs (--extra)" if extra else
+                   "own lm_eval answers (--generated)" if name.startswith("generated/")
+                   else name.split("/")[0])
             marker = ("P" if extra else "D" if name.startswith("generated/")
                       else "x" if "/" in name else "*")
             ax.plot(f["gen_tokens"], f["accuracy"], marker,
@@ -393,7 +395,7 @@ def plot(path: Path, s: dict) -> None:
         ax.set_xlabel("mean generated tokens")
         ax.set_ylabel("accuracy")
         ax.set_title(f"{task}, {t['documents']} test documents", fontsize=9)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Controllers vs fixed alpha, form {s['form']} (greedy, lm_eval)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -251,6 +251,21 @@ def depth_profile(depth, level) -> dict:
     return out
 
 
+def controller_row(figures, depth, level, directory: Path, n_bootstrap: int) -> dict:
+    """One controller's summary: ``figures(idx)`` on all documents with a Wilson CI, paired
+    bootstrap CIs over documents, and its depth profile."""
+    import numpy as np
+
+    from lm_eval_ponder.reporting.report import wilson
+
+    n = len(depth)
+    f = figures(np.arange(n))
+    lo, hi = wilson(round(f["accuracy"] * n), n)
+    return {"figures": {**f, "accuracy_ci95": [lo, hi]},
+            "ci95": bootstrap(figures, n, n_bootstrap),
+            **depth_profile(depth, level), "directory": str(directory)}
+
+
 def analyse(args) -> None:
     import numpy as np
 
@@ -280,27 +295,17 @@ def analyse(args) -> None:
         rows = {}
         for name, directory in controllers.items():
             depth, ctrl_flops, _ = controller_depths(directory, z0, offsets)
-            f = composed_figures(s, depth, ctrl_flops, np.arange(n))
-            lo, hi = wilson(f["accuracy"] * n, n)
-            def resampled(idx, s=s, depth=depth, ctrl_flops=ctrl_flops):
-                return composed_figures(s, depth, ctrl_flops, idx)
-
-            rows[name] = {"figures": {**f, "accuracy_ci95": [lo, hi]},
-                          "ci95": bootstrap(resampled, n, args.bootstrap),
-                          **depth_profile(depth, s["level"]), "directory": str(directory)}
+            rows[name] = controller_row(
+                lambda idx, depth=depth, ctrl_flops=ctrl_flops:
+                    composed_figures(s, depth, ctrl_flops, idx),
+                depth, s["level"], directory, args.bootstrap)
         for extra in args.generated:
             directory, _, tau = extra.partition("@tau=")  # DIR or DIR@tau=X (evaluate --tau)
             directory, tau = Path(directory), float(tau) if tau else None
             g = load_generated(args.root, args.form, task, directory, s["docs"], tau)
-            f = generated_figures(s, g, np.arange(n))
-            lo, hi = wilson(g["correct"].sum(), n)
-            def resampled(idx, s=s, g=g):
-                return generated_figures(s, g, idx)
-
-            rows[f"generated/{directory.name}" + (f" tau={tau:g}" if tau else "")] = {
-                "figures": {**f, "accuracy_ci95": [lo, hi]},
-                "ci95": bootstrap(resampled, n, args.bootstrap),
-                **depth_profile(g["depth"], s["level"]), "directory": str(directory)}
+            rows[f"generated/{directory.name}" + (f" tau={tau:g}" if tau else "")] = \
+                controller_row(lambda idx, g=g: generated_figures(s, g, idx), g["depth"],
+                               s["level"], directory, args.bootstrap)
         # the naive per-document oracle: the cheapest depth that is right, knowing the answers
         pick = oracle_choice(s["correct"].T, s["gen_tokens"].T)
         oracle = composed_figures(s, pick, 0.0, np.arange(n))

@@ -372,7 +372,7 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
                     f"{o['best_fixed_accuracy']:.3f} | {o['best_fixed_gen_tokens']:.1f} | "
                     f"{o['best_fixed_flops']:.3e} | {o['best_fixed_depth']:.2f} | "
                     f"{o['best_fixed_score']:.4f} |")
-    if not rows:  # a token-level run with val_fraction 0 evaluates nothing while it trains
+    if not rows:  # no held-out prompts and no cache (a token-level run, val_fraction 0)
         lines += ["No inference-time figures: this run held out no prompts (val_fraction 0). "
                   "Evaluate it with lm_eval (`--model_args controller=<this dir>`).", ""]
         return "\n".join(lines)

@@ -52,15 +52,22 @@ def run_dir(root: str, form: str, k: int) -> Path:
     return Path(root) / form / f"k{k}"
 
 
+def task_list(spec: str) -> list[str]:
+    """A comma list of this script's tasks, refused with the known ones if any is unknown."""
+    tasks = spec.split(",")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        sys.exit(f"unknown task(s) {unknown}; known: {sorted(TASKS)}")
+    return tasks
+
+
 def sweep(args) -> None:
     from lm_eval_ponder.reporting import suite
 
     offsets = offsets_of(args.form)
     depths = (list(range(len(offsets))) if args.depths is None
               else [int(k) for k in args.depths.split(",")])
-    for task in args.tasks.split(","):
-        if task not in TASKS:
-            sys.exit(f"unknown task {task!r}; known: {sorted(TASKS)}")
+    for task in task_list(args.tasks):
         for k in depths:
             print(f"[{args.form}] {task}, depth {k} (alpha={offsets[k]:.4f})", flush=True)
             code = suite.main([
@@ -218,16 +225,12 @@ def load_generated(root: str, form: str, task: str, directory: Path, docs: list[
     """A controller's own lm_eval answers (``evaluate``) as arrays over the sweep's documents."""
     import numpy as np
 
-    from lm_eval_ponder.reporting.report import read_samples
-
-    run = (controller_run_dir(root, form, "generated", directory, tau) / "greedy" / "FP-Direct"
-           / task)
-    path = samples_file(run, task)
-    if path is None:
+    run = controller_run_dir(root, form, "generated", directory, tau)
+    real = controller_samples(run, task)
+    if real is None:
         sys.exit(f"{directory} has no {task} answers in {run}: run `testset.py evaluate "
                  f"--form {form} --controller {directory}"
                  + ("" if tau is None else f" --tau {tau:g}") + "` first")
-    real = {int(r["doc_id"]): r for r in read_samples(path)}
     if sorted(real) != docs:
         sys.exit(f"{run} answered {len(real)} documents, the sweep {len(docs)}: re-run "
                  "`testset.py evaluate` with the sweep's limit")
@@ -388,11 +391,10 @@ def plot(path: Path, s: dict) -> None:
         for name, r in t["controllers"].items():
             f = r["figures"]
             extra = name.count("/") == 2  # an exported cross-fitted run (--extra)
+            generated = name.startswith("generated/")
             key = ("cross-fitted runs (--extra)" if extra else
-                   "own lm_eval answers (--generated)" if name.startswith("generated/")
-                   else name.split("/")[0])
-            marker = ("P" if extra else "D" if name.startswith("generated/")
-                      else "x" if "/" in name else "*")
+                   "own lm_eval answers (--generated)" if generated else name.split("/")[0])
+            marker = "P" if extra else "D" if generated else "x" if "/" in name else "*"
             ax.plot(f["gen_tokens"], f["accuracy"], marker,
                     ms=8, color="grey" if extra else f"C{arms.index(name.split('/')[0])}",
                     label=None if key in labelled else key)
@@ -422,7 +424,6 @@ def run_controller(args, directory: Path, out: Path, task: str, limit: int,
     """``--model ponder controller=DIR`` (FP-Direct) on the first ``limit`` documents of
     ``task``, resumable; its samples by document id."""
     from lm_eval_ponder.reporting import suite
-    from lm_eval_ponder.reporting.report import read_samples
 
     model_args = f"dtype={args.dtype}" + ("" if tau is None else f",tau={tau!r}")
     code = suite.main([
@@ -433,8 +434,15 @@ def run_controller(args, directory: Path, out: Path, task: str, limit: int,
     if code:
         sys.exit(code)
     (out / "controller.txt").write_text(str(directory.resolve()) + "\n")
-    return {int(r["doc_id"]): r for r in read_samples(
-        samples_file(out / "greedy" / "FP-Direct" / task, task))}
+    return controller_samples(out, task)
+
+
+def controller_samples(out: Path, task: str) -> dict | None:
+    """A controller run's answers on ``task`` by document id (suite's layout), or None."""
+    from lm_eval_ponder.reporting.report import read_samples
+
+    path = samples_file(out / "greedy" / "FP-Direct" / task, task)
+    return None if path is None else {int(r["doc_id"]): r for r in read_samples(path)}
 
 
 def evaluate(args) -> None:
@@ -443,9 +451,7 @@ def evaluate(args) -> None:
     answers). ``analyse --generated DIR`` then places it against the fixed curve."""
     directory = Path(args.controller)
     out = controller_run_dir(args.root, args.form, "generated", directory, args.tau)
-    for task in args.tasks.split(","):
-        if task not in TASKS:
-            sys.exit(f"unknown task {task!r}; known: {sorted(TASKS)}")
+    for task in task_list(args.tasks):
         real = run_controller(args, directory, out, task, args.limit or TASKS[task], args.tau)
         print(f"{task}: {len(real)} documents in {out}", flush=True)
 

@@ -12,6 +12,8 @@
     # a token-level controller generates its own answers, then joins the analysis
     python benchmarks/testset.py evaluate --form ours --controller DIR [--tau 0.5]
     python benchmarks/testset.py analyse --form ours ... --generated DIR [DIR@tau=0.5]
+    # where a long sweep stands: each finished depth's figures, so far
+    python benchmarks/testset.py status --form paper
 
 Why the controllers need no generation of their own: a prompt-level controller chooses its
 depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
@@ -269,6 +271,41 @@ def controller_row(figures, depth, level, directory: Path, n_bootstrap: int) -> 
             **depth_profile(depth, level), "directory": str(directory)}
 
 
+def depth_status(root: str, form: str, task: str, k: int) -> dict:
+    """One (depth, task) run of the sweep as it stands: finished with its figures, started (a
+    killed or running run keeps its answers in lm-eval's cache) or not started. Lets a sweep
+    that spans sessions report what it has without waiting for the last depth."""
+    from lm_eval_ponder.reporting.report import read_samples, wilson
+
+    run = run_dir(root, form, k) / "greedy" / "FR" / task
+    path = samples_file(run, task)
+    if path is None:
+        return {"state": "started" if run.is_dir() else "not started"}
+    samples = read_samples(path)
+    n = len(samples)
+    correct = sum(float(s["exact_match"]) for s in samples)
+    marker = run / "ponder_run.json"
+    return {"state": "finished", "documents": n, "accuracy": correct / n,
+            "ci95": list(wilson(correct, n)),
+            "gen_tokens": sum(float(s["gen_tokens"]) for s in samples) / n,
+            "wall_s": json.loads(marker.read_text())["wall_s"] if marker.is_file() else None}
+
+
+def status(args) -> None:
+    offsets = offsets_of(args.form)
+    for task in task_list(args.tasks):
+        print(f"{args.form}, {task}:")
+        for k, alpha in enumerate(offsets):
+            st = depth_status(args.root, args.form, task, k)
+            if st["state"] != "finished":
+                print(f"  k={k} alpha={alpha:+.4f}  {st['state']}")
+                continue
+            lo, hi = st["ci95"]
+            wall = "" if st["wall_s"] is None else f", {st['wall_s']:.0f} s"
+            print(f"  k={k} alpha={alpha:+.4f}  {st['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
+                  f"at {st['gen_tokens']:.1f} tokens (n={st['documents']}{wall})")
+
+
 def analyse(args) -> None:
     import numpy as np
 
@@ -499,7 +536,7 @@ def verify(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("sweep", "analyse", "verify", "evaluate"):
+    for name in ("sweep", "analyse", "verify", "evaluate", "status"):
         s = sub.add_parser(name)
         s.add_argument("--form", choices=sorted(FORMS), default="ours")
         s.add_argument("--root", default="results/testset", help="where the lm_eval runs go")
@@ -531,8 +568,10 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--limit", type=int, default=None, help="documents per task (default: 500)")
     e.add_argument("--tau", type=float, default=None,
                    help="halting threshold instead of the controller's own (its own run dir)")
+    sub.choices["status"].add_argument("--tasks", default=",".join(TASKS))
     args = p.parse_args(argv)
-    {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate}[args.command](args)
+    {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate,
+     "status": status}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,27 @@ def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
         testset.load_sweep(str(tmp_path), "ours", "arith", 2)
 
 
+def test_depth_status_reports_finished_depths_before_the_sweep_ends(tmp_path, capsys):
+    import json
+
+    root = str(tmp_path)
+    assert testset.depth_status(root, "paper", "arith", 0) == {"state": "not started"}
+    run = testset.run_dir(root, "paper", 0) / "greedy" / "FR" / "arith"
+    run.mkdir(parents=True)  # lm-eval's answer cache is there, no samples yet: killed or running
+    assert testset.depth_status(root, "paper", "arith", 0) == {"state": "started"}
+    run.rmdir()
+    _write_samples(run, "arith", [0, 1, 2, 3], [1, 0, 0, 1])
+    (run / "ponder_run.json").write_text(json.dumps({"wall_s": 12.5}))
+    st = testset.depth_status(root, "paper", "arith", 0)
+    assert st["state"] == "finished" and st["documents"] == 4 and st["accuracy"] == 0.5
+    assert st["gen_tokens"] == 5.0 and st["wall_s"] == 12.5
+    assert st["ci95"][0] < 0.5 < st["ci95"][1]
+    testset.main(["status", "--form", "paper", "--root", root, "--tasks", "arith"])
+    out = capsys.readouterr().out
+    assert "k=0 alpha=+0.0000  0.500 [" in out and "(n=4, 12 s)" in out
+    assert "k=1 alpha=+0.0500  not started" in out
+
+
 def test_a_generated_controller_is_placed_against_the_curve_by_its_own_answers(sweep):
     own = {"correct": np.array([1.0, 1.0, 1.0, 0.0]), "gen_tokens": np.full(4, 15.0),
            "flops": np.full(4, 3.0), "depth": np.array([0.5, 1.5, 2.0, 0.0])}

@@ -12,8 +12,8 @@
     # a token-level controller generates its own answers, then joins the analysis
     python benchmarks/testset.py evaluate --form ours --controller DIR [--tau 0.5]
     python benchmarks/testset.py analyse --form ours ... --generated DIR [DIR@tau=0.5]
-    # where a long sweep stands: each finished depth's figures, so far
-    python benchmarks/testset.py status --form paper
+    # where a long sweep stands: each finished depth's figures so far, and where controllers go
+    python benchmarks/testset.py status --form paper [--sweep DIR] [--extra DIR ...]
 
 Why the controllers need no generation of their own: a prompt-level controller chooses its
 depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
@@ -188,6 +188,16 @@ def find_controllers(sweep_root: Path | None, form: str) -> dict[str, Path]:
     return found
 
 
+def named_controllers(args) -> dict[str, Path]:
+    """name -> directory: ``find_controllers`` plus the ``--extra`` (cross-fitted) ones."""
+    controllers = find_controllers(Path(args.sweep) if args.sweep else None, args.form)
+    for extra in args.extra:
+        directory = Path(extra)
+        run = directory.parent  # an exported cross-fitted run: <arm>/seed<s>/fold<f>/controller
+        controllers[f"{run.parent.parent.name}/{run.parent.name}/{run.name}"] = directory
+    return controllers
+
+
 # ----------------------------------------------------------------------------- figures
 def fixed_curve(s: dict, idx):
     import numpy as np
@@ -288,22 +298,53 @@ def depth_status(root: str, form: str, task: str, k: int) -> dict:
     return {"state": "finished", "documents": n, "accuracy": correct / n,
             "ci95": list(wilson(correct, n)),
             "gen_tokens": sum(float(s["gen_tokens"]) for s in samples) / n,
-            "wall_s": json.loads(marker.read_text())["wall_s"] if marker.is_file() else None}
+            "wall_s": json.loads(marker.read_text())["wall_s"] if marker.is_file() else None,
+            "samples": {int(s["doc_id"]): s for s in samples}}
 
 
 def status(args) -> None:
+    """Print each depth's figures so far and, with ``--sweep``/``--extra``, where each controller
+    goes on the test documents (from z_0 alone) and, once every depth it picks has finished, its
+    composed accuracy and tokens (no gap: that needs the whole curve, see ``analyse``)."""
+    import numpy as np
+
+    from lm_eval_ponder.reporting.report import wilson
+
     offsets = offsets_of(args.form)
+    # controllers only when asked for: they need z_0, i.e. the backbone
+    controllers = named_controllers(args) if args.sweep or args.extra else {}
     for task in task_list(args.tasks):
         print(f"{args.form}, {task}:")
+        done = {}
         for k, alpha in enumerate(offsets):
             st = depth_status(args.root, args.form, task, k)
             if st["state"] != "finished":
                 print(f"  k={k} alpha={alpha:+.4f}  {st['state']}")
                 continue
+            done[k] = st["samples"]
             lo, hi = st["ci95"]
             wall = "" if st["wall_s"] is None else f", {st['wall_s']:.0f} s"
             print(f"  k={k} alpha={alpha:+.4f}  {st['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
                   f"at {st['gen_tokens']:.1f} tokens (n={st['documents']}{wall})")
+        if not controllers or not done:
+            continue
+        first = done[min(done)]
+        docs = sorted(first)
+        z0 = test_states(args.root, args.form, task,
+                         [first[d]["arguments"]["gen_args_0"]["arg_0"] for d in docs], args.dtype)
+        for name, directory in controllers.items():
+            depth = controller_depths(directory, z0, offsets)[0]
+            hist = np.bincount(depth, minlength=len(offsets)).tolist()
+            line = f"  {name}: depths {hist}"
+            if set(depth.tolist()) <= set(done) and all(sorted(done[k]) == docs for k in done):
+                picked = [done[int(k)][d] for k, d in zip(depth, docs)]
+                correct = sum(float(p["exact_match"]) for p in picked)
+                lo, hi = wilson(correct, len(docs))
+                tokens = sum(float(p["gen_tokens"]) for p in picked) / len(docs)
+                line += f"; {correct / len(docs):.3f} [{lo:.3f}, {hi:.3f}] at {tokens:.1f} tokens"
+            else:
+                line += "; waiting for the depths it picks"
+            print(line)
 
 
 def analyse(args) -> None:
@@ -313,11 +354,7 @@ def analyse(args) -> None:
 
     offsets = offsets_of(args.form)
     k_max = len(offsets) - 1
-    controllers = find_controllers(Path(args.sweep) if args.sweep else None, args.form)
-    for extra in args.extra:
-        directory = Path(extra)
-        run = directory.parent  # an exported cross-fitted run: <arm>/seed<s>/fold<f>/controller
-        controllers[f"{run.parent.parent.name}/{run.parent.name}/{run.name}"] = directory
+    controllers = named_controllers(args)
     summary = {"form": args.form, "offsets": offsets, "sweep": args.sweep, "tasks": {}}
     for task in TASKS:
         s = load_sweep(args.root, args.form, task, k_max)
@@ -548,12 +585,6 @@ def main(argv: list[str] | None = None) -> None:
     sw.add_argument("--depths", default=None, help="comma list (default: all)")
     sw.add_argument("--limit", type=int, default=None, help="documents per task (default: 500)")
     a = sub.choices["analyse"]
-    a.add_argument("--sweep", default=None,
-                   help="an adaptation sweep directory holding final controllers "
-                        "(adaptation.py train --final)")
-    a.add_argument("--extra", nargs="*", default=[],
-                   help="more controller directories, e.g. cross-fitted runs exported with "
-                        "adaptation.py export (<run>/controller)")
     a.add_argument("--generated", nargs="*", default=[],
                    help="controller directories whose own answers `evaluate` generated "
                         "(token-level controllers); DIR@tau=X for a run with `evaluate --tau X`")
@@ -568,7 +599,17 @@ def main(argv: list[str] | None = None) -> None:
     e.add_argument("--limit", type=int, default=None, help="documents per task (default: 500)")
     e.add_argument("--tau", type=float, default=None,
                    help="halting threshold instead of the controller's own (its own run dir)")
-    sub.choices["status"].add_argument("--tasks", default=",".join(TASKS))
+    st = sub.choices["status"]
+    st.add_argument("--tasks", default=",".join(TASKS))
+    for name in ("analyse", "status"):
+        sub.choices[name].add_argument(
+            "--sweep", default=None,
+            help="an adaptation sweep directory holding final controllers "
+                 "(adaptation.py train --final)")
+        sub.choices[name].add_argument(
+            "--extra", nargs="*", default=[],
+            help="more controller directories, e.g. cross-fitted runs exported with "
+                 "adaptation.py export (<run>/controller)")
     args = p.parse_args(argv)
     {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate,
      "status": status}[args.command](args)

@@ -156,6 +156,11 @@ def test_final_controllers_choose_depths_as_the_evaluation_path_does(tmp_path):
     """``adaptation.save_final`` writes what ``testset.controller_depths`` (and ``--model
     ponder``) load: the same first-phi<=tau depths and the controller's FLOPs; a controller of
     the other form is refused."""
+    _final_controller(tmp_path)
+
+
+def _final_controller(tmp_path):
+    """A saved final controller of our form, checked; (its depths on z0, directory, z0)."""
     from types import SimpleNamespace
 
     from lm_eval_ponder.pondering.controller import PonderController
@@ -182,6 +187,39 @@ def test_final_controllers_choose_depths_as_the_evaluation_path_does(tmp_path):
     assert flops == controller.evaluation_flops(9) and config["data"]["arm"] == "flops0"
     with pytest.raises(SystemExit, match="other form"):
         testset.controller_depths(tmp_path / "paper" / "controller", z0, offsets)
+    return depth, tmp_path / "ours" / "controller", z0
+
+
+def test_status_places_a_controller_once_the_depths_it_picks_have_finished(tmp_path, capsys):
+    """``status --extra DIR`` reads z_0 from the sweep's cache (keyed by the contexts), reports
+    the controller's depth histogram at once and its composed accuracy only when every depth
+    it picks has been answered."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    depth, directory, z0 = _final_controller(tmp_path)
+    root = tmp_path / "runs"
+    docs = list(range(5))
+    contexts = [f"question {d}" for d in docs]
+    (root / "ours").mkdir(parents=True)
+    save_file({"z0": z0.contiguous()}, str(root / "ours" / "z0_arith.safetensors"), metadata={
+        "contexts_sha256": hashlib.sha256("\n\0".join(contexts).encode()).hexdigest()})
+    picked = set(depth.tolist())
+    unpicked = min(set(range(9)) - picked)
+    # a depth the controller never picks has finished, its own have not
+    _write_samples(testset.run_dir(str(root), "ours", unpicked) / "greedy" / "FR" / "arith",
+                   "arith", docs, [0] * len(docs))
+    argv = ["status", "--form", "ours", "--root", str(root), "--tasks", "arith",
+            "--extra", str(directory)]
+    testset.main(argv)
+    hist = [int((depth == k).sum()) for k in range(9)]
+    assert f"depths {hist}; waiting for the depths it picks" in capsys.readouterr().out
+    for k in picked:  # right exactly where the controller goes
+        _write_samples(testset.run_dir(str(root), "ours", k) / "greedy" / "FR" / "arith",
+                       "arith", docs, [int(depth[d] == k) for d in docs])
+    testset.main(argv)
+    assert f"depths {hist}; 1.000 [" in capsys.readouterr().out
 
 
 def test_arms_change_one_setting_each(tmp_path):

@@ -355,6 +355,12 @@ def analyse(args) -> None:
     offsets = offsets_of(args.form)
     k_max = len(offsets) - 1
     controllers = named_controllers(args)
+    for extra in args.generated:  # each must have answers on some task, or it was never run
+        directory, tau, run = generated_run(args.root, args.form, extra)
+        if all(controller_samples(run, task) is None for task in TASKS):
+            sys.exit(f"{directory} has no answers in {run}: run `testset.py evaluate --form "
+                     f"{args.form} --controller {directory}"
+                     + ("" if tau is None else f" --tau {tau:g}") + "` first")
     summary = {"form": args.form, "offsets": offsets, "sweep": args.sweep, "tasks": {}}
     for task in TASKS:
         s = load_sweep(args.root, args.form, task, k_max)
@@ -377,8 +383,11 @@ def analyse(args) -> None:
                     composed_figures(s, depth, ctrl_flops, idx),
                 depth, s["level"], directory, args.bootstrap)
         for extra in args.generated:
-            directory, _, tau = extra.partition("@tau=")  # DIR or DIR@tau=X (evaluate --tau)
-            directory, tau = Path(directory), float(tau) if tau else None
+            directory, tau, run = generated_run(args.root, args.form, extra)
+            if controller_samples(run, task) is None:  # evaluated on other tasks only
+                print(f"{task}: {extra} has no {task} answers (`testset.py evaluate --tasks "
+                      f"{task}`); not in this task's table", flush=True)
+                continue
             g = load_generated(args.root, args.form, task, directory, s["docs"], tau)
             rows[f"generated/{directory.name}" + (f" tau={tau:g}" if tau else "")] = \
                 controller_row(lambda idx, g=g: generated_figures(s, g, idx), g["depth"],
@@ -509,6 +518,14 @@ def run_controller(args, directory: Path, out: Path, task: str, limit: int,
         sys.exit(code)
     (out / "controller.txt").write_text(str(directory.resolve()) + "\n")
     return controller_samples(out, task)
+
+
+def generated_run(root: str, form: str, extra: str) -> tuple[Path, float | None, Path]:
+    """(controller directory, tau, its evaluate run) of ``--generated DIR`` or ``DIR@tau=X``."""
+    directory, _, tau = extra.partition("@tau=")
+    value = float(tau) if tau else None
+    return Path(directory), value, controller_run_dir(root, form, "generated", Path(directory),
+                                                      value)
 
 
 def controller_samples(out: Path, task: str) -> dict | None:

@@ -143,6 +143,14 @@ def test_load_generated_reads_a_controllers_own_run_and_refuses_other_documents(
         testset.load_generated(str(tmp_path), "ours", "arith", controller, [0, 1], 0.5)
     assert testset.controller_run_dir(str(tmp_path), "ours", "generated", controller,
                                       0.5).name == run.name + "-tau0.5"
+    # --generated DIR@tau=X names that run; analyse refuses a controller never evaluated
+    assert testset.generated_run(str(tmp_path), "ours", f"{controller}@tau=0.5") == (
+        controller, 0.5, testset.controller_run_dir(str(tmp_path), "ours", "generated",
+                                                    controller, 0.5))
+    assert testset.generated_run(str(tmp_path), "ours", str(controller))[2] == run
+    argv = ["analyse", "--root", str(tmp_path), "--out", str(tmp_path / "out"), "--generated"]
+    with pytest.raises(SystemExit, match="--tau 0.5` first"):
+        testset.main([*argv, str(controller), f"{controller}@tau=0.5"])
 
 
 def test_depth_profile_takes_fractional_depths_per_token():

@@ -458,6 +458,8 @@ def plot(path: Path, s: dict) -> None:
     import matplotlib.pyplot as plt
 
     tasks = list(s["tasks"])
+    # one colour per arm across every panel
+    arms = sorted({name.split("/")[0] for t in s["tasks"].values() for name in t["controllers"]})
     fig, axes = plt.subplots(1, len(tasks), figsize=(7.5 * len(tasks), 4.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         t = s["tasks"][task]
@@ -469,7 +471,6 @@ def plot(path: Path, s: dict) -> None:
         for r in t["fixed"]:
             ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
                         textcoords="offset points", xytext=(3, -9))
-        arms = sorted({name.split("/")[0] for name in t["controllers"]})
         labelled = set()
         for name, r in t["controllers"].items():
             f = r["figures"]

@@ -92,17 +92,13 @@ def load_sweep(root: str, form: str, task: str, k_max: int) -> dict | None:
     """The sweep on one task as [depth, doc] arrays, or None until every depth has finished."""
     import numpy as np
 
-    from lm_eval_ponder.reporting.report import read_samples
-
     per_k, wall = [], 0.0
     for k in range(k_max + 1):
-        run = run_dir(root, form, k) / "greedy" / "FR" / task  # suite's layout
-        path = samples_file(run, task)
-        if path is None:
+        st = depth_status(root, form, task, k)
+        if st["state"] != "finished":
             return None
-        per_k.append({int(s["doc_id"]): s for s in read_samples(path)})
-        marker = run / "ponder_run.json"
-        wall += json.loads(marker.read_text())["wall_s"] if marker.is_file() else 0.0
+        per_k.append(st["samples"])
+        wall += st["wall_s"] or 0.0
     docs = sorted(per_k[0])
     if any(sorted(p) != docs for p in per_k):
         sys.exit(f"{task}: the sweep's depths answered different documents; re-run one limit")
@@ -287,7 +283,7 @@ def depth_status(root: str, form: str, task: str, k: int) -> dict:
     that spans sessions report what it has without waiting for the last depth."""
     from lm_eval_ponder.reporting.report import read_samples, wilson
 
-    run = run_dir(root, form, k) / "greedy" / "FR" / task
+    run = run_dir(root, form, k) / "greedy" / "FR" / task  # suite's layout
     path = samples_file(run, task)
     if path is None:
         return {"state": "started" if run.is_dir() else "not started"}

@@ -15,6 +15,11 @@ interleaved, then 200 GSM8K train prompts), depths 0..K_max at the form's offset
 T=0.7 (or greedy), 256 new tokens. The build goes prompt block by prompt block, each finished
 at every depth and sample, so a stopped build leaves a usable prefix.
 
+The caches under ``results/headroom`` are committed (their manifest and outcomes; ``.gitignore``
+keeps out the prompts, which hold GSM8K questions, and z_0): a build spans sessions by
+committing finished blocks. In a fresh clone, first restore the prompts and z_0 from the data,
+which generates nothing (``build --restore-only``), then resume or analyse as above.
+
 Forms: ``ours`` starts at alpha_start=-0.2 and ponders toward "deliberate" (the shipped
 defaults); ``paper`` starts unsteered (alpha_start=0), as FR-Ponder's appendix does.
 """
@@ -75,6 +80,9 @@ def build(args) -> None:
     cache, prompts = prepare_cache(lm, cfg.rollout, offsets, directory)
     print(f"cache {directory}: {len(prompts)} prompts x {len(offsets)} depths x "
           f"{args.samples} samples, offsets {[round(c, 4) for c in offsets]}", flush=True)
+    if args.restore_only:
+        print("prompts and z_0 restored; nothing generated (--restore-only)", flush=True)
+        return
     generate_missing(lm, cache, prompts, cfg.rollout, offsets)
     with open(directory / "build_log.jsonl", "a") as f:
         f.write(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -454,6 +462,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--dtype", default=None,
                    help="backbone dtype (default: the cache's own, else the device's native one)")
+    b.add_argument("--restore-only", action="store_true",
+                   help="only rebuild prompts.jsonl and states.safetensors of a cache whose "
+                        "outcomes came from git (they are not committed), generate nothing")
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/headroom", help="summary JSON, table and plot")
     a.add_argument("--folds", type=int, default=5, help="cross-fitting folds of prompts")

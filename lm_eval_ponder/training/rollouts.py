@@ -250,11 +250,23 @@ class RolloutCache:
         atomic_write_text(self.dir / PROMPTS, lines)
         atomic_write(self.dir / STATES, lambda tmp: save_file({"z0": states.contiguous()}, tmp))
 
+    def _require_prompts(self) -> None:
+        # A cache kept in git holds its manifest and outcomes only: the prompts embed benchmark
+        # questions (GSM8K), which are never committed, and z_0 follows from them.
+        if not self.has_prompts():
+            raise PonderError(
+                f"rollout cache {self.dir} has its outcomes but not its prompts and z_0 "
+                f"({PROMPTS}, {STATES}); rebuild them from the benchmark data with the command "
+                "that built the cache (e.g. `python benchmarks/headroom.py build --restore-only "
+                "...`; nothing is generated again)")
+
     def prompts(self) -> list[Prompt]:
+        self._require_prompts()
         with open(self.dir / PROMPTS) as f:
             return [Prompt(**json.loads(line)) for line in f if line.strip()]
 
     def states(self) -> torch.Tensor:
+        self._require_prompts()
         return load_file(str(self.dir / STATES))["z0"]
 
     # ----------------------------------------------------------- outcomes
@@ -318,6 +330,9 @@ def prompts_sha(prompts: list[Prompt]) -> str:
 def prepare_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str | os.PathLike,
                   write: bool = True) -> tuple[RolloutCache, list[Prompt]]:
     """Open (or, with ``write``, create) the cache for these settings; write prompts and z_0.
+
+    Prompts and z_0 missing beside existing outcomes (a cache restored from git) are rebuilt
+    here; the manifest's prompt hash guarantees they are the prompts the outcomes answer.
 
     In a multi-process run only rank 0 writes; the others open it afterwards, and get the same
     refusal if it was built for other settings.

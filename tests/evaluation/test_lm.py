@@ -32,8 +32,10 @@ def requests(gen_kwargs: dict, prompts=PROMPTS, repeats: int = 1) -> list[Instan
 
 @pytest.fixture(scope="module")
 def hf_and_ponder(tiny_model_dir):
-    hf = HFLM(pretrained=str(tiny_model_dir), batch_size=3, device="cpu")
-    ponder = PonderLM(pretrained=str(tiny_model_dir), batch_size=3, device="cpu")
+    # One dtype for both: PonderLM's default follows the CPU (bf16 where it is native), HFLM's
+    # is the checkpoint's; equivalence is claimed at the same precision.
+    hf = HFLM(pretrained=str(tiny_model_dir), batch_size=3, device="cpu", dtype="float32")
+    ponder = PonderLM(pretrained=str(tiny_model_dir), batch_size=3, device="cpu", dtype="float32")
     return hf, ponder
 
 
@@ -41,7 +43,7 @@ def state_hash(model) -> str:
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode())
-        digest.update(tensor.detach().cpu().numpy().tobytes())
+        digest.update(tensor.detach().cpu().float().numpy().tobytes())  # bf16 -> fp32 is exact
     return digest.hexdigest()
 
 
@@ -79,7 +81,7 @@ def test_per_row_tokens_stop_at_own_stop_string(hf_and_ponder, tiny_model_dir):
     is known; in a batch of three the same row must report the same count.
     """
     _, batched = hf_and_ponder
-    alone = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, device="cpu")
+    alone = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, device="cpu", dtype="float32")
     # Stop on single characters so some rows stop early and others run to the cap. ("B": the
     # tiny model's rows need not contain "e"; one that generates a pad token mid-text used to be
     # cut there, as if pad were EOS, which made "e" look like it stopped a row.)

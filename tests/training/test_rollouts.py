@@ -14,7 +14,8 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
 from lm_eval_ponder.training.rollouts import (
-    RolloutCache, RolloutConfig, build_cache, generation_kwargs, train_documents)
+    RolloutCache, RolloutConfig, build_cache, generation_kwargs, prepare_cache,
+    train_documents)
 
 OFFSETS = cumulative_offsets(PonderConfig(k_max=2, alpha0=0.5, alpha_start=-0.5)).tolist()
 CFG = RolloutConfig(prompts={"arith_ponder": 4, "gsm8k_ponder": 1}, max_completion_length=6,
@@ -114,6 +115,24 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_pat
     assert all(original[key(r)] == r["text"] for r in records)  # greedy: same outcomes
 
 
+def test_cache_kept_without_its_prompts_says_how_to_restore_them_and_restores_exactly(
+        lm, cache, tmp_path):
+    # What a committed cache holds: the manifest and the outcomes, not the prompts (benchmark
+    # questions) or z_0.
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for name in ("manifest.json", "rollouts.rank0.jsonl"):
+        (kept / name).write_bytes((cache.dir / name).read_bytes())
+    with pytest.raises(PonderError, match="--restore-only"):
+        RolloutCache(kept).prompts()
+    with pytest.raises(PonderError, match="not its prompts and z_0"):
+        RolloutCache(kept).states()
+    restored, prompts = prepare_cache(lm, CFG, OFFSETS, kept)
+    assert restored.prompts() == cache.prompts() == prompts
+    torch.testing.assert_close(restored.states(), cache.states())
+    assert restored.done() == cache.done()  # the outcomes are untouched: nothing to generate
+
+
 def test_cache_refuses_other_settings(lm, cache):
     other = RolloutConfig(prompts=CFG.prompts, max_completion_length=7, batch_size=8,
                           apply_chat_template=False)
@@ -123,10 +142,13 @@ def test_cache_refuses_other_settings(lm, cache):
         RolloutCache(cache.dir / "nowhere")
 
 
-def test_response_perplexities_chunked_equal_one_row_at_a_time(lm):
+def test_response_perplexities_chunked_equal_one_row_at_a_time(tiny_model_dir, tiny_vector_dir):
     """Bounded memory: chunked, left-padded scoring of response positions only gives the
-    perplexities of plain unpadded one-row forwards."""
+    perplexities of plain unpadded one-row forwards. In float32: in bf16 (the default on a CPU
+    with native bf16) padding alone moves a perplexity by a few percent."""
     from lm_eval_ponder.training.rollouts import response_perplexities
+
+    lm = make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0], dtype="float32")
 
     contexts = ["What is 2+2?", "Hello there, how are you doing today", "x", "Add 1 and 2."]
     texts = ["4", "fine thanks and you?", "", "The answer is 3"]

@@ -327,8 +327,9 @@ def analyse(args) -> None:
     rho = spearmanr([prompts[i].level for i in arith], best_depth[arith])
     summary = {
         "form": args.form, "samples": args.samples, "cache": str(directory),
-        "manifest": cache.manifest["fingerprint"], "k_max": k_max, "offsets": offsets,
-        "prompts_complete": len(prompts), "prompts_in_manifest": cache.manifest["n_prompts"],
+        "manifest": cache.manifest["fingerprint"],
+        "dtype": str(cache.manifest["identity"]["dtype"]).removeprefix("torch."),
+        "k_max": k_max, "offsets": offsets, "prompts_complete": len(prompts), "prompts_in_manifest": cache.manifest["n_prompts"],
         "by_task": {t: sum(p.task == t for p in prompts) for t in sorted({p.task for p in prompts})},
         "n_val": len(val), "folds": args.folds,
         "best_fixed_depth_by_score (per fold)": chosen["fixed"],
@@ -360,7 +361,8 @@ def write_markdown(path: Path, s: dict) -> None:
 
     lines = [f"# Headroom: form `{s['form']}`, {s['samples']} samples per (prompt, depth)", "",
              f"Cache `{s['cache']}` (manifest {s['manifest']}): {s['prompts_complete']} of "
-             f"{s['prompts_in_manifest']} prompts complete ({s['by_task']}), every one held "
+             f"{s['prompts_in_manifest']} prompts complete ({s['by_task']}; backbone in "
+             f"{s['dtype']}), every one held "
              f"out: the fixed depth of each of {s['folds']} folds (by key hash) is chosen on the "
              f"other folds. Depths 0..{s['k_max']} at offsets "
              f"{[round(c, 3) for c in s['offsets']]}.", "",

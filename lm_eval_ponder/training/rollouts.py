@@ -15,7 +15,8 @@ What is stored, in one directory:
 - ``prompts.jsonl`` and ``states.safetensors``: the prompts (exactly the lm-eval task's
   context, chat template included) and the controller's input z_0 for each, the steering
   layer's output at the last prompt token.
-- ``rollouts.rank<r>.jsonl``: one line per (prompt, depth, sample) with the text, generated
+- ``rollouts.rank<r>[.part<b>].jsonl``: one file per rank and block of prompts (older caches:
+  one per rank), one line per (prompt, depth, sample) with the text, generated
   tokens, FLOPs, the grade and the reward inputs (relative error, perplexity under the frozen
   unsteered backbone). Lines are appended and fsynced per batch; on restart finished lines are
   skipped and a torn last line is ignored, so an interruption loses at most one batch. Under
@@ -283,8 +284,12 @@ class RolloutCache:
     def done(self) -> set[tuple[str, int, int]]:
         return {(r["key"], r["depth"], r["sample"]) for r in self.records()}
 
-    def append(self, rank: int, records: list[dict]) -> None:
-        path = self.dir / f"rollouts.rank{rank}.jsonl"
+    def append(self, rank: int, records: list[dict], part: int | None = None) -> None:
+        """Append to this rank's file, or to its file for one block of prompts (``part``): a
+        long build kept in git stays in files of a few MB, each finished once."""
+        name = f"rollouts.rank{rank}.jsonl" if part is None else \
+            f"rollouts.rank{rank}.part{part:03d}.jsonl"
+        path = self.dir / name
         # A previous run killed mid-line leaves a torn tail: start on a fresh line.
         needs_newline = path.is_file() and path.stat().st_size > 0 and \
             path.read_bytes()[-1:] != b"\n"
@@ -398,7 +403,7 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
                     "rel_error": relative_error(p.kind, pred, p.gold),
                     "ppl": ppl,
                 })
-            cache.append(rank, records)
+            cache.append(rank, records, part=block_start // per_block)
             bar.update(len(items))
     bar.close()
 

@@ -37,6 +37,12 @@ def cache(lm, tmp_path_factory):
     return build_cache(lm, CFG, OFFSETS, tmp_path_factory.mktemp("cache"), progress=False)
 
 
+def record_lines(directory) -> list[str]:
+    """Every rollout line of a cache directory, in the order ``RolloutCache.records`` reads."""
+    return [line for path in sorted(directory.glob("rollouts.rank*.jsonl"))
+            for line in path.read_text().splitlines()]
+
+
 def test_training_documents_never_come_from_test_splits(shared_data):
     arith_test = {d["question"] for d in data.arith_ladder("test", 100)}
     assert not arith_test & {d["question"] for d in train_documents("arith_ponder", 500)}
@@ -99,7 +105,7 @@ def test_cached_state_is_the_hooks_state(lm, cache):
 
 
 def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_path):
-    lines = (cache.dir / "rollouts.rank0.jsonl").read_text().splitlines()
+    lines = record_lines(cache.dir)
     partial = tmp_path / "partial"
     partial.mkdir()
     for name in ("manifest.json", "prompts.jsonl", "states.safetensors"):
@@ -121,8 +127,9 @@ def test_cache_kept_without_its_prompts_says_how_to_restore_them_and_restores_ex
     # questions) or z_0.
     kept = tmp_path / "kept"
     kept.mkdir()
-    for name in ("manifest.json", "rollouts.rank0.jsonl"):
-        (kept / name).write_bytes((cache.dir / name).read_bytes())
+    (kept / "manifest.json").write_bytes((cache.dir / "manifest.json").read_bytes())
+    for path in cache.dir.glob("rollouts.rank*.jsonl"):
+        (kept / path.name).write_bytes(path.read_bytes())
     with pytest.raises(PonderError, match="--restore-only"):
         RolloutCache(kept).prompts()
     with pytest.raises(PonderError, match="not its prompts and z_0"):
@@ -173,8 +180,11 @@ def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draw
     sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=4,
                             samples=2, apply_chat_template=False, seed=5)
     full = build_cache(lm, sampled, OFFSETS, tmp_path / "full", progress=False)
-    lines = (full.dir / "rollouts.rank0.jsonl").read_text().splitlines()
-    # batch 4 / 2 samples = blocks of 2 prompts, each finished at all 3 depths before the next
+    lines = record_lines(full.dir)
+    # batch 4 / 2 samples = blocks of 2 prompts, each finished at all 3 depths before the next,
+    # each in a file of its own (a build kept in git is a series of small finished files)
+    assert sorted(p.name for p in full.dir.glob("rollouts.rank*.jsonl")) == \
+        [f"rollouts.rank0.part{b:03d}.jsonl" for b in range(3)]
     first = [json.loads(line) for line in lines[: 2 * 3 * 2]]
     assert len({r["key"] for r in first}) == 2
     assert {(r["depth"], r["sample"]) for r in first} == {(k, s) for k in range(3) for s in range(2)}
@@ -182,7 +192,8 @@ def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draw
     partial.mkdir()
     for name in ("manifest.json", "prompts.jsonl", "states.safetensors"):
         (partial / name).write_bytes((full.dir / name).read_bytes())
-    # stopped after block 0 and the first depth of block 1 (one append per call)
+    # stopped after block 0 and the first depth of block 1 (one append per call), in the
+    # one-file-per-rank layout of older caches, which resuming keeps reading
     (partial / "rollouts.rank0.jsonl").write_text("\n".join(lines[: 12 + 4]) + "\n")
     resumed = build_cache(lm, sampled, OFFSETS, partial, progress=False)
     key = lambda r: (r["key"], r["depth"], r["sample"])  # noqa: E731

@@ -13,7 +13,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from lm_eval_ponder.reporting.report import wilson
+from lm_eval_ponder.reporting.measures import wilson
 
 
 def rows(root: Path):

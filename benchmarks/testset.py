@@ -267,7 +267,7 @@ def controller_row(figures, depth, level, directory: Path, n_bootstrap: int) -> 
     bootstrap CIs over documents, and its depth profile."""
     import numpy as np
 
-    from lm_eval_ponder.reporting.report import wilson
+    from lm_eval_ponder.reporting.measures import wilson
 
     n = len(depth)
     f = figures(np.arange(n))
@@ -281,7 +281,8 @@ def depth_status(root: str, form: str, task: str, k: int) -> dict:
     """One (depth, task) run of the sweep as it stands: finished with its figures, started (a
     killed or running run keeps its answers in lm-eval's cache) or not started. Lets a sweep
     that spans sessions report what it has without waiting for the last depth."""
-    from lm_eval_ponder.reporting.report import read_samples, wilson
+    from lm_eval_ponder.reporting.measures import wilson
+    from lm_eval_ponder.reporting.report import read_samples
 
     run = run_dir(root, form, k) / "greedy" / "FR" / task  # suite's layout
     path = samples_file(run, task)
@@ -304,7 +305,7 @@ def status(args) -> None:
     composed accuracy and tokens (no gap: that needs the whole curve, see ``analyse``)."""
     import numpy as np
 
-    from lm_eval_ponder.reporting.report import wilson
+    from lm_eval_ponder.reporting.measures import wilson
 
     offsets = offsets_of(args.form)
     # controllers only when asked for: they need z_0, i.e. the backbone
@@ -346,7 +347,7 @@ def status(args) -> None:
 def analyse(args) -> None:
     import numpy as np
 
-    from lm_eval_ponder.reporting.report import wilson
+    from lm_eval_ponder.reporting.measures import wilson
 
     offsets = offsets_of(args.form)
     k_max = len(offsets) - 1

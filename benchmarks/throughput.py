@@ -62,7 +62,7 @@ def main() -> None:
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.evaluation.accounting import count_text_tokens
     from lm_eval_ponder.evaluation.lm import PonderLM
-    from lm_eval_ponder.reporting.report import wilson
+    from lm_eval_ponder.reporting.measures import wilson
 
     torch.set_num_threads(2)
     manager = TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir())

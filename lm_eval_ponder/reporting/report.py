@@ -46,6 +46,8 @@ from lm_eval_ponder.errors import PonderError, command
 from lm_eval_ponder.reporting.estimate import Estimators
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
+from lm_eval_ponder.reporting.measures import by_level, figures, spearman
+from lm_eval_ponder.reporting.plots import plots
 
 BASES = {"cot": "CoT", "bon": "BoN"}
 
@@ -67,25 +69,6 @@ class Run:
     @property
     def label(self) -> str:
         return f"{self.method} [{self.variant}]" if self.variant else self.method
-
-
-def wilson(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval of a proportion k/n (scipy's ``BinomTestResult``)."""
-    from scipy.stats import binomtest
-
-    if n == 0:
-        return math.nan, math.nan
-    ci = binomtest(int(round(k)), n).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(ci.low), float(ci.high)
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman rank correlation (average ranks for ties); NaN if either side is constant."""
-    from scipy.stats import spearmanr
-
-    if len(set(x)) < 2 or len(set(y)) < 2:
-        return math.nan
-    return float(spearmanr(x, y).statistic)
 
 
 def _label(task: str, model: str, args: dict, marker: dict | None,
@@ -193,17 +176,6 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         for run, variant in zip(group, distinguish([(r.dataset, r.identity) for r in group])):
             run.variant = variant
     return sorted(runs.values(), key=lambda r: (r.backbone, r.dataset, r.label))
-
-
-def figures(samples: list[dict]) -> dict[str, float]:
-    n = len(samples)
-    k = sum(float(s["exact_match"]) for s in samples)
-    lo, hi = wilson(k, n)
-    mean = lambda key: sum(float(s.get(key, math.nan)) for s in samples) / n  # noqa: E731
-    flops = mean("flops")
-    return {"n": n, "acc": k / n, "lo": lo, "hi": hi, "tokens": mean("gen_tokens"),
-            "flops": flops, "log10_flops": math.log10(flops) if flops > 0 else math.nan,
-            "depth": mean("ponder_steps"), "estimated": any(s.get("estimated") for s in samples)}
 
 
 def _common(runs: list[Run]) -> dict[str, list[Run]]:
@@ -332,117 +304,14 @@ def write_tables(rows: list[dict], datasets: list[str], notes: list[str], out: P
     return md
 
 
-def pareto_front(points: list[tuple[float, float]]) -> list[int]:
-    """Indices of points not dominated (lower cost and higher-or-equal accuracy)."""
-    front = []
-    for i, (c, a) in enumerate(points):
-        if not any((c2 <= c and a2 >= a) and (c2, a2) != (c, a) for c2, a2 in points):
-            front.append(i)
-    return sorted(front, key=lambda i: points[i][0])
-
-
-def by_level(run: Run) -> dict[int, list[dict]]:
-    levels: dict[int, list[dict]] = defaultdict(list)
-    for s in run.samples:
-        level = s["doc"].get("level")
-        if isinstance(level, str) and level.strip().isdigit():
-            level = int(level)
-        if isinstance(level, int):
-            levels[level].append(s)
-    return dict(sorted(levels.items()))
-
-
 def depth_difficulty(runs: list[Run]) -> list[tuple[str, str, float, int]]:
     """Spearman(ponder depth, level) of every run that ponders, per dataset with levels."""
     out = []
     for r in runs:
-        pairs = [(lv, float(s["ponder_steps"])) for lv, ss in by_level(r).items() for s in ss]
+        pairs = [(lv, float(s["ponder_steps"])) for lv, ss in by_level(r.samples).items() for s in ss]
         if pairs and any(d for _, d in pairs):
             out.append((r.label, r.dataset, spearman(*map(list, zip(*pairs))), len(pairs)))
     return out
-
-
-def strong_win_rate(fp: Run, base: Run) -> dict[int, float]:
-    """Per level, the fraction of questions where FP is correct and the baseline is wrong,
-    or both are correct and FP used fewer tokens (our definition of a strong win)."""
-    other = {s["doc_id"]: s for s in base.samples}
-    out = {}
-    for level, ss in by_level(fp).items():
-        pairs = [(s, other[s["doc_id"]]) for s in ss if s["doc_id"] in other]
-        if pairs:
-            wins = sum(1 for a, b in pairs if a["exact_match"] and (
-                not b["exact_match"] or a["gen_tokens"] < b["gen_tokens"]))
-            out[level] = wins / len(pairs)
-    return out
-
-
-def plots(common: dict[str, list[Run]], out: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    for dataset, group in sorted(common.items()):
-        group = [r for r in group if r.samples]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        figs = [figures(r.samples) for r in group]
-        pts = [(f["flops"], f["acc"]) for f in figs]
-        for r, (c, a) in zip(group, pts):
-            ax.scatter(c, a, label=r.label)
-        front = pareto_front(pts)
-        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--", lw=1,
-                marker="o", markersize=12, markerfacecolor="none",
-                label="Pareto frontier (circled)")
-        ax.set_xscale("log")
-        ax.set(xlabel="mean FLOPs per question", ylabel="accuracy", title=dataset)
-        ax.legend(fontsize=7)
-        written.append(_save(fig, out / f"pareto_{dataset}.png"))
-        levelled = [(r, by_level(r)) for r in group]
-        levelled = [(r, lv) for r, lv in levelled if lv]
-        if not levelled:
-            continue
-        levels = sorted({k for _, lv in levelled for k in lv})
-        fig, axes = plt.subplots(1, len(levels), figsize=(3 * len(levels), 3), squeeze=False)
-        for ax, level in zip(axes[0], levels):
-            for r, lv in levelled:
-                if level in lv:
-                    f = figures(lv[level])
-                    ax.scatter(f["flops"], f["acc"], label=r.label)
-            ax.set_xscale("log")
-            ax.set(title=f"level {level}", xlabel="FLOPs")
-        axes[0][0].set_ylabel("accuracy")
-        axes[0][-1].legend(fontsize=6)
-        written.append(_save(fig, out / f"pareto_levels_{dataset}.png"))
-        for key, ylabel, name in (("tokens", "mean generated tokens", "tokens"),
-                                  ("depth", "mean ponder depth", "depth")):
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for r, lv in levelled:
-                ax.plot(list(lv), [figures(v)[key] for v in lv.values()], "o-", label=r.label)
-            ax.set(xlabel="level", ylabel=ylabel, title=dataset)
-            ax.legend(fontsize=7)
-            written.append(_save(fig, out / f"{name}_by_level_{dataset}.png"))
-        fp_runs = [r for r in group if r.method.startswith("FP-")]
-        bases = {r.label: r for r in group if r.method in ("Direct", "CoT")}
-        if fp_runs and bases:
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for fp in fp_runs:
-                for name, base in bases.items():
-                    rate = strong_win_rate(fp, base)
-                    ax.plot(list(rate), list(rate.values()), "o-", label=f"{fp.label} vs {name}")
-            ax.set(xlabel="level", ylabel="strong win rate", title=dataset, ylim=(0, 1))
-            ax.legend(fontsize=7)
-            written.append(_save(fig, out / f"win_rate_{dataset}.png"))
-    return written
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
 
 
 def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dict]:
@@ -475,8 +344,11 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
     return cases
 
 
-def write_html(md_rows: list[dict], datasets: list[str], notes: list[str], images: list[Path],
-               cases: list[dict], spearmans: list, out: Path) -> None:
+def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
+               images: list[tuple[Path, str]], cases: list[dict], spearmans: list,
+               out: Path) -> None:
+    """One self-contained page (figures inlined as data URIs): it opens from disk, or from an
+    e-mail attachment, with nothing beside it."""
     def cell(f):
         if not f:
             return "<td>-</td><td>-</td><td>-</td>"
@@ -493,7 +365,8 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str], image
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
              "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}"
              "table{border-collapse:collapse}pre{white-space:pre-wrap;background:#f6f6f6;"
-             "padding:6px;font-size:12px}</style>",
+             "padding:6px;font-size:12px}figure{margin:18px 0}figcaption{font-size:13px;"
+             "color:#333;max-width:900px}img{max-width:100%}</style>",
              "<h1>Leaderboard</h1><table><tr><th>backbone</th><th>method</th><th>identity</th>"
              + head + "</tr>"
              + body + "</table>",
@@ -509,9 +382,10 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str], image
             f"<li>{html.escape(m)} on {d}: Spearman {rho:.3f} (n={n})</li>"
             for m, d, rho, n in spearmans) + "</ul>")
     parts.append("<h2>Figures</h2>")
-    for img in images:
+    for img, caption in images:
         data = base64.b64encode(img.read_bytes()).decode()
-        parts.append(f"<p>{img.name}<br><img src='data:image/png;base64,{data}'></p>")
+        parts.append(f"<figure><img alt='{img.name}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     parts.append("<h2>Cases</h2><p>Rule: per dataset, the first two questions (document order)"
                  " where FP is right and CoT or Direct is wrong, and the first where FP is wrong"
                  " and a baseline is right. Nothing else is selected.</p>")
@@ -540,6 +414,9 @@ def report(paths: list[str | Path], out: str | Path) -> str:
     md = write_tables(rows, datasets, notes, out)
     common = _common(runs)
     images = plots(common, out)
+    with open(out / "leaderboard.md", "a") as f:
+        f.write("\nFigures (error bars: Wilson 95% intervals):\n" + "".join(
+            f"\n![{img.stem}]({img.name})\n\n{caption}\n" for img, caption in images))
     spear = depth_difficulty([r for g in common.values() for r in g])
     write_html(rows, datasets, notes, images, case_studies(common), spear, out)
     lines = [md] + [f"Spearman(ponder depth, level) {m} on {d}: {rho:.3f} (n={n})"
@@ -554,8 +431,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="lm-eval --output_path directories")
     parser.add_argument("--output", default=None, help="report directory (default: the first "
                         "path)")
+    parser.add_argument("--screenshot", default=None, metavar="PNG",
+                        help="also draw leaderboard.html with headless Chromium into PNG, to "
+                        "check that the page renders")
     a = parser.parse_args(argv)
-    print(report(a.paths, a.output or a.paths[0]))
+    out = Path(a.output or a.paths[0])
+    print(report(a.paths, out))
+    if a.screenshot:
+        from lm_eval_ponder.reporting.render import screenshot
+
+        print(f"page drawn: {screenshot(out / 'leaderboard.html', a.screenshot)}")
     return 0
 
 

@@ -77,13 +77,6 @@ def test_tie_within_ci_is_not_bolded(tmp_path):
     assert notes and "tie within the 95% CI" in notes[0]
 
 
-def test_wilson_and_pareto():
-    lo, hi = rp.wilson(5, 10)
-    assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
-    assert math.isnan(rp.wilson(0, 0)[0])
-    assert rp.pareto_front([(1, 0.5), (2, 0.4), (3, 0.9), (0.5, 0.1)]) == [3, 0, 2]
-
-
 def test_missing_results_is_a_clear_error(tmp_path):
     with pytest.raises(PonderError, match="no lm-eval results"):
         rp.load_runs([tmp_path])

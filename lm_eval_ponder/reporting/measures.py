@@ -1,0 +1,75 @@
+"""What the report measures from per-sample logs: accuracy with its Wilson interval, mean cost,
+ranks, the Pareto front, per-level splits and strong wins. Pure functions of sample dicts, so the
+tables (``reporting.report``) and the figures (``reporting.plots``) read the same numbers."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+
+def wilson(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion k/n (scipy's ``BinomTestResult``)."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return math.nan, math.nan
+    ci = binomtest(int(round(k)), n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN if either side is constant."""
+    from scipy.stats import spearmanr
+
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return math.nan
+    return float(spearmanr(x, y).statistic)
+
+
+def figures(samples: list[dict]) -> dict[str, float]:
+    """A run's cell of the leaderboard: accuracy, its Wilson 95% interval, n and mean costs."""
+    n = len(samples)
+    k = sum(float(s["exact_match"]) for s in samples)
+    lo, hi = wilson(k, n)
+    mean = lambda key: sum(float(s.get(key, math.nan)) for s in samples) / n  # noqa: E731
+    flops = mean("flops")
+    return {"n": n, "acc": k / n, "lo": lo, "hi": hi, "tokens": mean("gen_tokens"),
+            "flops": flops, "log10_flops": math.log10(flops) if flops > 0 else math.nan,
+            "depth": mean("ponder_steps"), "estimated": any(s.get("estimated") for s in samples)}
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated (lower cost and higher-or-equal accuracy)."""
+    front = []
+    for i, (c, a) in enumerate(points):
+        if not any((c2 <= c and a2 >= a) and (c2, a2) != (c, a) for c2, a2 in points):
+            front.append(i)
+    return sorted(front, key=lambda i: points[i][0])
+
+
+def by_level(samples: list[dict]) -> dict[int, list[dict]]:
+    """Samples split by their document's integer ``level`` (arith ladder, MATH500), in level
+    order; documents without one are left out."""
+    levels: dict[int, list[dict]] = defaultdict(list)
+    for s in samples:
+        level = s["doc"].get("level")
+        if isinstance(level, str) and level.strip().isdigit():
+            level = int(level)
+        if isinstance(level, int):
+            levels[level].append(s)
+    return dict(sorted(levels.items()))
+
+
+def strong_win_rate(fp: list[dict], base: list[dict]) -> dict[int, float]:
+    """Per level, the fraction of questions where FP is correct and the baseline is wrong,
+    or both are correct and FP used fewer tokens (our definition of a strong win)."""
+    other = {s["doc_id"]: s for s in base}
+    out = {}
+    for level, ss in by_level(fp).items():
+        pairs = [(s, other[s["doc_id"]]) for s in ss if s["doc_id"] in other]
+        if pairs:
+            wins = sum(1 for a, b in pairs if a["exact_match"] and (
+                not b["exact_match"] or a["gen_tokens"] < b["gen_tokens"]))
+            out[level] = wins / len(pairs)
+    return out

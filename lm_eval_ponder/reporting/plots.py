@@ -1,0 +1,262 @@
+"""The report's figures, drawn so that a reader can compare methods at a glance and across
+figures.
+
+- A method keeps one colour in every figure: its family (Direct, CoT, BoN, FR, FP-Direct,
+  FP-CoT, FP-BoN) picks it, whatever else its label says, and the decoding policy of
+  ``suite --decoding`` picks the marker. Labels the table split for another reason (e.g.
+  ``[dtype=bfloat16]``) get hollow markers.
+- Accuracy is drawn with its Wilson 95% interval, on a 0..1 axis that every panel shares, so
+  levels and datasets read on the same scale.
+- Fixed-alpha runs (FR at several alphas) are one curve through their points in order of cost:
+  a controller helps only where it lies above that curve beyond its interval.
+- Every figure comes with a caption that says which differences its intervals resolve and which
+  they do not. Overlapping unpaired 95% intervals are read as "not distinguishable": a
+  conservative reading (a paired test on the same questions can separate more).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from lm_eval_ponder.reporting.measures import by_level, figures, pareto_front, strong_win_rate
+
+FAMILY_COLOURS = {
+    "Direct": "#1f77b4", "CoT": "#ff7f0e", "BoN": "#2ca02c", "FR": "#555555",
+    "FP-Direct": "#d62728", "FP-CoT": "#9467bd", "FP-BoN": "#8c564b",
+}
+SPARE_COLOURS = ("#17becf", "#bcbd22", "#e377c2", "#000000", "#aec7e8", "#98df8a")
+DECODING_MARKERS = {"greedy": "o", "t0.7": "s", "top_p0.95": "^", "top_k40": "D"}
+CI_NOTE = ("Error bars: Wilson 95% intervals. Overlapping intervals are read as not "
+           "distinguishable (conservative for unpaired intervals).")
+
+
+class LabelledRun(Protocol):
+    label: str
+    method: str
+    samples: list[dict]
+
+
+@dataclass(frozen=True)
+class Style:
+    """How one leaderboard label is drawn everywhere."""
+
+    family: str
+    decoding: str
+    colour: str
+    marker: str
+    hollow: bool
+
+    def kwargs(self) -> dict:
+        return {"color": self.colour, "marker": self.marker,
+                "markerfacecolor": "none" if self.hollow else self.colour}
+
+
+def style(label: str) -> Style:
+    """The family (colour), decoding policy (marker) and other variants (hollow) of a label
+    such as ``FR (alpha=-0.2) [t0.7]`` or ``FP-Direct [dtype=bfloat16]``."""
+    variants = re.findall(r" \[([^\]]+)\]", label)
+    name = re.sub(r" \[[^\]]+\]", "", label)
+    family = re.sub(r" \((?:alpha=[^)]*|default args)\)$", "", name).strip()
+    decoding = next((v for v in variants if v in DECODING_MARKERS), "greedy")
+    colour = FAMILY_COLOURS.get(family) or \
+        SPARE_COLOURS[zlib.crc32(family.encode()) % len(SPARE_COLOURS)]
+    hollow = any(v not in DECODING_MARKERS for v in variants)
+    return Style(family, decoding, colour, DECODING_MARKERS[decoding], hollow)
+
+
+def curve_key(label: str) -> str | None:
+    """Runs with the same key are points of one fixed-alpha curve: FR runs that differ only in
+    alpha. None for any other method."""
+    if not re.match(r"FR \(alpha=", label):
+        return None
+    return re.sub(r"\(alpha=[^)]*\)", "(alpha)", label)
+
+
+def distinguishability(stats: dict[str, dict], subject: str) -> str:
+    """One sentence on what the intervals of ``stats`` (label -> ``figures``) resolve: the
+    best accuracy, which labels are within its interval and which are below it beyond it."""
+    if not stats:
+        return f"{subject}: no runs."
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1]["acc"])
+    best, b = ranked[0]
+    tied = [label for label, f in ranked[1:] if f["hi"] >= b["lo"]]
+    below = [label for label, f in ranked[1:] if f["hi"] < b["lo"]]
+    ns = sorted({f["n"] for f in stats.values()})
+    text = (f"{subject} (n={'/'.join(map(str, ns))}): highest accuracy {best} {b['acc']:.3f} "
+            f"[{b['lo']:.2f}, {b['hi']:.2f}].")
+    if len(ranked) == 1:
+        return text
+    if tied:
+        text += f" Not distinguishable from it: {', '.join(tied)}."
+    else:
+        text += " Its interval clears every other method's."
+    if below:
+        text += f" Below it beyond the intervals: {', '.join(below)}."
+    return text
+
+
+def cost_axis(ax, label: str) -> None:
+    """A log cost axis labelled at 1, 2 and 5 per decade ("2e11"), no minor labels: narrow
+    panels stay legible."""
+    from matplotlib import ticker
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(
+        lambda x, _: f"{x:.0e}".replace("e+", "e").replace("e0", "e")))
+    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_xlabel(label)
+
+
+def _errorbar(ax, f: dict, x: float, st: Style, label: str | None, **extra) -> None:
+    ax.errorbar([x], [f["acc"]], yerr=[[f["acc"] - f["lo"]], [f["hi"] - f["acc"]]],
+                linestyle="none", capsize=3, label=label, **st.kwargs(), **extra)
+
+
+def draw_accuracy_cost(ax, runs: list[tuple[str, dict]], cost: str = "flops",
+                       legend: bool = True) -> None:
+    """Accuracy (with intervals) against mean cost; FR runs joined into their curve."""
+    curves: dict[str, list[tuple[str, dict]]] = {}
+    for label, f in runs:
+        key = curve_key(label)
+        if key is not None:
+            curves.setdefault(key, []).append((label, f))
+            continue
+        _errorbar(ax, f, f[cost], style(label), label if legend else None)
+    for key, points in curves.items():
+        points.sort(key=lambda lf: lf[1][cost])
+        st = style(points[0][0])
+        xs, fs = [f[cost] for _, f in points], [f for _, f in points]
+        alphas = [re.search(r"alpha=([^)]*)", label).group(1) for label, _ in points]
+        name = key.replace("(alpha)", f"(alpha={', '.join(alphas)})")
+        ax.errorbar(xs, [f["acc"] for f in fs],
+                    yerr=[[f["acc"] - f["lo"] for f in fs], [f["hi"] - f["acc"] for f in fs]],
+                    capsize=3, linestyle="-", label=name if legend else None, **st.kwargs())
+    ax.set_ylim(0, 1)
+
+
+def pareto_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Path, str]:
+    import matplotlib.pyplot as plt
+
+    stats = {r.label: figures(r.samples) for r in group}
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    draw_accuracy_cost(ax, list(stats.items()))
+    pts = [(f["flops"], f["acc"]) for f in stats.values()]
+    front = pareto_front(pts)
+    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "k--", lw=1, marker="o",
+            markersize=13, markerfacecolor="none", label="Pareto frontier (circled)")
+    cost_axis(ax, "mean FLOPs per question")
+    ax.set(ylabel="accuracy", title=dataset)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    caption = distinguishability(stats, dataset) + " " + CI_NOTE
+    return save(fig, out / f"pareto_{dataset}.png"), caption
+
+
+def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tuple[Path, str]]:
+    """Per-level accuracy: one panel per level (accuracy against FLOPs, shared 0..1 axis) and
+    one accuracy-by-level chart; then tokens and depth by level."""
+    import matplotlib.pyplot as plt
+
+    levelled = [(r, by_level(r.samples)) for r in group]
+    levelled = [(r, lv) for r, lv in levelled if lv]
+    if not levelled:
+        return []
+    levels = sorted({k for _, lv in levelled for k in lv})
+    per = {level: {r.label: figures(lv[level]) for r, lv in levelled if level in lv}
+           for level in levels}
+    sentences = [distinguishability(per[level], f"level {level}") for level in levels]
+    caption = f"{dataset} by level. " + " ".join(sentences) + " " + CI_NOTE
+    written = []
+
+    fig, axes = plt.subplots(1, len(levels), figsize=(2.8 * len(levels) + 2.2, 3.2),
+                             squeeze=False, sharey=True, sharex=True)
+    for i, (ax, level) in enumerate(zip(axes[0], levels)):
+        draw_accuracy_cost(ax, list(per[level].items()), legend=i == len(levels) - 1)
+        cost_axis(ax, "FLOPs")
+        ax.set_title(f"level {level}")
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    written.append((save(fig, out / f"pareto_levels_{dataset}.png"), caption))
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    width = 0.8 / max(1, len(levelled))
+    for j, (r, lv) in enumerate(levelled):
+        st = style(r.label)
+        xs = [lev + (j - (len(levelled) - 1) / 2) * width for lev in lv]
+        fs = [figures(v) for v in lv.values()]
+        ax.errorbar(xs, [f["acc"] for f in fs], capsize=2, label=r.label,
+                    yerr=[[f["acc"] - f["lo"] for f in fs], [f["hi"] - f["acc"] for f in fs]],
+                    linestyle="-" if curve_key(r.label) is None else ":", lw=0.8,
+                    **st.kwargs())
+    ax.set(xlabel="level", ylabel="accuracy", title=f"{dataset}: accuracy by level",
+           ylim=(0, 1), xticks=levels)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    written.append((save(fig, out / f"accuracy_by_level_{dataset}.png"), caption))
+
+    for key, ylabel, name in (("tokens", "mean generated tokens", "tokens"),
+                              ("depth", "mean ponder depth", "depth")):
+        fig, ax = plt.subplots(figsize=(7.5, 4.2))
+        for r, lv in levelled:
+            ax.plot(list(lv), [figures(v)[key] for v in lv.values()], "-", label=r.label,
+                    **style(r.label).kwargs())
+        ax.set(xlabel="level", ylabel=ylabel, title=dataset, xticks=levels)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        written.append((save(fig, out / f"{name}_by_level_{dataset}.png"),
+                        f"{dataset}: {ylabel} per level (means, no intervals drawn)."))
+    return written
+
+
+def win_rate_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Path, str] | None:
+    import matplotlib.pyplot as plt
+
+    fp_runs = [r for r in group if r.method.startswith("FP-")]
+    bases = [r for r in group if r.method in ("Direct", "CoT")]
+    if not fp_runs or not bases:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for fp in fp_runs:
+        for base in bases:
+            rate = strong_win_rate(fp.samples, base.samples)
+            st = style(fp.label)
+            ax.plot(list(rate), list(rate.values()), linestyle="-" if base.method == "Direct"
+                    else "--", label=f"{fp.label} vs {base.label}", **st.kwargs())
+    levels = sorted({lev for fp in fp_runs for lev in by_level(fp.samples)})
+    ax.set(xlabel="level", ylabel="strong win rate", title=dataset, ylim=(0, 1), xticks=levels)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    caption = (f"{dataset}: per level, the share of questions where FP is right and the "
+               "baseline wrong, or both right with FP using fewer tokens (solid: against "
+               "Direct, dashed: against CoT). Point estimates, no intervals.")
+    return save(fig, out / f"win_rate_{dataset}.png"), caption
+
+
+def plots(common: dict[str, list[LabelledRun]], out: Path) -> list[tuple[Path, str]]:
+    """Every figure of the report, each with its caption, for runs restricted per dataset to
+    the questions all of them answered."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    written = []
+    for dataset, group in sorted(common.items()):
+        group = [r for r in group if r.samples]
+        if not group:
+            continue
+        written.append(pareto_figure(dataset, group, out))
+        written += level_figures(dataset, group, out)
+        win = win_rate_figure(dataset, group, out)
+        if win is not None:
+            written.append(win)
+    return written
+
+
+def save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path

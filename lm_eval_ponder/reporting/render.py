@@ -1,0 +1,70 @@
+"""A PNG of the report's HTML page as a browser draws it, to check that the page renders and to
+put a picture of it in the docs.
+
+Headless Chromium from the OS packages (``apt install chromium``) draws the page; nothing is
+fetched from the network because the page is self-contained. Chromium's ``--screenshot`` takes
+the window, not the page, so the window is made tall and the blank band below the page is cut
+off afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from lm_eval_ponder.errors import PonderError
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome-headless-shell",
+            "headless_shell")
+
+
+def find_browser() -> str:
+    """The first Chromium-family browser on PATH (or in ``$LM_EVAL_PONDER_BROWSER``)."""
+    wanted = os.environ.get("LM_EVAL_PONDER_BROWSER")
+    for name in ([wanted] if wanted else []) + list(BROWSERS):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise PonderError("no headless browser found to draw the report (looked for "
+                      f"{', '.join(BROWSERS)}); install one (Debian/Ubuntu: "
+                      "`apt install chromium`) or set LM_EVAL_PONDER_BROWSER")
+
+
+def screenshot(page: str | Path, png: str | Path, width: int = 1280, height: int = 12000,
+               timeout: float = 120.0) -> Path:
+    """Draw ``page`` (a local HTML file) into ``png``, cropped to the page's content."""
+    page, png = Path(page).resolve(), Path(png)
+    if not page.is_file():
+        raise PonderError(f"no such page: {page}")
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as profile:
+        cmd = [find_browser(), "--headless", "--no-sandbox", "--disable-gpu",
+               "--hide-scrollbars", f"--user-data-dir={profile}",
+               f"--window-size={width},{height}", f"--screenshot={png.resolve()}",
+               page.as_uri()]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise PonderError(f"the browser did not finish drawing {page} in {timeout:.0f} s") from e
+    if done.returncode != 0 or not png.is_file():
+        raise PonderError(f"the browser could not draw {page} (exit {done.returncode}): "
+                          f"{done.stderr.strip()[-500:]}")
+    crop_blank_bottom(png)
+    return png
+
+
+def crop_blank_bottom(png: Path, margin: int = 16) -> None:
+    """Cut the uniform band under the page's last drawn row (the tall window's remainder)."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(png) as img:
+        pixels = np.asarray(img.convert("RGB"))
+    background = pixels[-1, 0]
+    drawn = np.nonzero((pixels != background).any(axis=(1, 2)))[0]
+    bottom = int(drawn[-1]) + 1 + margin if drawn.size else margin
+    if bottom < pixels.shape[0]:
+        Image.fromarray(pixels[:bottom]).save(png)

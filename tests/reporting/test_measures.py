@@ -1,0 +1,39 @@
+"""What the report measures: intervals, ranks, fronts, levels, strong wins."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lm_eval_ponder.reporting import measures as ms
+
+
+def test_wilson_and_pareto():
+    lo, hi = ms.wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-3) and hi == pytest.approx(0.7634, abs=1e-3)
+    assert math.isnan(ms.wilson(0, 0)[0])
+    assert ms.pareto_front([(1, 0.5), (2, 0.4), (3, 0.9), (0.5, 0.1)]) == [3, 0, 2]
+
+
+def sample(doc_id, level, correct, tokens=10):
+    return {"doc_id": doc_id, "doc": {"level": level}, "exact_match": float(correct),
+            "gen_tokens": tokens, "flops": 1e9 * tokens, "ponder_steps": 0}
+
+
+def test_by_level_reads_string_levels_and_skips_documents_without_one():
+    samples = [sample(0, 2, True), sample(1, "1", False), sample(2, None, True)]
+    assert {k: [s["doc_id"] for s in v] for k, v in ms.by_level(samples).items()} == \
+        {1: [1], 2: [0]}
+
+
+def test_strong_win_counts_right_against_wrong_and_cheaper_when_both_right():
+    fp = [sample(0, 1, True, 5), sample(1, 1, True, 20), sample(2, 1, False), sample(3, 2, True)]
+    base = [sample(0, 1, True, 10), sample(1, 1, True, 10), sample(2, 1, True), sample(3, 2, False)]
+    assert ms.strong_win_rate(fp, base) == {1: 1 / 3, 2: 1.0}
+
+
+def test_figures_mean_costs_and_interval():
+    f = ms.figures([sample(0, 1, True, 10), sample(1, 1, False, 30)])
+    assert (f["n"], f["acc"], f["tokens"]) == (2, 0.5, 20.0)
+    assert f["lo"] < 0.5 < f["hi"] and f["log10_flops"] == pytest.approx(math.log10(2e10))

@@ -1,0 +1,96 @@
+"""The report's figures: one colour per method everywhere, intervals on a shared 0..1 axis,
+the fixed-alpha curve as a line, captions that say what the intervals resolve."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+
+from lm_eval_ponder.reporting import plots as pl  # noqa: E402
+
+
+def fig(acc, n=100, flops=1e9, tokens=10.0):
+    from lm_eval_ponder.reporting.measures import wilson
+
+    lo, hi = wilson(acc * n, n)
+    return {"n": n, "acc": acc, "lo": lo, "hi": hi, "flops": flops, "tokens": tokens}
+
+
+def test_a_method_keeps_its_colour_whatever_its_label_adds():
+    colours = {pl.style(label).colour for label in
+               ("FP-Direct", "FP-Direct [t0.7]", "FP-Direct [dtype=bfloat16]")}
+    assert colours == {pl.FAMILY_COLOURS["FP-Direct"]}
+    assert pl.style("FR (alpha=-0.2)").colour == pl.style("FR (alpha=0.1) [top_k40]").colour
+    assert pl.style("Direct (default args)").family == "Direct"
+    assert len({pl.style(m).colour for m in pl.FAMILY_COLOURS}) == len(pl.FAMILY_COLOURS)
+    assert pl.style("Something new").colour == pl.style("Something new [t0.7]").colour
+
+
+def test_decoding_picks_the_marker_and_other_variants_are_hollow():
+    assert pl.style("CoT").marker == "o" and pl.style("CoT [top_p0.95]").marker == "^"
+    assert not pl.style("CoT [t0.7]").hollow and pl.style("CoT [dtype=float32]").hollow
+    assert pl.style("CoT [dtype=float32]").kwargs()["markerfacecolor"] == "none"
+
+
+def test_fixed_alpha_runs_are_one_curve_in_order_of_cost():
+    assert pl.curve_key("FR (alpha=-0.2)") == pl.curve_key("FR (alpha=0)") == "FR (alpha)"
+    assert pl.curve_key("FR (alpha=0) [t0.7]") != pl.curve_key("FR (alpha=0)")
+    assert pl.curve_key("FP-Direct") is None
+    _, ax = plt.subplots()
+    runs = [("FR (alpha=0)", fig(0.3, flops=3e9)), ("Direct", fig(0.2, flops=2e9)),
+            ("FR (alpha=-0.2)", fig(0.4, flops=1e9)), ("FR (alpha=-0.1)", fig(0.5, flops=2e9))]
+    pl.draw_accuracy_cost(ax, runs)
+    series = {c.get_label(): c.lines[0] for c in ax.containers}
+    assert set(series) == {"FR (alpha=-0.2, -0.1, 0)", "Direct"}  # one series for the 3 FR runs
+    curve = series["FR (alpha=-0.2, -0.1, 0)"]
+    assert list(curve.get_xdata()) == [1e9, 2e9, 3e9] and curve.get_linestyle() == "-"
+    assert list(curve.get_ydata()) == [0.4, 0.5, 0.3]
+    assert series["Direct"].get_linestyle() == "None"
+    assert ax.get_ylim() == (0, 1)
+    assert all(c.has_yerr for c in ax.containers)  # every point carries its interval
+    plt.close("all")
+
+
+def test_colours_do_not_depend_on_the_order_runs_come_in():
+    drawn = []
+    for order in (["Direct", "CoT", "FP-Direct"], ["FP-Direct", "Direct", "CoT"]):
+        _, ax = plt.subplots()
+        pl.draw_accuracy_cost(ax, [(label, fig(0.5)) for label in order])
+        drawn.append({c.get_label(): to_hex(c.lines[0].get_color()) for c in ax.containers})
+    assert drawn[0] == drawn[1] and drawn[0]["CoT"] == pl.FAMILY_COLOURS["CoT"]
+    plt.close("all")
+
+
+def test_caption_says_what_the_intervals_resolve():
+    text = pl.distinguishability({"A": fig(0.80), "B": fig(0.75), "C": fig(0.30)}, "gsm8k")
+    assert "highest accuracy A 0.800" in text
+    assert "Not distinguishable from it: B." in text
+    assert "Below it beyond the intervals: C." in text
+    clear = pl.distinguishability({"A": fig(0.9), "B": fig(0.2)}, "arith")
+    assert "clears every other" in clear and "(n=100)" in clear
+
+
+class FakeRun:
+    def __init__(self, label, correct):
+        self.label = self.method = label
+        self.samples = [{"doc_id": i, "doc": {"level": 1 + i % 3}, "exact_match": float(c),
+                         "gen_tokens": 10.0, "flops": 1e9, "ponder_steps": 0}
+                        for i, c in enumerate(correct)]
+
+
+def test_every_figure_is_written_with_a_caption(tmp_path):
+    runs = [FakeRun("Direct", [i % 2 for i in range(30)]),
+            FakeRun("FP-Direct", [1] * 30), FakeRun("FR (alpha=-0.2)", [0] * 30)]
+    written = pl.plots({"arith": runs}, tmp_path)
+    names = {p.name for p, _ in written}
+    assert {"pareto_arith.png", "pareto_levels_arith.png", "accuracy_by_level_arith.png",
+            "tokens_by_level_arith.png", "depth_by_level_arith.png",
+            "win_rate_arith.png"} == names
+    captions = dict((p.name, c) for p, c in written)
+    assert "level 1 (n=10)" in captions["accuracy_by_level_arith.png"]
+    assert "highest accuracy FP-Direct 1.000" in captions["pareto_arith.png"]
+    assert all(p.stat().st_size > 1000 for p, _ in written)

@@ -1,12 +1,17 @@
 """CI regression suite on the embedded backbone: a small, fixed, greedy run of Direct and of
 FP-Direct with the shipped controller, compared with figures recorded in a golden file.
 
-Refresh the golden file on purpose (after a change that is meant to move these figures):
+The backbone runs in the dtype a user gets by default on this machine (``native_dtype``:
+bfloat16 on a CPU with native bf16, float32 otherwise), and each dtype has its own golden file,
+``golden/regression_smollm2.<dtype>.json``: greedy decoding in bf16 and in float32 are two
+configurations whose texts part after a few dozen tokens, so one tolerance cannot serve both.
+
+Refresh a golden file on purpose (after a change that is meant to move these figures):
 
     LM_EVAL_PONDER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/evaluation/test_regression.py
 
-and commit tests/evaluation/golden/regression_smollm2.json with a sentence on why the figures
-moved.
+(``LM_EVAL_PONDER_GOLDEN_DTYPE=float32`` measures and writes the other dtype's file) and commit
+it with a sentence on why the figures moved.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from lm_eval_ponder import backbone as bb
 
 pytestmark = pytest.mark.slow
 
-GOLDEN = Path(__file__).parent / "golden" / "regression_smollm2.json"
 UPDATE = os.environ.get("LM_EVAL_PONDER_UPDATE_GOLDEN") == "1"
+DTYPE = os.environ.get("LM_EVAL_PONDER_GOLDEN_DTYPE") or bb.native_dtype("cpu")
+GOLDEN = Path(__file__).parent / "golden" / f"regression_smollm2.{DTYPE}.json"
 # arith: 2 questions per level (documents are interleaved by level); GSM8K: the first 4.
 TASKS = {"arith_ponder": 10, "gsm8k_ponder": 4}
 GEN = "max_gen_toks=64"  # greedy is the tasks' default
@@ -46,7 +52,7 @@ def measure() -> dict:
 
     figures = {}
     for case, model_args in CASES.items():
-        lm = PonderLM(batch_size=16, device="cpu", **model_args)
+        lm = PonderLM(batch_size=16, device="cpu", dtype=DTYPE, **model_args)
         for task, limit in TASKS.items():
             out = simple_evaluate(
                 model=lm, tasks=[task], limit=limit, gen_kwargs=GEN, apply_chat_template=True,
@@ -99,17 +105,18 @@ def test_regression_against_golden():
     if UPDATE:
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps({"settings": {"tasks": TASKS, "gen_kwargs": GEN,
-                                                   "cases": CASES, "tolerance": TOLERANCE},
+                                                   "cases": CASES, "tolerance": TOLERANCE,
+                                                   "dtype": DTYPE},
                                       "figures": now}, indent=2, sort_keys=True) + "\n")
         pytest.skip(f"golden file rewritten: {GOLDEN}")
-    assert GOLDEN.is_file(), (f"no golden file {GOLDEN}: create it with "
-                              "LM_EVAL_PONDER_UPDATE_GOLDEN=1 pytest "
-                              "tests/evaluation/test_regression.py")
+    assert GOLDEN.is_file(), (f"no golden file {GOLDEN} for {DTYPE}: create it with "
+                              f"LM_EVAL_PONDER_UPDATE_GOLDEN=1 LM_EVAL_PONDER_GOLDEN_DTYPE={DTYPE} "
+                              "pytest tests/evaluation/test_regression.py")
     golden = json.loads(GOLDEN.read_text())
     problems = compare(golden["figures"], now)
     assert not problems, (
         "regression figures moved beyond tolerance:\n  " + "\n  ".join(problems) +
         "\nIf the change is intended, refresh the golden file with "
         "LM_EVAL_PONDER_UPDATE_GOLDEN=1 .venv/bin/python -m pytest "
-        "tests/evaluation/test_regression.py and commit "
-        "tests/evaluation/golden/regression_smollm2.json saying why the figures moved.")
+        f"tests/evaluation/test_regression.py and commit {GOLDEN.name} saying why the "
+        "figures moved.")

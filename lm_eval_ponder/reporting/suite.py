@@ -73,6 +73,30 @@ def launcher(command: str | None) -> list[str]:
     return shlex.split(command)
 
 
+def run_dir(out: Path, r: dict) -> Path:
+    return out / r["decoding"] / r["method"].replace(" ", "_") / r["dataset"]
+
+
+def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None) -> str:
+    """What ``--plan`` prints: the runs, which are done, and with ``--pilot`` the estimate."""
+    from lm_eval_ponder.reporting.budget import (DATASET_SIZES, estimate, read_pilot,
+                                                 render_estimate)
+
+    done = {(r["label"], r["decoding"], r["dataset"]) for r in runs
+            if list(run_dir(out, r).rglob("results_*.json"))}
+    if pilot:
+        rows, model = estimate(runs, read_pilot(pilot), limit, done)
+        return render_estimate(rows, model)
+    lines = [f"{len(runs)} runs ({len(done)} done):"]
+    for r in runs:
+        n = DATASET_SIZES[r["dataset"]] if not limit else min(limit, DATASET_SIZES[r["dataset"]])
+        state = "done" if (r["label"], r["decoding"], r["dataset"]) in done else "to run"
+        lines.append(f"  {r['label']} on {r['dataset']}: {n} questions, {state}")
+    lines.append("For a time estimate, run a pilot first (`--limit 10 --output PILOT`) and pass "
+                 "`--plan --pilot PILOT`.")
+    return "\n".join(lines)
+
+
 def run_suite(a: argparse.Namespace) -> Path:
     out = Path(a.output)
     methods = [m.strip() for m in a.methods.split(",")]
@@ -99,8 +123,11 @@ def run_suite(a: argparse.Namespace) -> Path:
                        "methods are skipped")
     backbone = a.pretrained or "smollm2-135m-instruct"
     runs = plan(methods, datasets, decodings, a.alpha, controller)
+    if a.plan:
+        print(plan_text(runs, out, a.pilot, a.limit))
+        return out
     for i, r in enumerate(runs, 1):
-        target = out / r["decoding"] / r["method"].replace(" ", "_") / r["dataset"]
+        target = run_dir(out, r)
         if list(target.rglob("results_*.json")):
             LOGGER.info("[%d/%d] %s %s: done, skipped", i, len(runs), r["label"], r["dataset"])
             continue
@@ -164,6 +191,11 @@ def main(argv: list[str] | None = None) -> int:
                         "directory), so an interrupted run resumes mid-dataset, not from its start")
     p.add_argument("--no_report", dest="report", action="store_false",
                    help="run only; make the report later with python -m lm_eval_ponder.report")
+    p.add_argument("--plan", action="store_true",
+                   help="print the runs (and, with --pilot, how long they will take); run none")
+    p.add_argument("--pilot", default=None, metavar="DIR",
+                   help="with --plan: a finished pilot suite (e.g. --limit 10) whose wall times "
+                        "and tokens per question price the full runs")
     p.add_argument("--launcher", default=None,
                    help="start each run with this, e.g. 'accelerate launch --multi_gpu "
                         "--num_processes 8' (default: this Python, one process)")

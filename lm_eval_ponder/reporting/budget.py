@@ -1,0 +1,130 @@
+"""How long a suite will take, estimated from a pilot before it starts.
+
+A pilot is the same suite on the first few questions of each dataset (``suite --limit 10
+--output PILOT``). Each of its runs recorded its wall time (``ponder_run.json``) and, per
+question, the tokens it generated (Best-of-N counts all N answers). The cost model is fitted to
+the pilot's runs, ``wall = startup + tokens x seconds_per_token`` (least squares; the intercept
+is the process start and model load every run pays), and each planned run is priced at its
+dataset's full size times the tokens per question its pilot run generated. A planned run with
+no pilot run of the same method, decoding and dataset is listed without an estimate rather than
+guessed. The pilot's questions are the datasets' first ones, so the estimate is only as good as
+they are typical (the arith ladder interleaves its levels; GSM8K is in no particular order),
+and a pilot's batches are smaller than a full run's (10 questions against ``--batch_size``), so
+its seconds per token, and the estimate, err long.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from lm_eval_ponder.errors import PonderError
+
+# Test-set sizes of the suite's datasets (tests check them against the loaders).
+DATASET_SIZES = {"arith": 500, "gsm8k": 1319, "math500": 500, "gpqa": 198}
+
+
+@dataclass(frozen=True)
+class PilotRun:
+    label: str
+    decoding: str
+    dataset: str
+    questions: int
+    tokens: float
+    wall_s: float
+
+    @property
+    def tokens_per_question(self) -> float:
+        return self.tokens / self.questions
+
+
+@dataclass(frozen=True)
+class CostModel:
+    startup_s: float
+    s_per_token: float
+
+    def wall(self, tokens: float) -> float:
+        return self.startup_s + tokens * self.s_per_token
+
+
+def read_pilot(root: str | Path) -> list[PilotRun]:
+    """Every finished run under a suite output directory, with its questions and tokens."""
+    root = Path(root)
+    if not root.is_dir():
+        raise PonderError(f"no such pilot directory: {root}")
+    runs = []
+    for marker in sorted(root.rglob("ponder_run.json")):
+        info = json.loads(marker.read_text())
+        samples = sorted(marker.parent.rglob("samples_*.jsonl"))
+        if "wall_s" not in info or not samples:
+            continue
+        tokens: dict = {}
+        for path in samples:
+            with open(path) as f:
+                for line in f:
+                    s = json.loads(line)
+                    tokens.setdefault(s["doc_id"], float(s.get("gen_tokens", float("nan"))))
+        runs.append(PilotRun(info["method"], info.get("decoding", "greedy"), marker.parent.name,
+                             len(tokens), sum(tokens.values()), float(info["wall_s"])))
+    if not runs:
+        raise PonderError(f"no finished suite runs under {root} (a pilot is `python -m "
+                          "lm_eval_ponder.suite --limit 10 --output DIR`)")
+    return runs
+
+
+def fit_cost(runs: list[PilotRun]) -> CostModel:
+    """Least-squares ``wall = startup + tokens x s_per_token`` over the pilot's runs; through
+    the origin when the fitted start-up would be negative or the runs cannot separate it."""
+    import numpy as np
+
+    x = np.array([r.tokens for r in runs if r.tokens == r.tokens])
+    y = np.array([r.wall_s for r in runs if r.tokens == r.tokens])
+    if len(x) == 0 or not x.any():
+        raise PonderError("the pilot's runs recorded no generated tokens; cannot price tokens")
+    if len(set(x.tolist())) >= 2:
+        slope, intercept = np.polyfit(x, y, 1)
+        if intercept >= 0 and slope > 0:
+            return CostModel(float(intercept), float(slope))
+    return CostModel(0.0, float((x @ y) / (x @ x)))
+
+
+def estimate(planned: list[dict], pilot: list[PilotRun], limit: int | None = None,
+             done: set[tuple[str, str, str]] | None = None) -> tuple[list[dict], CostModel]:
+    """Each planned run (``suite.plan`` rows) with its questions, expected tokens and wall
+    seconds; ``done`` holds (label, decoding, dataset) of runs already finished (cost 0)."""
+    model = fit_cost(pilot)
+    rates = {(r.label, r.decoding, r.dataset): r.tokens_per_question for r in pilot}
+    rows = []
+    for p in planned:
+        questions = DATASET_SIZES[p["dataset"]]
+        questions = min(questions, limit) if limit else questions
+        key = (p["label"], p["decoding"], p["dataset"])
+        per_q = rates.get(key)
+        finished = key in (done or set())
+        tokens = None if per_q is None else questions * per_q
+        wall = 0.0 if finished else (None if tokens is None else model.wall(tokens))
+        rows.append({**p, "questions": questions, "tokens_per_question": per_q,
+                     "tokens": tokens, "wall_s": wall, "done": finished})
+    return rows, model
+
+
+def render_estimate(rows: list[dict], model: CostModel) -> str:
+    """A table a person can check, and the total with what it leaves out."""
+    lines = ["| run | dataset | questions | tokens/question (pilot) | est. wall |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        per_q = "-" if r["tokens_per_question"] is None else f"{r['tokens_per_question']:.0f}"
+        wall = "done" if r["done"] else ("no pilot run" if r["wall_s"] is None
+                                         else f"{r['wall_s'] / 60:.0f} min")
+        lines.append(f"| {r['label']} | {r['dataset']} | {r['questions']} | {per_q} | {wall} |")
+    priced = [r for r in rows if r["wall_s"] is not None]
+    missing = [r for r in rows if r["wall_s"] is None]
+    total = sum(r["wall_s"] for r in priced)
+    lines.append("")
+    lines.append(f"Cost model from the pilot: {model.startup_s:.0f} s start-up per run + "
+                 f"{model.s_per_token * 1000:.2f} ms per generated token.")
+    lines.append(f"Estimated total: {total / 3600:.1f} h for {len(priced)} runs"
+                 + (f"; {len(missing)} runs have no pilot run and are not counted"
+                    if missing else "") + ".")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Estimating a suite's wall time from a pilot, before it starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.reporting import budget, suite
+
+
+def pilot_run(root, decoding, method, dataset, tokens_per_question, wall_s, questions=10):
+    d = root / decoding / method.replace(" ", "_") / dataset
+    (d / "model").mkdir(parents=True)
+    (d / "ponder_run.json").write_text(json.dumps(
+        {"method": method, "decoding": decoding, "wall_s": wall_s}))
+    with open(d / "model" / "samples_x_2026.jsonl", "w") as f:
+        for i in range(questions):
+            for _ in range(2):  # lm-eval logs a question once per filter: count it once
+                f.write(json.dumps({"doc_id": i, "gen_tokens": tokens_per_question}) + "\n")
+
+
+def test_cost_model_is_fitted_to_the_pilot(tmp_path):
+    # wall = 20 s + 0.01 s per token, exactly
+    for method, dataset, per_q in (("Direct", "arith", 50), ("CoT", "arith", 200),
+                                   ("BoN", "gsm8k", 1000)):
+        pilot_run(tmp_path, "greedy", method, dataset, per_q, 20 + 0.01 * 10 * per_q)
+    runs = budget.read_pilot(tmp_path)
+    assert {(r.label, r.dataset, r.questions, r.tokens) for r in runs} == {
+        ("Direct", "arith", 10, 500.0), ("CoT", "arith", 10, 2000.0), ("BoN", "gsm8k", 10, 10000.0)}
+    model = budget.fit_cost(runs)
+    assert model.startup_s == pytest.approx(20) and model.s_per_token == pytest.approx(0.01)
+
+
+def test_a_negative_start_up_falls_back_to_a_fit_through_the_origin():
+    runs = [budget.PilotRun("a", "greedy", "arith", 1, 100, 0.5),
+            budget.PilotRun("b", "greedy", "arith", 1, 200, 2.0)]
+    model = budget.fit_cost(runs)
+    assert model.startup_s == 0 and model.s_per_token == pytest.approx(450 / 50000)
+
+
+def test_full_runs_are_priced_at_the_datasets_sizes(tmp_path):
+    pilot = [budget.PilotRun("Direct", "greedy", "gsm8k", 10, 1000, 30.0),
+             budget.PilotRun("CoT", "greedy", "gsm8k", 10, 3000, 50.0)]
+    planned = suite.plan(["Direct", "CoT", "BoN"], ["gsm8k"], ["greedy"], -0.2, None)
+    rows, model = budget.estimate(planned, pilot, done={("CoT", "greedy", "gsm8k")})
+    by = {r["label"]: r for r in rows}
+    assert by["Direct"]["questions"] == 1319 and by["Direct"]["tokens"] == 1319 * 100
+    assert by["Direct"]["wall_s"] == pytest.approx(model.wall(1319 * 100))
+    assert by["CoT"]["wall_s"] == 0 and by["CoT"]["done"]
+    assert by["BoN"]["wall_s"] is None  # no pilot run: not guessed
+    text = budget.render_estimate(rows, model)
+    assert "no pilot run" in text and "1 runs have no pilot run and are not counted" in text
+    limited, _ = budget.estimate(planned, pilot, limit=20)
+    assert {r["questions"] for r in limited} == {20}
+
+
+def test_a_pilot_without_runs_is_a_clear_error(tmp_path):
+    with pytest.raises(PonderError, match="no finished suite runs"):
+        budget.read_pilot(tmp_path)
+    with pytest.raises(PonderError, match="no such pilot"):
+        budget.read_pilot(tmp_path / "missing")
+
+
+def test_suite_plan_prints_the_estimate_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    pilot_run(tmp_path / "pilot", "greedy", "Direct", "arith", 60, 26.0)
+    pilot_run(tmp_path / "pilot", "greedy", "CoT", "arith", 150, 35.0)
+    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: pytest.fail("ran a run"))
+    suite.main(["--output", str(tmp_path / "full"), "--controller", "none", "--tasks", "arith",
+                "--methods", "Direct,CoT", "--plan", "--pilot", str(tmp_path / "pilot")])
+    out = capsys.readouterr().out
+    assert "| Direct | arith | 500 | 60 |" in out and "Estimated total:" in out
+    suite.main(["--output", str(tmp_path / "full"), "--controller", "none", "--tasks", "arith",
+                "--methods", "Direct", "--plan"])
+    assert "Direct on arith: 500 questions, to run" in capsys.readouterr().out
+
+
+def test_dataset_sizes_are_the_loaders(shared_data):
+    from lm_eval_ponder.evaluation import data
+
+    assert budget.DATASET_SIZES == {
+        "arith": len(data.load_arith()), "gsm8k": len(data.load_gsm8k("test")),
+        "math500": len(data.load_math500()), "gpqa": len(data.load_gpqa_diamond())}

@@ -35,7 +35,6 @@ import base64
 import csv
 import html
 import json
-import math
 import re
 import sys
 from collections import defaultdict

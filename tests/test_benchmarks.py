@@ -241,3 +241,28 @@ def test_arms_change_one_setting_each(tmp_path):
         assert getattr(cfg.grpo, name) == value != getattr(base.grpo, name)
         assert cfg.reward == base.reward and cfg.ponder == base.ponder
     assert adaptation.arm_config("paper", 4, "balanced", 0, 10, tmp_path).ponder.alpha_start == 0
+
+
+import headroom  # noqa: E402
+
+
+def test_headroom_gap_against_the_fixed_curve_is_not_flattered_by_a_poor_comparator():
+    """Two depths with equal accuracy, the second dearer: a fixed comparator at the dear depth
+    makes an oracle that matches the cheap one look ahead at equal tokens; against the
+    fixed-depth curve (its envelope) the same oracle gains nothing."""
+    n = 40
+    acc = np.tile([0.5, 0.5], (n, 1))
+    tokens = np.tile([50.0, 100.0], (n, 1))
+    mats = {"accuracy": acc, "gen_tokens": tokens, "score": acc - tokens / 1000}
+    fixed = {"fixed": np.zeros(n, dtype=int), "fixed_acc": np.ones(n, dtype=int)}
+    halves = (mats, mats)
+    lambdas = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, 61)])
+    out = headroom.headroom_figures(mats, halves, fixed, lambdas)
+    assert out["gap_accuracy_at_fixed_acc_tokens_cf"] == pytest.approx(0.0)
+    assert out["gap_accuracy_vs_fixed_curve_at_fixed_acc_tokens_cf"] == pytest.approx(0.0)
+    # a comparator that is a worse depth: accuracy 0.4 at the dear depth
+    acc2 = np.tile([0.5, 0.4], (n, 1))
+    mats2 = {"accuracy": acc2, "gen_tokens": tokens, "score": acc2 - tokens / 1000}
+    out2 = headroom.headroom_figures(mats2, (mats2, mats2), fixed, lambdas)
+    assert out2["gap_accuracy_at_fixed_acc_tokens_cf"] == pytest.approx(0.1)
+    assert out2["gap_accuracy_vs_fixed_curve_at_fixed_acc_tokens_cf"] == pytest.approx(0.0)

@@ -153,7 +153,7 @@ def pareto_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Pa
     ax.set(ylabel="accuracy", title=dataset)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     caption = distinguishability(stats, dataset) + " " + CI_NOTE
-    return save(fig, out / f"pareto_{dataset}.png"), caption
+    return save(fig, out / f"pareto_{slug(dataset)}.png"), caption
 
 
 def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tuple[Path, str]]:
@@ -180,7 +180,7 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
         ax.set_title(f"level {level}")
     axes[0][0].set_ylabel("accuracy")
     axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    written.append((save(fig, out / f"pareto_levels_{dataset}.png"), caption))
+    written.append((save(fig, out / f"pareto_levels_{slug(dataset)}.png"), caption))
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     width = 0.8 / max(1, len(levelled))
@@ -195,7 +195,7 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
     ax.set(xlabel="level", ylabel="accuracy", title=f"{dataset}: accuracy by level",
            ylim=(0, 1), xticks=levels)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    written.append((save(fig, out / f"accuracy_by_level_{dataset}.png"), caption))
+    written.append((save(fig, out / f"accuracy_by_level_{slug(dataset)}.png"), caption))
 
     for key, ylabel, name in (("tokens", "mean generated tokens", "tokens"),
                               ("depth", "mean ponder depth", "depth")):
@@ -206,7 +206,7 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
         ax.set(xlabel="level", ylabel=ylabel, title=dataset, xticks=levels)
         ax.set_ylim(bottom=0)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        written.append((save(fig, out / f"{name}_by_level_{dataset}.png"),
+        written.append((save(fig, out / f"{name}_by_level_{slug(dataset)}.png"),
                         f"{dataset}: {ylabel} per level (means, no intervals drawn)."))
     return written
 
@@ -231,7 +231,7 @@ def win_rate_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[
     caption = (f"{dataset}: per level, the share of questions where FP is right and the "
                "baseline wrong, or both right with FP using fewer tokens (solid: against "
                "Direct, dashed: against CoT). Point estimates, no intervals.")
-    return save(fig, out / f"win_rate_{dataset}.png"), caption
+    return save(fig, out / f"win_rate_{slug(dataset)}.png"), caption
 
 
 def plots(common: dict[str, list[LabelledRun]], out: Path) -> list[tuple[Path, str]]:
@@ -242,15 +242,30 @@ def plots(common: dict[str, list[LabelledRun]], out: Path) -> list[tuple[Path, s
     matplotlib.use("Agg")
     written = []
     for dataset, group in sorted(common.items()):
-        group = [r for r in group if r.samples]
-        if not group:
-            continue
-        written.append(pareto_figure(dataset, group, out))
-        written += level_figures(dataset, group, out)
-        win = win_rate_figure(dataset, group, out)
-        if win is not None:
-            written.append(win)
+        for name, runs in by_decoding(dataset, [r for r in group if r.samples]).items():
+            written.append(pareto_figure(name, runs, out))
+            written += level_figures(name, runs, out)
+            win = win_rate_figure(name, runs, out)
+            if win is not None:
+                written.append(win)
     return written
+
+
+def by_decoding(dataset: str, group: list[LabelledRun]) -> dict[str, list[LabelledRun]]:
+    """One set of figures per decoding policy (``suite --decoding``), so that each stays
+    readable: the greedy runs (with Best-of-N, which samples by definition) under the dataset's
+    name, each other policy's runs under ``<dataset> [<policy>]``."""
+    out: dict[str, list[LabelledRun]] = {}
+    for r in group:
+        decoding = style(r.label).decoding
+        out.setdefault(dataset if decoding == "greedy" else f"{dataset} [{decoding}]",
+                       []).append(r)
+    return out
+
+
+def slug(name: str) -> str:
+    """A figure's file-name part: ``arith [t0.7]`` -> ``arith_t0.7``."""
+    return re.sub(r"[^A-Za-z0-9.]+", "_", name).strip("_")
 
 
 def save(fig, path: Path) -> Path:

@@ -94,3 +94,14 @@ def test_every_figure_is_written_with_a_caption(tmp_path):
     assert "level 1 (n=10)" in captions["accuracy_by_level_arith.png"]
     assert "highest accuracy FP-Direct 1.000" in captions["pareto_arith.png"]
     assert all(p.stat().st_size > 1000 for p, _ in written)
+
+
+def test_each_decoding_policy_gets_its_own_figures(tmp_path):
+    runs = [FakeRun(label, [1, 0] * 15) for label in
+            ("Direct", "BoN", "Direct [t0.7]", "FR (alpha=-0.2) [t0.7]", "CoT [top_k40]")]
+    groups = pl.by_decoding("arith", runs)
+    assert {k: [r.label for r in v] for k, v in groups.items()} == {
+        "arith": ["Direct", "BoN"], "arith [t0.7]": ["Direct [t0.7]", "FR (alpha=-0.2) [t0.7]"],
+        "arith [top_k40]": ["CoT [top_k40]"]}
+    names = {p.name for p, _ in pl.plots({"arith": runs}, tmp_path)}
+    assert {"pareto_arith.png", "pareto_arith_t0.7.png", "pareto_arith_top_k40.png"} <= names

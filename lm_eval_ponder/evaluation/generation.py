@@ -273,6 +273,19 @@ def _text_config(model):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+def cache_keyword(model) -> str:
+    """The name under which ``model.forward`` takes the KV cache: ``cache`` from transformers
+    5.24 on (``past_key_values`` is deprecated there, removed in 5.40), ``past_key_values``
+    before. Passing the current name keeps the deprecation shim and its warning out of every
+    decode step."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise UnsupportedGeneration(f"{type(model).__name__}.forward takes no KV cache argument "
+                                "(neither cache nor past_key_values)")
+
+
 def check_model_supported(model) -> None:
     """Raise ``UnsupportedGeneration`` unless ``model`` is a decoder-only LM whose generation
     cache is a ``DynamicCache`` of plain full-attention ``DynamicLayer``s and whose forward
@@ -290,9 +303,10 @@ def check_model_supported(model) -> None:
         raise UnsupportedGeneration(
             f"{type(model).__name__} overrides prepare_inputs_for_generation")
     params = inspect.signature(model.forward).parameters
-    for name in ("attention_mask", "position_ids", "past_key_values"):
+    for name in ("attention_mask", "position_ids"):
         if name not in params:
             raise UnsupportedGeneration(f"{type(model).__name__}.forward takes no {name}")
+    cache_keyword(model)
     cache = DynamicCache(config=_text_config(model))
     kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if kinds:
@@ -496,6 +510,7 @@ def generate_rows(
     penalty = sampling.repetition_penalty
     use_hist = penalty != 1.0
     keep_logits = {"logits_to_keep": 1} if _supports_logits_to_keep(model) else {}
+    cache_arg = cache_keyword(model)
     text_config = _text_config(model)
 
     # Host-side per-row state (original row index -> ...).
@@ -560,7 +575,7 @@ def generate_rows(
         if steering is not None:
             steering.begin_forward(index, True)
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                    past_key_values=cache, use_cache=True, return_dict=True, **keep_logits)
+                    **{cache_arg: cache}, use_cache=True, return_dict=True, **keep_logits)
         logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
         del out
         result.prefill_forwards += 1
@@ -604,7 +619,7 @@ def generate_rows(
             if steering is not None:
                 steering.begin_forward(running.rows_t, False)
             out = model(input_ids=running.last[:, None], attention_mask=mask,
-                        position_ids=position_ids, past_key_values=running.cache,
+                        position_ids=position_ids, **{cache_arg: running.cache},
                         use_cache=True, return_dict=True, **keep_logits)
             logits = out.logits[:, -1].to(copy=True, dtype=torch.float32)
             del out

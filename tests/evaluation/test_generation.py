@@ -5,6 +5,8 @@ the fallback errors."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from lm_eval.models.utils_hf import stop_sequences_criteria
@@ -15,6 +17,7 @@ from conftest import build_tiny_llama, build_tiny_tokenizer
 from lm_eval_ponder.evaluation.generation import (
     SamplingConfig,
     UnsupportedGeneration,
+    cache_keyword,
     check_model_supported,
     draw_tokens,
     generate_rows,
@@ -171,6 +174,10 @@ def test_draws_are_reproducible_by_seed():
 
 # ---- scripted outputs ---------------------------------------------------------------------
 
+BASE_CACHE_KEYWORD = ("cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters
+                      else "past_key_values")
+
+
 class ScriptedLlama(LlamaForCausalLM):
     """A tiny Llama whose next token is forced by a table keyed on (input token, position).
 
@@ -183,11 +190,12 @@ class ScriptedLlama(LlamaForCausalLM):
     filler: int = 0
     log: list[tuple[list[int], list[int]]] = []
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None,
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                 past_key_values=None, logits_to_keep=0, **kwargs):
+        # transformers 5.24 renamed past_key_values to cache: take either, pass the base's name
+        kwargs[BASE_CACHE_KEYWORD] = cache if cache is not None else past_key_values
         out = super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                              position_ids=position_ids, past_key_values=past_key_values,
-                              logits_to_keep=logits_to_keep, **kwargs)
+                              position_ids=position_ids, logits_to_keep=logits_to_keep, **kwargs)
         logits = out.logits
         k = logits.shape[1]
         ids, pos = input_ids[:, -k:].tolist(), position_ids[:, -k:].tolist()
@@ -367,3 +375,22 @@ def test_unsupported_settings_raise(tok, llama):
         num_attention_heads=4, num_key_value_heads=2, sliding_window=8))
     with pytest.raises(UnsupportedGeneration, match="full attention"):
         check_model_supported(sliding)
+
+
+def test_the_cache_is_passed_under_the_name_the_forward_takes():
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name is deprecated,
+    removed in 5.40): the loop passes whichever the model's forward takes, and refuses a
+    forward that takes neither."""
+    class New:
+        def forward(self, input_ids=None, cache=None, **kwargs): ...
+
+    class Old:
+        def forward(self, input_ids=None, past_key_values=None, **kwargs): ...
+
+    class Neither:
+        def forward(self, input_ids=None, **kwargs): ...
+
+    assert cache_keyword(New()) == "cache" and cache_keyword(Old()) == "past_key_values"
+    with pytest.raises(UnsupportedGeneration, match="no KV cache argument"):
+        cache_keyword(Neither())
+    assert cache_keyword(build_tiny_llama(100)) == BASE_CACHE_KEYWORD

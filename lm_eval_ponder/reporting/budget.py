@@ -25,6 +25,11 @@ from lm_eval_ponder.errors import PonderError
 DATASET_SIZES = {"arith": 500, "gsm8k": 1319, "math500": 500, "gpqa": 198}
 
 
+def questions(dataset: str, limit: int | None = None) -> int:
+    """How many questions a run on ``dataset`` answers under ``--limit``."""
+    return min(DATASET_SIZES[dataset], limit) if limit else DATASET_SIZES[dataset]
+
+
 @dataclass(frozen=True)
 class PilotRun:
     label: str
@@ -97,14 +102,13 @@ def estimate(planned: list[dict], pilot: list[PilotRun], limit: int | None = Non
     rates = {(r.label, r.decoding, r.dataset): r.tokens_per_question for r in pilot}
     rows = []
     for p in planned:
-        questions = DATASET_SIZES[p["dataset"]]
-        questions = min(questions, limit) if limit else questions
+        n = questions(p["dataset"], limit)
         key = (p["label"], p["decoding"], p["dataset"])
         per_q = rates.get(key)
         finished = key in (done or set())
-        tokens = None if per_q is None else questions * per_q
+        tokens = None if per_q is None else n * per_q
         wall = 0.0 if finished else (None if tokens is None else model.wall(tokens))
-        rows.append({**p, "questions": questions, "tokens_per_question": per_q,
+        rows.append({**p, "questions": n, "tokens_per_question": per_q,
                      "tokens": tokens, "wall_s": wall, "done": finished})
     return rows, model
 

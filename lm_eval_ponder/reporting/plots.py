@@ -187,7 +187,7 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
     for j, (r, lv) in enumerate(levelled):
         st = style(r.label)
         xs = [lev + (j - (len(levelled) - 1) / 2) * width for lev in lv]
-        fs = [figures(v) for v in lv.values()]
+        fs = [per[lev][r.label] for lev in lv]
         ax.errorbar(xs, [f["acc"] for f in fs], capsize=2, label=r.label,
                     yerr=[[f["acc"] - f["lo"] for f in fs], [f["hi"] - f["acc"] for f in fs]],
                     linestyle="-" if curve_key(r.label) is None else ":", lw=0.8,
@@ -201,7 +201,7 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
                               ("depth", "mean ponder depth", "depth")):
         fig, ax = plt.subplots(figsize=(7.5, 4.2))
         for r, lv in levelled:
-            ax.plot(list(lv), [figures(v)[key] for v in lv.values()], "-", label=r.label,
+            ax.plot(list(lv), [per[lev][r.label][key] for lev in lv], "-", label=r.label,
                     **style(r.label).kwargs())
         ax.set(xlabel="level", ylabel=ylabel, title=dataset, xticks=levels)
         ax.set_ylim(bottom=0)

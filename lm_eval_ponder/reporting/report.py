@@ -307,7 +307,8 @@ def depth_difficulty(runs: list[Run]) -> list[tuple[str, str, float, int]]:
     """Spearman(ponder depth, level) of every run that ponders, per dataset with levels."""
     out = []
     for r in runs:
-        pairs = [(lv, float(s["ponder_steps"])) for lv, ss in by_level(r.samples).items() for s in ss]
+        pairs = [(lv, float(s["ponder_steps"])) for lv, ss in by_level(r.samples).items()
+                 for s in ss]
         if pairs and any(d for _, d in pairs):
             out.append((r.label, r.dataset, spearman(*map(list, zip(*pairs))), len(pairs)))
     return out

@@ -79,7 +79,7 @@ def run_dir(out: Path, r: dict) -> Path:
 
 def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None) -> str:
     """What ``--plan`` prints: the runs, which are done, and with ``--pilot`` the estimate."""
-    from lm_eval_ponder.reporting.budget import (DATASET_SIZES, estimate, read_pilot,
+    from lm_eval_ponder.reporting.budget import (estimate, questions, read_pilot,
                                                  render_estimate)
 
     done = {(r["label"], r["decoding"], r["dataset"]) for r in runs
@@ -89,7 +89,7 @@ def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None)
         return render_estimate(rows, model)
     lines = [f"{len(runs)} runs ({len(done)} done):"]
     for r in runs:
-        n = DATASET_SIZES[r["dataset"]] if not limit else min(limit, DATASET_SIZES[r["dataset"]])
+        n = questions(r["dataset"], limit)
         state = "done" if (r["label"], r["decoding"], r["dataset"]) in done else "to run"
         lines.append(f"  {r['label']} on {r['dataset']}: {n} questions, {state}")
     lines.append("For a time estimate, run a pilot first (`--limit 10 --output PILOT`) and pass "

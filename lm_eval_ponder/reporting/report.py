@@ -42,11 +42,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError, command
-from lm_eval_ponder.reporting.estimate import Estimators
+from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
 from lm_eval_ponder.reporting.measures import by_level, figures, spearman
 from lm_eval_ponder.reporting.plots import plots
+from lm_eval_ponder.reporting.strip import SUFFIX as STRIPPED
+from lm_eval_ponder.reporting.strip import answers_digest, stripped_path
 
 BASES = {"cot": "CoT", "bon": "BoN"}
 
@@ -124,7 +126,7 @@ def pool(kept: Run, other: Run) -> None:
     for s in other.samples:
         if s["doc_id"] not in mine:
             kept.samples.append(s)
-        elif s.get("resps") != mine[s["doc_id"]].get("resps"):
+        elif answers_digest(s) != answers_digest(mine[s["doc_id"]]):
             raise PonderError(
                 f"two runs of {kept.method} on {kept.dataset} with the same configuration "
                 f"(identity {kept.identity.digest}) disagree on question {s['doc_id']}: "
@@ -153,12 +155,18 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
             if "_ponder" not in task:
                 continue
             samples_file = result.parent / f"samples_{task}_{stamp}.jsonl"
+            if not samples_file.is_file():  # a committed run keeps only the text-free log
+                samples_file = stripped_path(samples_file)
             if not samples_file.is_file():
                 continue
             backbone, method = _label(task, model, args, marker,
                                       config.get("ponder_fingerprint"))
             samples = read_samples(samples_file)
-            note = estimators.fill(samples, model, args) or ""
+            if not samples_file.name.endswith(STRIPPED):
+                note = estimators.fill(samples, model, args) or ""
+            else:  # no answers to re-count: say so rather than guess
+                note = ("tokens and FLOPs not estimated: only the text-free log was kept"
+                        if needs_estimate(samples) else "")
             run = Run(backbone, method, task.partition("_ponder")[0], samples, str(result),
                       Identity.of(data, task), note=note)
             key = (backbone, method, run.dataset, run.identity.digest)
@@ -330,8 +338,8 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
         good, bad = [], []
         for s in fp.samples:
             others = [idx[m].get(s["doc_id"]) for m in ("CoT", "Direct")]
-            if None in others:
-                continue
+            if None in others or any("resps" not in x for x in (s, *others)):
+                continue  # a text-free log (reporting.strip) has nothing to quote
             if s["exact_match"] and any(not o["exact_match"] for o in others):
                 good.append((s, others))
             elif not s["exact_match"] and any(o["exact_match"] for o in others) and not bad:

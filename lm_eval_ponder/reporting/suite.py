@@ -10,6 +10,9 @@ real CLI (so the files are exactly what users get) with a ``ponder_run.json`` na
 A run whose directory already holds results is skipped, so an interrupted suite continues
 where it stopped; with ``--resume_within`` a run also keeps its answers as they come (lm-eval's
 ``--use_cache``, stamped with the model's settings), so a long run resumes mid-dataset.
+Every finished run also gets a text-free twin of its samples log (``reporting.strip``): that,
+its ``results_*.json`` and ``ponder_run.json`` are what a repository can keep of a run on a
+public benchmark, and all the report needs.
 Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct, FP-CoT,
 FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
 message, when there is none).
@@ -27,6 +30,7 @@ import time
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.reporting.strip import strip_tree
 
 LOGGER = logging.getLogger(__name__)
 
@@ -126,6 +130,8 @@ def run_suite(a: argparse.Namespace) -> Path:
     if a.plan:
         print(plan_text(runs, out, a.pilot, a.limit))
         return out
+    if out.is_dir():
+        strip_tree(out)  # runs finished before text-free logs existed
     for i, r in enumerate(runs, 1):
         target = run_dir(out, r)
         if list(target.rglob("results_*.json")):
@@ -159,6 +165,7 @@ def run_suite(a: argparse.Namespace) -> Path:
         (target / "ponder_run.json").write_text(json.dumps(
             {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
              "wall_s": round(time.time() - start, 1), "command": cmd[1:]}, indent=1))
+        strip_tree(target)
     if a.report:
         from lm_eval_ponder.reporting.report import report
 

@@ -68,13 +68,17 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
             "--no_chat_template", "--resume_within", "--no_report"]
     suite.main(argv)
     target = tmp_path / "s" / "greedy" / "FR" / "arith"
-    first = [p.read_text() for p in target.rglob("samples_*.jsonl")]
+    logs = [p for p in target.rglob("samples_*.jsonl") if not p.name.endswith(".stripped.jsonl")]
+    first = [p.read_text() for p in logs]
     assert list(target.glob("answers*")) and not (tmp_path / "s" / "report").exists()
+    assert [p.name for p in target.rglob("samples_*.stripped.jsonl")] == \
+        [p.name.replace(".jsonl", ".stripped.jsonl") for p in logs]  # the committable twin
     for p in [*target.rglob("results_*.json"), *target.rglob("samples_*.jsonl")]:
         p.unlink()  # as if killed before lm-eval wrote its files
     capfd.readouterr()
     suite.main(argv)
     assert "Cached requests: 3, Requests remaining: 0" in "".join(capfd.readouterr())
-    again = [p.read_text() for p in target.rglob("samples_*.jsonl")]
+    again = [p.read_text() for p in target.rglob("samples_*.jsonl")
+             if not p.name.endswith(".stripped.jsonl")]
     assert [s.split('"resps"')[1][:200] for s in again] == \
         [s.split('"resps"')[1][:200] for s in first]

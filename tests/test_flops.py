@@ -21,6 +21,7 @@ import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.evaluation.generation import cache_keyword
 from lm_eval_ponder.flops import (
     DecoderShape,
     FlopsSpec,
@@ -92,7 +93,8 @@ def _measure(model: transformers.PreTrainedModel) -> tuple[int, int]:
             out = model(ids[:, :PROMPT], use_cache=True)
         prefill = counter.get_total_flops()
         with FlopCounterMode(display=False) as counter:
-            model(ids[:, PROMPT:], past_key_values=out.past_key_values, use_cache=True)
+            # under the name this transformers takes (5.24 renamed it; the old one warns)
+            model(ids[:, PROMPT:], **{cache_keyword(model): out.past_key_values}, use_cache=True)
         decode = counter.get_total_flops()
     return prefill, decode
 

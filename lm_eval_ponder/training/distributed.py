@@ -15,7 +15,12 @@ from lm_eval_ponder.errors import PonderError
 
 
 class Distributed:
-    """The few collective operations we need; no-ops in a single process."""
+    """The few collective operations we need; no-ops in a single process.
+
+    Use it as a context manager: the process group it created is destroyed on the way out.
+    Left to the interpreter's exit, gloo's threads can outlive the group and abort a rank
+    (``terminate called without an active exception``) after the work is done.
+    """
 
     def __init__(self) -> None:
         import torch.distributed as dist
@@ -29,6 +34,18 @@ class Distributed:
             # and NCCL for CUDA in one group, so either device works.
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend)
+            self.owns_group = True
+        else:
+            self.owns_group = False
+
+    def __enter__(self) -> "Distributed":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if self.owns_group and self.dist.is_initialized():
+            if kind is None:
+                self.barrier()  # no rank tears down while another still talks to it
+            self.dist.destroy_process_group()
 
     def barrier(self) -> None:
         if self.world > 1:

@@ -288,7 +288,11 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
 
 
 def run(cfg: TrainConfig) -> Path:
-    dist = Distributed()
+    with Distributed() as dist:
+        return train(cfg, dist)
+
+
+def train(cfg: TrainConfig, dist: Distributed) -> Path:
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)

@@ -99,17 +99,47 @@ def distinguishability(stats: dict[str, dict], subject: str) -> str:
     return text
 
 
-def cost_axis(ax, label: str) -> None:
-    """A log cost axis labelled at 1, 2 and 5 per decade ("2e11"), no minor labels: narrow
-    panels stay legible."""
+def cost_label(x: float, _pos=None) -> str:
+    """A cost tick at two significant digits ("4.5e10", "5e10"): enough to tell neighbouring
+    ticks apart when the runs span less than a decade."""
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def cost_axis(ax, label: str, nbins: int = 5, span: tuple[float, float] | None = None) -> None:
+    """A log cost axis, called after the data are drawn. Over a decade or more it is labelled
+    at 1, 2 and 5 per decade; over less (methods of one backbone often are), at up to ``nbins``
+    evenly spaced ticks, since 1-2-5 would leave one label or none. No minor labels, so narrow
+    panels stay legible. ``span``: the data range of every panel sharing the axis."""
     from matplotlib import ticker
 
     ax.set_xscale("log")
-    ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(
-        lambda x, _: f"{x:.0e}".replace("e+", "e").replace("e0", "e")))
-    ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    lo, hi = span or ax.dataLim.intervalx
+    if lo > 0 and hi / lo < 10:
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=nbins))
+    else:
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(cost_label))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.set_xlabel(label)
+
+
+def coincident(stats: dict[str, dict], cost: str = "flops", rtol: float = 1e-3) -> str:
+    """A sentence naming runs drawn on the same point (same n and accuracy, cost within
+    ``rtol``), which hide one another in a figure: e.g. a controller that always halts at
+    depth 0 and the fixed alpha it then equals (its own few FLOPs apart). Empty when none."""
+    groups: list[list[tuple[str, dict]]] = []
+    for label, f in sorted(stats.items(), key=lambda kv: kv[1][cost]):
+        for g in groups:
+            first = g[0][1]
+            if (first["n"], first["acc"]) == (f["n"], f["acc"]) and \
+                    abs(f[cost] - first[cost]) <= rtol * abs(first[cost]):
+                g.append((label, f))
+                break
+        else:
+            groups.append([(label, f)])
+    return "".join(f" {' and '.join(label for label, _ in g)} have the same accuracy and "
+                   "cost and are drawn on top of each other." for g in groups if len(g) > 1)
 
 
 def _errorbar(ax, f: dict, x: float, st: Style, label: str | None, **extra) -> None:
@@ -152,7 +182,7 @@ def pareto_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Pa
     cost_axis(ax, "mean FLOPs per question")
     ax.set(ylabel="accuracy", title=dataset)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    caption = distinguishability(stats, dataset) + " " + CI_NOTE
+    caption = distinguishability(stats, dataset) + coincident(stats) + " " + CI_NOTE
     return save(fig, out / f"pareto_{slug(dataset)}.png"), caption
 
 
@@ -168,7 +198,8 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
     levels = sorted({k for _, lv in levelled for k in lv})
     per = {level: {r.label: figures(lv[level]) for r, lv in levelled if level in lv}
            for level in levels}
-    sentences = [distinguishability(per[level], f"level {level}") for level in levels]
+    sentences = [distinguishability(per[level], f"level {level}") + coincident(per[level])
+                 for level in levels]
     caption = f"{dataset} by level. " + " ".join(sentences) + " " + CI_NOTE
     written = []
 
@@ -176,8 +207,11 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
                              squeeze=False, sharey=True, sharex=True)
     for i, (ax, level) in enumerate(zip(axes[0], levels)):
         draw_accuracy_cost(ax, list(per[level].items()), legend=i == len(levels) - 1)
-        cost_axis(ax, "FLOPs")
         ax.set_title(f"level {level}")
+    span = (min(ax.dataLim.intervalx[0] for ax in axes[0]),
+            max(ax.dataLim.intervalx[1] for ax in axes[0]))
+    for ax in axes[0]:  # after every panel is drawn: the shared axis spans all their data
+        cost_axis(ax, "FLOPs", nbins=4, span=span)
     axes[0][0].set_ylabel("accuracy")
     axes[0][-1].legend(fontsize=6, loc="center left", bbox_to_anchor=(1.02, 0.5))
     written.append((save(fig, out / f"pareto_levels_{slug(dataset)}.png"), caption))

@@ -105,3 +105,28 @@ def test_each_decoding_policy_gets_its_own_figures(tmp_path):
         "arith [top_k40]": ["CoT [top_k40]"]}
     names = {p.name for p, _ in pl.plots({"arith": runs}, tmp_path)}
     assert {"pareto_arith.png", "pareto_arith_t0.7.png", "pareto_arith_top_k40.png"} <= names
+
+
+def test_a_cost_axis_under_a_decade_gets_distinct_labels():
+    """Methods of one backbone often span less than a decade of FLOPs: the axis must still
+    carry several different labels (1-2-5 per decade would leave one, and one significant digit
+    printed 4.5e10 and 5.4e10 both as 5e10)."""
+    fig, ax = plt.subplots()
+    ax.plot([4.3e10, 5.6e10], [0.1, 0.2], "o")
+    pl.cost_axis(ax, "FLOPs")
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    labels = [t.get_text() for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+    plt.close(fig)
+    assert len(labels) >= 3 and len(set(labels)) == len(labels)
+    assert pl.cost_label(4.5e10) == "4.5e10" and pl.cost_label(5e10) == "5e10"
+    assert pl.cost_label(2e11) == "2e11"
+
+
+def test_runs_on_the_same_point_are_named_in_the_caption():
+    same = pl.coincident({"FP-Direct": fig(0.164, 500, 4.4e10), "FR (alpha=-0.2)":
+                          fig(0.164, 500, 4.4001e10), "Direct": fig(0.164, 500, 5.5e10)})
+    assert "FP-Direct and FR (alpha=-0.2) have the same accuracy and cost" in same
+    assert "Direct and" not in same.replace("FP-Direct and", "")
+    assert pl.coincident({"A": fig(0.2), "B": fig(0.3)}) == ""
+    assert pl.coincident({"A": fig(0.2, 100, 1e9), "B": fig(0.2, 100, 1.1e9)}) == ""

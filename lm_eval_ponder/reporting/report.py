@@ -35,6 +35,7 @@ import base64
 import csv
 import html
 import json
+import math
 import re
 import sys
 from collections import defaultdict
@@ -312,14 +313,22 @@ def write_tables(rows: list[dict], datasets: list[str], notes: list[str], out: P
 
 
 def depth_difficulty(runs: list[Run]) -> list[tuple[str, str, float, int]]:
-    """Spearman(ponder depth, level) of every run that ponders, per dataset with levels."""
+    """Spearman(ponder depth, level) of every run that ponders (an FP method, or any run with
+    a nonzero depth), per dataset with levels. A controller whose depth never varies has no
+    correlation: NaN, which ``spearman_text`` says in words rather than leaving the run out."""
     out = []
     for r in runs:
         pairs = [(lv, float(s["ponder_steps"])) for lv, ss in by_level(r.samples).items()
                  for s in ss]
-        if pairs and any(d for _, d in pairs):
+        if pairs and (r.method.startswith("FP-") or any(d for _, d in pairs)):
             out.append((r.label, r.dataset, spearman(*map(list, zip(*pairs))), len(pairs)))
     return out
+
+
+def spearman_text(method: str, dataset: str, rho: float, n: int) -> str:
+    value = ("undefined (the depth is the same on every question)" if math.isnan(rho)
+             else f"{rho:.3f}")
+    return f"Spearman(ponder depth, level) {method} on {dataset}: {value} (n={n})"
 
 
 def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dict]:
@@ -387,8 +396,7 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
                        for line in identity_lines(md_rows)) + "</ul>"]
     if spearmans:
         parts.append("<h2>Ponder depth vs difficulty</h2><ul>" + "".join(
-            f"<li>{html.escape(m)} on {d}: Spearman {rho:.3f} (n={n})</li>"
-            for m, d, rho, n in spearmans) + "</ul>")
+            f"<li>{html.escape(spearman_text(*row))}</li>" for row in spearmans) + "</ul>")
     parts.append("<h2>Figures</h2>")
     for img, caption in images:
         data = base64.b64encode(img.read_bytes()).decode()
@@ -426,10 +434,12 @@ def report(paths: list[str | Path], out: str | Path) -> str:
         f.write("\nFigures (error bars: Wilson 95% intervals):\n" + "".join(
             f"\n![{img.stem}]({img.name})\n\n{caption}\n" for img, caption in images))
     spear = depth_difficulty([r for g in common.values() for r in g])
+    if spear:
+        with open(out / "leaderboard.md", "a") as f:
+            f.write("\nPonder depth against difficulty:\n\n" + "".join(
+                f"- {spearman_text(*row)}\n" for row in spear))
     write_html(rows, datasets, notes, images, case_studies(common), spear, out)
-    lines = [md] + [f"Spearman(ponder depth, level) {m} on {d}: {rho:.3f} (n={n})"
-                    for m, d, rho, n in spear]
-    return "\n".join(lines)
+    return "\n".join([md] + [spearman_text(*row) for row in spear])
 
 
 @command

@@ -63,8 +63,19 @@ def test_report_files_bold_and_spearman(runs, tmp_path):
     md = (out / "leaderboard.md").read_text()
     assert "**1.000 [" in md  # FP: 40/40 vs 20/40, intervals do not overlap -> bold
     assert "Spearman(ponder depth, level) FP-Direct on arith: 1.000" in text
+    assert "Spearman(ponder depth, level) FP-Direct on arith: 1.000" in md
     html = (out / "leaderboard.html").read_text()
     assert "data:image/png;base64" in html and "Rule:" in html
+
+
+def test_a_controller_with_one_depth_is_reported_not_dropped():
+    """A controller that halts at the same depth everywhere has no depth-difficulty
+    correlation: the report says so instead of leaving the run out of the list."""
+    run = rp.Run("smollm2", "FP-Direct", "arith",
+                 [{"doc": {"level": 1 + i % 5}, "ponder_steps": 0} for i in range(10)])
+    (row,) = rp.depth_difficulty([run, rp.Run("smollm2", "Direct", "arith", run.samples)])
+    assert rp.spearman_text(*row) == ("Spearman(ponder depth, level) FP-Direct on arith: "
+                                      "undefined (the depth is the same on every question) (n=10)")
 
 
 def test_tie_within_ci_is_not_bolded(tmp_path):

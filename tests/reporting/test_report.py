@@ -205,7 +205,7 @@ def test_duplicate_runs_that_disagree_are_refused_naming_both(tmp_path):
                       config=ponder_config(), configs=GEN)
     second = write_run(tmp_path, "b", {"controller": "/c"}, "arith_ponder", rows,
                        config=ponder_config(), configs=GEN)
-    lines = second.with_name(f"samples_arith_ponder_2026-01-01T00-00-00.0.jsonl")
+    lines = second.with_name("samples_arith_ponder_2026-01-01T00-00-00.0.jsonl")
     changed = [json.loads(x) for x in lines.read_text().splitlines()]
     changed[3]["resps"] = [["another answer"]]
     lines.write_text("".join(json.dumps(x) + "\n" for x in changed))

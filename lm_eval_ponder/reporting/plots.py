@@ -28,6 +28,8 @@ FAMILY_COLOURS = {
     "Direct": "#1f77b4", "CoT": "#ff7f0e", "BoN": "#2ca02c", "FR": "#555555",
     "FP-Direct": "#d62728", "FP-CoT": "#9467bd", "FP-BoN": "#8c564b",
 }
+# Table 1's row order, baselines first, then the FP variants (FAMILY_COLOURS follows it)
+TABLE_ORDER = tuple(FAMILY_COLOURS)
 SPARE_COLOURS = ("#17becf", "#bcbd22", "#e377c2", "#000000", "#aec7e8", "#98df8a")
 DECODING_MARKERS = {"greedy": "o", "t0.7": "s", "top_p0.95": "^", "top_k40": "D"}
 CI_NOTE = ("Error bars: Wilson 95% intervals. Overlapping intervals are read as not "
@@ -66,6 +68,13 @@ def style(label: str) -> Style:
         SPARE_COLOURS[zlib.crc32(family.encode()) % len(SPARE_COLOURS)]
     hollow = any(v not in DECODING_MARKERS for v in variants)
     return Style(family, decoding, colour, DECODING_MARKERS[decoding], hollow)
+
+
+def table_rank(label: str) -> tuple[int, str]:
+    """Where a label's row goes in Table 1: by family in the paper's order (other families
+    last), then by label."""
+    family = style(label).family
+    return (TABLE_ORDER.index(family) if family in TABLE_ORDER else len(TABLE_ORDER), label)
 
 
 def curve_key(label: str) -> str | None:

@@ -47,7 +47,7 @@ from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
 from lm_eval_ponder.reporting.measures import by_level, figures, spearman
-from lm_eval_ponder.reporting.plots import plots
+from lm_eval_ponder.reporting.plots import plots, table_rank
 from lm_eval_ponder.reporting.strip import SUFFIX as STRIPPED
 from lm_eval_ponder.reporting.strip import answers_digest, stripped_path
 
@@ -233,7 +233,8 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     if any(f.get("estimated") for row in rows.values() for f in row.values()
            if isinstance(f, dict) and "n" in f):
         notes.append(ESTIMATED_NOTE)
-    return list(rows.values()), notes
+    ordered = sorted(rows.values(), key=lambda r: (r["backbone"], table_rank(r["label"])))
+    return ordered, notes
 
 
 def identity_lines(rows: list[dict]) -> list[str]:

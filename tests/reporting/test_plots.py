@@ -130,3 +130,10 @@ def test_runs_on_the_same_point_are_named_in_the_caption():
     assert "Direct and" not in same.replace("FP-Direct and", "")
     assert pl.coincident({"A": fig(0.2), "B": fig(0.3)}) == ""
     assert pl.coincident({"A": fig(0.2, 100, 1e9), "B": fig(0.2, 100, 1.1e9)}) == ""
+
+
+def test_table_rows_follow_the_papers_order():
+    labels = ["FP-BoN", "BoN", "FR (alpha=-0.2)", "Direct [t0.7]", "Zeta", "FP-Direct", "CoT",
+              "Direct"]
+    assert sorted(labels, key=pl.table_rank) == ["Direct", "Direct [t0.7]", "CoT", "BoN",
+                                                 "FR (alpha=-0.2)", "FP-Direct", "FP-BoN", "Zeta"]

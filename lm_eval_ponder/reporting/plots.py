@@ -16,6 +16,7 @@ figures.
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from dataclasses import dataclass
@@ -117,17 +118,20 @@ def cost_label(x: float, _pos=None) -> str:
 
 def cost_axis(ax, label: str, nbins: int = 5, span: tuple[float, float] | None = None) -> None:
     """A log cost axis, called after the data are drawn. Over a decade or more it is labelled
-    at 1, 2 and 5 per decade; over less (methods of one backbone often are), at up to ``nbins``
-    evenly spaced ticks, since 1-2-5 would leave one label or none. No minor labels, so narrow
+    at 1, 2 and 5 per decade; over less (methods of one backbone often are), at 1, 2, 3 and 5,
+    and under a factor of 3 at up to ``nbins`` evenly spaced ticks, since 1-2-5 would leave one
+    label or none. No minor labels, so narrow
     panels stay legible. ``span``: the data range of every panel sharing the axis."""
     from matplotlib import ticker
 
     ax.set_xscale("log")
     lo, hi = span or ax.dataLim.intervalx
-    if lo > 0 and hi / lo < 10:
+    ratio = hi / lo if lo > 0 else math.inf
+    if ratio < 3:
         ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=nbins))
-    else:
-        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    else:  # 1-2-3-5 under a decade, so that at least two labels fall inside
+        subs = (1.0, 2.0, 3.0, 5.0) if ratio < 10 else (1.0, 2.0, 5.0)
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
     ax.xaxis.set_major_formatter(ticker.FuncFormatter(cost_label))
     ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.set_xlabel(label)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Issue 12's full leaderboard on the embedded backbone, one dataset at a time so that each
+# finishes whole (table, decoding verdicts, figures) before the next starts: the seven methods
+# on the arith ladder, the decoding comparison there (Direct, CoT, FR, FP-Direct at t0.7,
+# top_p0.95, top_k40), then the seven methods on GSM8K, MATH500 and GPQA Diamond.
+# Resumable at every level: finished runs are skipped, and --resume_within keeps the answers of
+# a run as they come. About 25 h of a 2-core CPU in all (docs/results.md, "Pilot and estimate").
+# Commit results/suite/ as runs finish (.gitignore keeps only what may be published).
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/leaderboard.sh [extra suite args]
+set -euo pipefail
+out="${OUT:-results/suite}"
+suite=(python -m lm_eval_ponder.suite --output "$out" --no_report --resume_within "$@")
+"${suite[@]}" --tasks arith
+"${suite[@]}" --tasks arith --methods Direct,CoT,FR,FP-Direct --decoding t0.7,top_p0.95,top_k40
+for task in gsm8k math500 gpqa; do
+  "${suite[@]}" --tasks "$task"
+done
+python -m lm_eval_ponder.report "$out" --output "$out/report"

@@ -28,23 +28,21 @@ class Distributed:
         self.dist = dist
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
-        if self.world > 1 and not dist.is_initialized():
+        self.owns_group = self.world > 1 and not dist.is_initialized()
+        if self.owns_group:
             # NCCL serves only CUDA tensors, and our collectives also run on CPU tensors
             # (controller gradients, batch checks, gathered outcomes): register gloo for the CPU
             # and NCCL for CUDA in one group, so either device works.
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
             dist.init_process_group(backend)
-            self.owns_group = True
-        else:
-            self.owns_group = False
 
     def __enter__(self) -> "Distributed":
         return self
 
     def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.barrier()  # no rank leaves (or tears down) while another still works
         if self.owns_group and self.dist.is_initialized():
-            if kind is None:
-                self.barrier()  # no rank tears down while another still talks to it
             self.dist.destroy_process_group()
 
     def barrier(self) -> None:

@@ -322,8 +322,7 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
                  "cost": {**cost, "train_wall_s": round(train_wall, 1)}}
         save_controller(controller, out, extra_config=extra)
         (out / "card.md").write_text(card(cfg, identity, extra))
-    dist.barrier()
-    return out
+    return out  # run's Distributed holds every rank until rank 0 has written
 
 
 def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:

@@ -4,7 +4,8 @@
 # on the arith ladder, the decoding comparison there (Direct, CoT, FR, FP-Direct at t0.7,
 # top_p0.95, top_k40), then the seven methods on GSM8K, MATH500 and GPQA Diamond.
 # Resumable at every level: finished runs are skipped, and --resume_within keeps the answers of
-# a run as they come. About 25 h of a 2-core CPU in all (docs/results.md, "Pilot and estimate").
+# a run (sampled ones too: evaluation.resume) after each batch of 512 requests.
+# About 25 h of a 2-core CPU in all (docs/results.md, "Pilot and estimate").
 # Commit results/suite/ as runs finish (.gitignore keeps only what may be published).
 # Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/leaderboard.sh [extra suite args]
 set -euo pipefail

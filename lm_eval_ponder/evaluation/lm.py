@@ -36,6 +36,7 @@ from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.evaluation.generation import (SamplingConfig, UnsupportedGeneration,
                                                   check_model_supported, generate_rows)
+from lm_eval_ponder.evaluation.resume import SampledAnswers, is_sampled
 from lm_eval_ponder.evaluation.settings import PonderArgs, Pondering, load_pondering, no_hook
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.pondering.dynamics import PonderConfig
@@ -155,6 +156,7 @@ class PonderLM(HFLM):
             resolved.source_sha256)
         self._ponder_override: Pondering | None = None
         self._fallback_warned: set[str] = set()
+        self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
 
     # ------------------------------------------------------------------ pondering
     @property
@@ -237,6 +239,10 @@ class PonderLM(HFLM):
                     "for the wrong settings: use a separate --use_cache path per setting."
                 )
             db[CACHE_MARKER] = mine
+            LOGGER.info("--use_cache: sampled answers are kept too, each repeat under its own key "
+                        "(lm_eval_ponder.evaluation.resume); lm-eval's warning that it will not "
+                        "cache them is about its own keys")
+        self._answers_db = db
         super().set_cache_hook(cache_hook)
 
     # ------------------------------------------------------------------ generation
@@ -352,8 +358,20 @@ class PonderLM(HFLM):
         return GenerationText(text, {**row, "flops": float(flops)})
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """HFLM's ``generate_until`` with each text carrying its accounting; with lm-eval's
+        ``--use_cache`` sampled answers are kept too (``evaluation.resume``), so only the
+        missing ones are drawn."""
+        sampled = SampledAnswers(self._answers_db) if self._answers_db is not None else None
+        kept, todo = sampled.split(requests) if sampled else ({}, list(range(len(requests))))
+        fresh_sampled = [i for i in todo if is_sampled(requests[i].args[1])]
+        if kept:
+            LOGGER.warning(
+                "%d of %d sampled answers come from the --use_cache file of an interrupted run; "
+                "the other %d are drawn now. Together they are a valid sample at these settings, "
+                "not the one an uninterrupted run with this seed would draw.",
+                len(kept), len(kept) + len(fresh_sampled), len(fresh_sampled))
         inner = self.cache_hook
-        collector = RowCollector(inner, self._finish_row)
+        collector = RowCollector(sampled.hook(inner) if sampled else inner, self._finish_row)
         self._pending_rows.clear()
         self.cache_hook = collector
         saved = self.batch_size_per_gpu
@@ -361,17 +379,19 @@ class PonderLM(HFLM):
             # rows in flight are max_rows whatever lm-eval's batch_size (its CLI default is 1):
             # hand the loop enough requests at once to keep that many rows busy
             self.batch_size_per_gpu = max(saved, REQUESTS_PER_ROW * self.max_rows)
+        fresh = [requests[i] for i in todo]
         try:
-            texts = super().generate_until(requests, disable_tqdm=disable_tqdm)
+            texts = super().generate_until(fresh, disable_tqdm=disable_tqdm) if fresh else []
         finally:
             self.cache_hook = inner
             self.batch_size_per_gpu = saved
         if self._pending_rows:
             raise RuntimeError("internal: generated rows were not paired with their texts")
-        return [
-            collector.take(req.args[0], req.args[1], text)
-            for req, text in zip(requests, texts)
-        ]
+        out: list[str] = [kept.get(i) for i in range(len(requests))]
+        for i, text in zip(todo, texts):
+            req = requests[i]
+            out[i] = collector.take(req.args[0], req.args[1], text)
+        return out
 
     # ------------------------------------------------------------------ scoring
     def loglikelihood(self, requests, disable_tqdm: bool = False):

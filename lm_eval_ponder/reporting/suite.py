@@ -9,7 +9,8 @@ Each (decoding, method, dataset) is one ``lm_eval`` run in its own directory, wr
 real CLI (so the files are exactly what users get) with a ``ponder_run.json`` naming the method.
 A run whose directory already holds results is skipped, so an interrupted suite continues
 where it stopped; with ``--resume_within`` a run also keeps its answers as they come (lm-eval's
-``--use_cache``, stamped with the model's settings), so a long run resumes mid-dataset.
+``--use_cache``, stamped with the model's settings; sampled answers too, ``evaluation.resume``),
+so a long run resumes mid-dataset.
 Every finished run also gets a text-free twin of its samples log (``reporting.strip``): that,
 its ``results_*.json`` and ``ponder_run.json`` are what a repository can keep of a run on a
 public benchmark, and all the report needs.
@@ -153,7 +154,7 @@ def run_suite(a: argparse.Namespace) -> Path:
                "--seed", str(a.seed)]
         if a.limit:
             cmd += ["--limit", str(a.limit)]
-        if a.resume_within:  # lm-eval keeps each answer as it comes: a killed run loses none
+        if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
             cmd += ["--use_cache", str(target / "answers")]
         LOGGER.info("[%d/%d] %s %s: %s", i, len(runs), r["label"], r["dataset"], " ".join(cmd[2:]))
         start = time.time()
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra model args for every run, e.g. dtype=bfloat16,parallelize=True")
     p.add_argument("--resume_within", action="store_true",
                    help="keep each run's answers as they come (lm-eval's --use_cache, in the run's "
-                        "directory), so an interrupted run resumes mid-dataset, not from its start")
+                        "directory; sampled answers too), so an interrupted run resumes "
+                        "mid-dataset, losing at most the batch in flight")
     p.add_argument("--no_report", dest="report", action="store_false",
                    help="run only; make the report later with python -m lm_eval_ponder.report")
     p.add_argument("--plan", action="store_true",

@@ -1,0 +1,97 @@
+"""Sampled answers kept as they come, so an interrupted sampled run resumes mid-dataset.
+
+lm-eval's ``--use_cache`` keeps greedy answers only: it refuses every request with
+``do_sample`` because its key (prompt and generation kwargs) is the same for the N repeats of a
+Best-of-N question, so a cache would hand all N the same sample. Best-of-5 on GSM8K is 6,595
+sampled requests, hours of a CPU: without a cache a run that is stopped starts again from zero.
+
+Here each sampled answer gets its own key: the request's lm-eval key plus its occurrence
+``k`` among identical requests (0..N-1 for the repeats of one question). A resumed run takes the
+answers it has and draws only the missing ones. Samples of one request are exchangeable, so the
+merged answers are a valid sample at the run's settings, but not the sample an uninterrupted run
+with the same seed draws (the random stream and the batches differ): the model logs how many
+answers were kept. The store is lm-eval's own cache file, whose fingerprint stamp
+(``PonderLM.set_cache_hook``) already ties it to the model's settings.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import MutableMapping, Sequence
+from typing import Any
+
+from lm_eval.api.model import hash_args
+
+PREFIX = "lm_eval_ponder/sampled"
+
+
+def is_sampled(gen_kwargs: Any) -> bool:
+    """lm-eval's own test for a request its cache will not keep (``CachingLM``)."""
+    return isinstance(gen_kwargs, dict) and bool(gen_kwargs.get("do_sample", False))
+
+
+class SampledAnswers:
+    """The sampled answers of one run in a dict-like store (lm-eval's ``SqliteDict``).
+
+    ``split`` sorts a request list into answers already kept and requests still to generate and
+    reserves, per distinct request, the free occurrence numbers; ``hook`` then wraps a cache
+    hook so that each answer is stored under one of those numbers the moment lm-eval hands it
+    over (HFLM does so after each of its batches).
+    """
+
+    def __init__(self, store: MutableMapping[str, Any]) -> None:
+        self.store = store
+        self.free: dict[str, deque[int]] = defaultdict(deque)
+
+    @staticmethod
+    def key(request_hash: str, k: int) -> str:
+        return f"{PREFIX}/{request_hash}/{k}"
+
+    def split(self, requests: Sequence[Any]) -> tuple[dict[int, Any], list[int]]:
+        """(kept answers by request index, indices of requests to generate)."""
+        self.free.clear()
+        seen: dict[str, int] = defaultdict(int)
+        kept: dict[int, Any] = {}
+        todo: list[int] = []
+        for i, req in enumerate(requests):
+            if not is_sampled(req.args[1]):
+                todo.append(i)
+                continue
+            h = hash_args("generate_until", req.args)
+            k = seen[h]
+            seen[h] += 1
+            answer = self.store.get(self.key(h, k))
+            if answer is None:
+                todo.append(i)
+                self.free[h].append(k)
+            else:
+                kept[i] = answer
+        return kept, todo
+
+    def hook(self, inner: Any) -> "SampledHook":
+        return SampledHook(self, inner)
+
+    def keep(self, req: Sequence[Any], res: Any) -> None:
+        if not is_sampled(req[1]):
+            return
+        h = hash_args("generate_until", req)
+        free = self.free.get(h)
+        if free:  # a request split() did not see (another caller) is not kept
+            self.store[self.key(h, free.popleft())] = res
+            commit = getattr(self.store, "commit", None)
+            if commit is not None:
+                commit()
+
+
+class SampledHook:
+    """A cache hook that stores sampled answers in ``SampledAnswers`` before passing every
+    answer on to the hook it wraps (lm-eval's, which ignores sampled ones on reading)."""
+
+    def __init__(self, answers: SampledAnswers, inner: Any) -> None:
+        self.answers = answers
+        self.inner = inner
+
+    def add_partial(self, attr: str, req: Any, res: Any) -> None:
+        if attr == "generate_until":
+            self.answers.keep(req, res)
+        self.inner.add_partial(attr, req, res)

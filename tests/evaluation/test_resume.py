@@ -1,0 +1,105 @@
+"""Sampled answers kept through lm-eval's --use_cache (lm_eval_ponder.evaluation.resume): each
+repeat under its own key, a resumed run draws only what is missing, greedy requests are left
+to lm-eval."""
+
+from __future__ import annotations
+
+import pytest
+from lm_eval.api.instance import Instance
+from lm_eval.api.model import CachingLM
+from lm_eval.models.huggingface import HFLM
+from sqlitedict import SqliteDict
+
+from lm_eval_ponder.evaluation.accounting import GenerationText
+from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.evaluation.resume import PREFIX, SampledAnswers, is_sampled
+
+SAMPLED = {"max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
+GREEDY = {"max_gen_toks": 8, "do_sample": False}
+
+
+def requests(gen_kwargs: dict, prompts=("What is 3 + 5?", "Hi"), repeats: int = 3):
+    return [Instance("generate_until", doc={"i": i}, arguments=(p, dict(gen_kwargs)), idx=r,
+                     metadata=("t", i, repeats))
+            for i, p in enumerate(prompts) for r in range(repeats)]
+
+
+class Inner:
+    def __init__(self) -> None:
+        self.seen = []
+
+    def add_partial(self, attr, req, res) -> None:
+        self.seen.append(res)
+
+
+def test_is_sampled_follows_lm_eval():
+    assert is_sampled(SAMPLED) and not is_sampled(GREEDY) and not is_sampled({})
+
+
+def test_repeats_get_their_own_keys_and_come_back():
+    store: dict = {}
+    reqs = requests(SAMPLED) + requests(GREEDY, repeats=1)
+    answers = SampledAnswers(store)
+    kept, todo = answers.split(reqs)
+    assert kept == {} and todo == list(range(8))
+    hook = answers.hook(inner := Inner())
+    for i in reversed(todo):  # HFLM hands answers over in its own order
+        hook.add_partial("generate_until", reqs[i].args, f"answer {i}")
+    assert len(inner.seen) == 8  # every answer still reaches lm-eval's hook
+    assert len(store) == 6 and all(key.startswith(PREFIX) for key in store)  # sampled only
+    kept, todo = SampledAnswers(store).split(reqs)
+    assert todo == [6, 7]  # the greedy ones: lm-eval's cache keeps those
+    # the three repeats of a prompt get three different answers back, none lost
+    assert sorted(kept.values()) == sorted(f"answer {i}" for i in range(6))
+    assert {kept[i] for i in range(3)} == {f"answer {i}" for i in range(3)}
+
+
+def test_a_resumed_run_draws_only_the_missing_answers():
+    store: dict = {}
+    reqs = requests(SAMPLED)
+    answers = SampledAnswers(store)
+    answers.split(reqs)
+    hook = answers.hook(Inner())
+    for i in (0, 4):  # interrupted after two answers, one of each prompt
+        hook.add_partial("generate_until", reqs[i].args, f"answer {i}")
+    kept, todo = SampledAnswers(store).split(reqs)
+    assert set(kept.values()) == {"answer 0", "answer 4"}
+    assert len(todo) == 4 and sorted(kept) == [0, 3]  # first occurrence of each prompt
+
+
+@pytest.fixture(scope="module")
+def ponder(tiny_model_dir):
+    return PonderLM(pretrained=str(tiny_model_dir), batch_size=2, device="cpu")
+
+
+def test_use_cache_keeps_sampled_answers(ponder, tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache")
+    reqs = requests(SAMPLED)
+    first = CachingLM(ponder, cache).generate_until(reqs)
+    assert all(isinstance(t, GenerationText) for t in first)
+
+    drawn = []
+    real = HFLM.generate_until
+
+    def counting(self, reqs_, disable_tqdm=False):
+        drawn.extend(reqs_)
+        return real(self, reqs_, disable_tqdm=disable_tqdm)
+
+    monkeypatch.setattr(HFLM, "generate_until", counting)
+    again = CachingLM(ponder, cache).generate_until(requests(SAMPLED))
+    assert drawn == []  # nothing generated: every sample came back with its stats
+    assert list(map(str, again)) == list(map(str, first))
+    assert [t.stats for t in again] == [t.stats for t in first]
+
+    # an interrupted run: two answers missing from the store are drawn, the rest kept
+    with SqliteDict(cache) as store:  # lm-eval's own file, another connection to it
+        doomed = [k for k in store.keys() if k.startswith(PREFIX) and k.endswith("/2")]
+        assert len(doomed) == 2, list(store.keys())
+        for key in doomed:
+            del store[key]
+        store.commit()
+    resumed = CachingLM(ponder, cache).generate_until(requests(SAMPLED))
+    assert len(drawn) == 2 and len(resumed) == 6
+    assert all(isinstance(t, GenerationText) for t in resumed)
+    kept = [i for i in range(6) if i % 3 != 2]
+    assert [str(resumed[i]) for i in kept] == [str(first[i]) for i in kept]

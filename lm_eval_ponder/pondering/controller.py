@@ -180,7 +180,11 @@ def load_controller(
             f"controller {directory} was trained for hidden size {hidden_size}, but the backbone "
             f"has hidden size {expected_hidden_size}: train a controller for this backbone"
         )
-    controller = PonderController(hidden_size, hidden, temperature)
+    # The checkpoint overwrites the layers' random initialisation; drawing that from the global
+    # generator would shift a seeded run's sampling stream, so that FP-Direct with a controller
+    # that halts at once would not sample the tokens FR samples at the same offset and seed.
+    with torch.random.fork_rng(devices=[]):
+        controller = PonderController(hidden_size, hidden, temperature)
     try:
         tensors = load_file(str(directory / WEIGHTS_FILE))
     except Exception as error:  # safetensors raises its own error types on corrupt files

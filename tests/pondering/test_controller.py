@@ -95,6 +95,16 @@ def test_save_load_round_trip(tmp_path, d: int) -> None:
     assert torch.equal(loaded(z), c(z))
 
 
+def test_loading_leaves_the_seeded_random_stream_alone(tmp_path) -> None:
+    """A seeded sampled run must draw the same numbers with or without a controller loaded."""
+    save_controller(PonderController(64, hidden=32), tmp_path)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    load_controller(tmp_path)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_load_refuses_other_width(tmp_path) -> None:
     save_controller(PonderController(64, hidden=32), tmp_path)
     with pytest.raises(PonderError, match=r"64.*576"):

@@ -27,8 +27,11 @@ agreement is reported next to the figures.
 Every lm_eval run is one directory under ``results/testset/<form>/k<k>`` written by
 ``python -m lm_eval_ponder.suite`` with ``--resume_within``: finished runs are skipped and a
 killed run keeps the answers it had (lm-eval's ``--use_cache``), so re-running the same command
-continues. The dtype is pinned (float32, the rollout caches' dtype) so that a sweep resumed on
-another machine stays one configuration. Arith runs first at every depth, then GSM8K.
+continues. The dtype is pinned (``--dtype``, default bfloat16: the dtype the committed rollout
+caches and their controllers were built in) so that a sweep resumed on another machine stays one
+configuration; each dtype has its own runs (``results/testset-bf16``; float32:
+``results/testset``, the first sweeps) and figures (``docs/testset/bf16``; float32:
+``docs/testset``). Arith runs first at every depth, then GSM8K.
 """
 
 from __future__ import annotations
@@ -48,6 +51,19 @@ def offsets_of(form: str) -> list[float]:
     from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 
     return cumulative_offsets(train_config(form, 1, 256, 1).ponder).tolist()
+
+
+def default_root(dtype: str) -> str:
+    """Where a dtype's sweep lives: float32 kept the first sweeps' place, others get their own."""
+    return "results/testset" if dtype == "float32" else f"results/testset-{short_dtype(dtype)}"
+
+
+def default_out(dtype: str) -> str:
+    return "docs/testset" if dtype == "float32" else f"docs/testset/{short_dtype(dtype)}"
+
+
+def short_dtype(dtype: str) -> str:
+    return {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
 
 
 def run_dir(root: str, form: str, k: int) -> Path:
@@ -129,7 +145,8 @@ def test_states(root: str, form: str, task: str, contexts: list[str], dtype: str
         from safetensors import safe_open
 
         with safe_open(str(path), "pt") as f:
-            if (f.metadata() or {}).get("contexts_sha256") == digest:
+            meta = f.metadata() or {}
+            if meta.get("contexts_sha256") == digest and meta.get("dtype") == dtype:
                 return load_file(str(path))["z0"]
     from lm_eval_ponder.training.loop import load_backbone
     from lm_eval_ponder.training.rollouts import prompt_states
@@ -358,7 +375,8 @@ def analyse(args) -> None:
             sys.exit(f"{directory} has no answers in {run}: run `testset.py evaluate --form "
                      f"{args.form} --controller {directory}"
                      + ("" if tau is None else f" --tau {tau:g}") + "` first")
-    summary = {"form": args.form, "offsets": offsets, "sweep": args.sweep, "tasks": {}}
+    summary = {"form": args.form, "dtype": args.dtype, "offsets": offsets, "sweep": args.sweep,
+               "tasks": {}}
     for task in TASKS:
         s = load_sweep(args.root, args.form, task, k_max)
         if s is None:
@@ -410,7 +428,8 @@ def analyse(args) -> None:
 
 def write_markdown(path: Path, s: dict) -> None:
     lines = [f"# Controllers against the fixed-alpha sweep on test documents: form `{s['form']}`",
-             "", "Greedy, through `lm_eval --model ponder` (256 new tokens, float32). A "
+             "", f"Greedy, through `lm_eval --model ponder` (256 new tokens, "
+             f"{s.get('dtype', 'float32')}). A "
              "controller's answers are the sweep's answers at the depth it chooses per document "
              "(see `benchmarks/testset.py`; `verify` below checks this through lm_eval). CIs: "
              "Wilson for accuracies, paired bootstrap over documents for the gap.", ""]
@@ -591,8 +610,12 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("sweep", "analyse", "verify", "evaluate", "status"):
         s = sub.add_parser(name)
         s.add_argument("--form", choices=sorted(FORMS), default="ours")
-        s.add_argument("--root", default="results/testset", help="where the lm_eval runs go")
-        s.add_argument("--dtype", default="float32", help="backbone dtype of every run")
+        s.add_argument("--root", default=None,
+                       help="where the lm_eval runs go (default: results/testset-bf16 for "
+                            "bfloat16, results/testset for float32)")
+        s.add_argument("--dtype", default="bfloat16",
+                       help="backbone dtype of every run (default: bfloat16, the rollout "
+                            "caches' dtype)")
         s.add_argument("--max-tokens", type=int, default=256)
         s.add_argument("--batch-size", type=int, default=32)
     sw = sub.choices["sweep"]
@@ -603,7 +626,9 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--generated", nargs="*", default=[],
                    help="controller directories whose own answers `evaluate` generated "
                         "(token-level controllers); DIR@tau=X for a run with `evaluate --tau X`")
-    a.add_argument("--out", default="docs/testset")
+    a.add_argument("--out", default=None,
+                   help="where the figures go (default: docs/testset/bf16 for bfloat16, "
+                        "docs/testset for float32)")
     a.add_argument("--bootstrap", type=int, default=2000)
     v = sub.choices["verify"]
     v.add_argument("--controller", required=True)
@@ -626,6 +651,9 @@ def main(argv: list[str] | None = None) -> None:
             help="more controller directories, e.g. cross-fitted runs exported with "
                  "adaptation.py export (<run>/controller)")
     args = p.parse_args(argv)
+    args.root = args.root or default_root(args.dtype)
+    if args.command == "analyse":
+        args.out = args.out or default_out(args.dtype)
     {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate,
      "status": status}[args.command](args)
 

@@ -66,6 +66,14 @@ def test_a_controller_that_picks_per_document_is_above_the_curve(sweep):
     assert resampled["accuracy"] == 1.0 and resampled["depth"] == pytest.approx(4 / 3)
 
 
+def test_each_dtype_has_its_own_sweep_and_figures():
+    """A bf16 sweep must never resume into, or be analysed as, the float32 one."""
+    assert testset.default_root("bfloat16") == "results/testset-bf16"
+    assert testset.default_root("float32") == "results/testset"
+    assert testset.default_out("bfloat16") == "docs/testset/bf16"
+    assert testset.default_out("float32") == "docs/testset"
+
+
 def _write_samples(directory, task, docs, correct):
     import json
 

@@ -99,7 +99,10 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     from lm_eval_ponder.training.loop import LOG, optimise
 
     done = out / ("heldout.json" if fold is not None else "final.json")
-    if done.is_file():
+    # a final run is finished only with its weights: git keeps its record, not the 2 MB of
+    # weights, so in a fresh clone it is retrained (about a minute) for testset.py to read
+    weights = out / "controller" / "controller.safetensors"
+    if done.is_file() and (fold is not None or weights.is_file()):
         return json.loads(done.read_text())
     out.mkdir(parents=True, exist_ok=True)
     cfg = arm_config(form, samples, arm, seed, steps, out)

@@ -27,4 +27,8 @@ python "$here/adaptation.py" analyse --form "$form" --samples 4 --out docs/adapt
 python "$here/adaptation.py" train --form "$form" --samples 4 --arms "$arms" --seeds 0,1,2 --final
 python "$here/testset.py" sweep --form "$form" --tasks "$tasks" --batch-size 64
 final=$(ls -d results/adaptation/"$form"-s4/n600-* | head -n 1)
+# the composition (a controller's answers are the sweep's at its depths) checked through lm_eval
+# itself on 100 documents, with the arm whose deterministic depths spread on our form
+python "$here/testset.py" verify --form "$form" --limit 100 --batch-size 64 \
+    --controller "$final/balanced-lr5e-5/seed0/all/controller"
 python "$here/testset.py" analyse --form "$form" --sweep "$final"

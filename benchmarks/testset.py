@@ -100,7 +100,10 @@ def sweep(args) -> None:
 
 # ----------------------------------------------------------------------------- reading
 def samples_file(directory: Path, task: str) -> Path | None:
-    files = sorted(directory.rglob(f"samples_{task}_ponder_*.jsonl"))
+    """The run's full samples log; never the suite's text-free twin (``*.stripped.jsonl``),
+    which lacks the answers and prompts that the composition needs."""
+    files = sorted(f for f in directory.rglob(f"samples_{task}_ponder_*.jsonl")
+                   if not f.name.endswith(".stripped.jsonl"))
     return files[-1] if files else None
 
 

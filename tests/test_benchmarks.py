@@ -78,6 +78,8 @@ def _write_samples(directory, task, docs, correct):
     import json
 
     directory.mkdir(parents=True)
+    # the suite's text-free twin sorts after the full log and must not be read for it
+    (directory / f"samples_{task}_ponder_2026.stripped.jsonl").write_text('{"doc_id": 0}\n')
     with open(directory / f"samples_{task}_ponder_2026.jsonl", "w") as f:
         for d, c in zip(docs, correct):
             f.write(json.dumps({

@@ -102,8 +102,10 @@ def sweep(args) -> None:
 def samples_file(directory: Path, task: str) -> Path | None:
     """The run's full samples log; never the suite's text-free twin (``*.stripped.jsonl``),
     which lacks the answers and prompts that the composition needs."""
+    from lm_eval_ponder.reporting.strip import SUFFIX
+
     files = sorted(f for f in directory.rglob(f"samples_{task}_ponder_*.jsonl")
-                   if not f.name.endswith(".stripped.jsonl"))
+                   if not f.name.endswith(SUFFIX))
     return files[-1] if files else None
 
 

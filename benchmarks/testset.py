@@ -597,16 +597,53 @@ def verify(args) -> None:
             same_text_own += text == s["texts"][k_real][i]
         n = len(real)
         n_docs += n
+        cols = [col[d] for d in real]
         agreement[task] = {"documents": n, "depth": float(same_depth / n),
                            "text_at_composed_depth": float(same_text / n),
                            "text_at_its_own_depth": float(same_text_own / n),
                            "real_accuracy": float(np.mean([float(r["exact_match"])
-                                                           for r in real.values()]))}
+                                                           for r in real.values()])),
+                           "composed_accuracy": float(np.mean(
+                               [s["correct"][depth[i]][i] for i in cols])),
+                           "fixed_rerun": fixed_rerun(args, out, task, s, depth[cols], col)}
         print(task, agreement[task], flush=True)
     if not agreement:
         sys.exit("no task has finished the sweep at every depth: run `testset.py sweep` first")
     (out / "verify.json").write_text(json.dumps(
         {"controller": str(directory), "documents": n_docs, "agreement": agreement}, indent=1))
+
+
+def fixed_rerun(args, out: Path, task: str, s: dict, depths, col: dict) -> dict:
+    """The noise floor of the composition: the controller's most common depth, re-run at that
+    fixed alpha on the same ``--limit`` documents, against the sweep's answers at that depth.
+
+    A run on fewer documents batches them differently (lm_eval sorts by length), and in bf16 a
+    different batch changes the padded matmuls' rounding, so greedy texts can fork with no
+    controller involved. The controller's text agreement is only a defect where it falls below
+    this one."""
+    import numpy as np
+
+    from lm_eval_ponder.reporting import suite
+    from lm_eval_ponder.reporting.report import read_samples
+
+    offsets = offsets_of(args.form)
+    k = int(np.bincount(np.asarray(depths, dtype=int)).argmax())
+    where = out / f"fixed-k{k}"
+    code = suite.main([
+        "--output", str(where), "--methods", "FR", "--alpha", repr(offsets[k]), "--tasks", task,
+        "--limit", str(args.limit), "--max_gen_toks", str(args.max_tokens),
+        "--batch_size", str(args.batch_size), "--controller", "none", "--resume_within",
+        "--no_report", "--model_args", f"dtype={args.dtype}"])
+    if code:
+        sys.exit(code)
+    path = samples_file(where / "greedy" / "FR" / task, task)
+    if path is None:
+        sys.exit(f"{where}: the fixed re-run left no samples log")
+    rows = {int(r["doc_id"]): r for r in read_samples(path)}
+    same = sum(r["resps"][0][0] == s["texts"][k][col[d]] for d, r in rows.items())
+    return {"depth": k, "documents": len(rows), "text_agrees_with_sweep": same / len(rows),
+            "rerun_accuracy": float(np.mean([float(r["exact_match"]) for r in rows.values()])),
+            "sweep_accuracy": float(np.mean([s["correct"][k][col[d]] for d in rows]))}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -4,6 +4,7 @@ a wrong helper there would silently print a wrong number."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,6 +102,42 @@ def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
                    "arith", [0, 1], [1, 1])
     with pytest.raises(SystemExit, match="different documents"):
         testset.load_sweep(str(tmp_path), "ours", "arith", 2)
+
+
+def test_verify_measures_the_noise_floor_at_the_controllers_modal_depth(tmp_path, monkeypatch):
+    """bf16 texts fork when a smaller run batches documents differently: verify re-runs the
+    controller's most common depth as fixed alpha and reports how often that rerun agrees."""
+    import argparse
+    import json
+
+    from lm_eval_ponder.reporting import suite
+
+    for k in range(2):
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k) / "greedy" / "FR" / "arith",
+                       "arith", [0, 1, 2], [1, 0, 1])
+    s = testset.load_sweep(str(tmp_path), "ours", "arith", 1)
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv)
+        out = Path(argv[argv.index("--output") + 1]) / "greedy" / "FR" / "arith"
+        _write_samples(out, "arith", [0, 1, 2], [0, 0, 1])
+        log = next(out.glob("samples_arith_ponder_2026.jsonl"))
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        rows[0]["resps"] = [["a forked answer"]]
+        log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0
+
+    monkeypatch.setattr(suite, "main", fake_main)
+    args = argparse.Namespace(form="ours", limit=3, max_tokens=256, batch_size=8,
+                              dtype="bfloat16")
+    floor = testset.fixed_rerun(args, tmp_path / "verify", "arith", s, np.array([1, 1, 0]),
+                                {0: 0, 1: 1, 2: 2})
+    assert floor == {"depth": 1, "documents": 3, "text_agrees_with_sweep": 2 / 3,
+                     "rerun_accuracy": 1 / 3, "sweep_accuracy": 2 / 3}
+    argv = calls[0]
+    assert float(argv[argv.index("--alpha") + 1]) == testset.offsets_of("ours")[1]
+    assert argv[argv.index("--limit") + 1] == "3"
 
 
 def test_depth_status_reports_finished_depths_before_the_sweep_ends(tmp_path, capsys):

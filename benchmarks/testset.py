@@ -80,22 +80,28 @@ def task_list(spec: str) -> list[str]:
 
 
 def sweep(args) -> None:
-    from lm_eval_ponder.reporting import suite
-
     offsets = offsets_of(args.form)
     depths = (list(range(len(offsets))) if args.depths is None
               else [int(k) for k in args.depths.split(",")])
     for task in task_list(args.tasks):
         for k in depths:
             print(f"[{args.form}] {task}, depth {k} (alpha={offsets[k]:.4f})", flush=True)
-            code = suite.main([
-                "--output", str(run_dir(args.root, args.form, k)), "--methods", "FR",
-                "--alpha", repr(offsets[k]), "--tasks", task,
-                "--limit", str(args.limit or TASKS[task]), "--max_gen_toks", str(args.max_tokens),
-                "--batch_size", str(args.batch_size), "--controller", "none", "--resume_within",
-                "--no_report", "--model_args", f"dtype={args.dtype}"])
-            if code:
-                sys.exit(code)
+            run_fixed(args, run_dir(args.root, args.form, k), task, offsets[k],
+                      args.limit or TASKS[task])
+
+
+def run_fixed(args, out: Path, task: str, alpha: float, limit: int) -> None:
+    """``--model ponder alpha=...`` (FR, no controller) on the first ``limit`` documents of
+    ``task``, resumable, in the suite's layout under ``out``."""
+    from lm_eval_ponder.reporting import suite
+
+    code = suite.main([
+        "--output", str(out), "--methods", "FR", "--alpha", repr(alpha), "--tasks", task,
+        "--limit", str(limit), "--max_gen_toks", str(args.max_tokens),
+        "--batch_size", str(args.batch_size), "--controller", "none", "--resume_within",
+        "--no_report", "--model_args", f"dtype={args.dtype}"])
+    if code:
+        sys.exit(code)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -623,19 +629,11 @@ def fixed_rerun(args, out: Path, task: str, s: dict, depths, col: dict) -> dict:
     this one."""
     import numpy as np
 
-    from lm_eval_ponder.reporting import suite
     from lm_eval_ponder.reporting.report import read_samples
 
-    offsets = offsets_of(args.form)
     k = int(np.bincount(np.asarray(depths, dtype=int)).argmax())
     where = out / f"fixed-k{k}"
-    code = suite.main([
-        "--output", str(where), "--methods", "FR", "--alpha", repr(offsets[k]), "--tasks", task,
-        "--limit", str(args.limit), "--max_gen_toks", str(args.max_tokens),
-        "--batch_size", str(args.batch_size), "--controller", "none", "--resume_within",
-        "--no_report", "--model_args", f"dtype={args.dtype}"])
-    if code:
-        sys.exit(code)
+    run_fixed(args, where, task, offsets_of(args.form)[k], args.limit)
     path = samples_file(where / "greedy" / "FR" / task, task)
     if path is None:
         sys.exit(f"{where}: the fixed re-run left no samples log")

@@ -558,9 +558,14 @@ def generated_run(root: str, form: str, extra: str) -> tuple[Path, float | None,
 
 def controller_samples(out: Path, task: str) -> dict | None:
     """A controller run's answers on ``task`` by document id (suite's layout), or None."""
+    return samples_by_doc(out / "greedy" / "FP-Direct" / task, task)
+
+
+def samples_by_doc(directory: Path, task: str) -> dict | None:
+    """The answers of the run in ``directory`` on ``task`` by document id, or None."""
     from lm_eval_ponder.reporting.report import read_samples
 
-    path = samples_file(out / "greedy" / "FP-Direct" / task, task)
+    path = samples_file(directory, task)
     return None if path is None else {int(r["doc_id"]): r for r in read_samples(path)}
 
 
@@ -629,15 +634,12 @@ def fixed_rerun(args, out: Path, task: str, s: dict, depths, col: dict) -> dict:
     this one."""
     import numpy as np
 
-    from lm_eval_ponder.reporting.report import read_samples
-
     k = int(np.bincount(np.asarray(depths, dtype=int)).argmax())
     where = out / f"fixed-k{k}"
     run_fixed(args, where, task, offsets_of(args.form)[k], args.limit)
-    path = samples_file(where / "greedy" / "FR" / task, task)
-    if path is None:
+    rows = samples_by_doc(where / "greedy" / "FR" / task, task)
+    if rows is None:
         sys.exit(f"{where}: the fixed re-run left no samples log")
-    rows = {int(r["doc_id"]): r for r in read_samples(path)}
     same = sum(r["resps"][0][0] == s["texts"][k][col[d]] for d, r in rows.items())
     return {"depth": k, "documents": len(rows), "text_agrees_with_sweep": same / len(rows),
             "rerun_accuracy": float(np.mean([float(r["exact_match"]) for r in rows.values()])),

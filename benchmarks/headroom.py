@@ -6,6 +6,10 @@ then the best fixed depth against the per-prompt oracle on held-out prompts, and
     python benchmarks/headroom.py build --form ours  --samples 4 --batch-size 256
     python benchmarks/headroom.py build --form ours  --samples 1      # the greedy outcomes
     python benchmarks/headroom.py build --form paper --samples 4
+    # on 2 cores, two one-thread builds of disjoint prompt blocks (64 prompts each at batch
+    # 256 and 4 samples) draw exactly what one build draws, close to twice as fast:
+    #   OMP_NUM_THREADS=1 python benchmarks/headroom.py build ... --threads 1 --blocks 6:8 &
+    #   OMP_NUM_THREADS=1 python benchmarks/headroom.py build ... --threads 1 --blocks 8:
     # 2. analyse whatever prefix of prompts is complete (every depth, every sample)
     python benchmarks/headroom.py analyse --form ours --samples 4 --out docs/headroom  # [--prompts N]
 
@@ -63,6 +67,21 @@ def recorded_dtype(directory: Path) -> str | None:
     return str(json.loads(manifest.read_text())["identity"]["dtype"]).removeprefix("torch.")
 
 
+def block_range(text: str) -> range:
+    """``START:STOP`` (either side may be empty, as in a slice) as a range of block indices."""
+    start, sep, stop = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        lo = int(start) if start else 0
+        hi = int(stop) if stop else sys.maxsize
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--blocks wants START:STOP, e.g. 6:8, not {text!r}")
+    if lo < 0 or hi <= lo:
+        raise argparse.ArgumentTypeError(f"--blocks {text!r} is empty or negative")
+    return range(lo, hi)
+
+
 def build(args) -> None:
     import torch
 
@@ -83,7 +102,7 @@ def build(args) -> None:
     if args.restore_only:
         print("prompts and z_0 restored; nothing generated (--restore-only)", flush=True)
         return
-    generate_missing(lm, cache, prompts, cfg.rollout, offsets)
+    generate_missing(lm, cache, prompts, cfg.rollout, offsets, blocks=args.blocks)
     with open(directory / "build_log.jsonl", "a") as f:
         f.write(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                             "wall_s": round(time.time() - t0, 1)}) + "\n")
@@ -475,6 +494,9 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--max-tokens", type=int, default=256)
     b.add_argument("--batch-size", type=int, default=128, help="rows per generation call")
     b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--blocks", type=block_range, default=None, metavar="START:STOP",
+                   help="only these prompt blocks (batch_size // samples prompts each), so two "
+                        "one-thread builds can share a machine: --blocks 0:5 and --blocks 5:")
     b.add_argument("--dtype", default=None,
                    help="backbone dtype (default: the cache's own, else the device's native one)")
     b.add_argument("--restore-only", action="store_true",

@@ -313,3 +313,14 @@ def test_headroom_gap_against_the_fixed_curve_is_not_flattered_by_a_poor_compara
     out2 = headroom.headroom_figures(mats2, (mats2, mats2), fixed, lambdas)
     assert out2["gap_accuracy_at_fixed_acc_tokens_cf"] == pytest.approx(0.1)
     assert out2["gap_accuracy_vs_fixed_curve_at_fixed_acc_tokens_cf"] == pytest.approx(0.0)
+
+
+def test_headroom_blocks_read_as_a_slice_and_refuse_nonsense():
+    import argparse
+
+    assert headroom.block_range("6:8") == range(6, 8)
+    assert headroom.block_range(":2") == range(0, 2)
+    assert headroom.block_range("8:").start == 8 and 10**6 in headroom.block_range("8:")
+    for bad in ("6", "8:6", "a:b", "-1:3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            headroom.block_range(bad)

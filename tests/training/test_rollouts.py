@@ -14,8 +14,8 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
 from lm_eval_ponder.training.rollouts import (
-    RolloutCache, RolloutConfig, build_cache, generation_kwargs, prepare_cache,
-    train_documents)
+    RolloutCache, RolloutConfig, build_cache, generate_missing, generation_kwargs,
+    prepare_cache, train_documents)
 
 OFFSETS = cumulative_offsets(PonderConfig(k_max=2, alpha0=0.5, alpha_start=-0.5)).tolist()
 CFG = RolloutConfig(prompts={"arith_ponder": 4, "gsm8k_ponder": 1}, max_completion_length=6,
@@ -200,3 +200,19 @@ def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draw
     want = {key(json.loads(line)): json.loads(line)["text"] for line in lines}
     got = {key(r): r["text"] for r in resumed.records()}
     assert got == want
+
+
+def test_two_builds_of_disjoint_blocks_draw_what_one_build_draws(lm, tmp_path):
+    sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=4,
+                            samples=2, apply_chat_template=False, seed=5)
+    full = build_cache(lm, sampled, OFFSETS, tmp_path / "full", progress=False)
+    shared, prompts = prepare_cache(lm, sampled, OFFSETS, tmp_path / "shared")
+    # as two one-thread processes on one machine would: blocks 1.. first, then block 0
+    generate_missing(lm, shared, prompts, sampled, OFFSETS, progress=False, blocks=range(1, 99))
+    assert {r["key"] for r in shared.records()} == {p.key for p in prompts[2:]}
+    assert not (shared.dir / "rollouts.rank0.part000.jsonl").exists()
+    generate_missing(lm, shared, prompts, sampled, OFFSETS, progress=False, blocks=range(0, 1))
+    key = lambda r: (r["key"], r["depth"], r["sample"])  # noqa: E731
+    assert {key(r): r["text"] for r in shared.records()} == \
+        {key(r): r["text"] for r in full.records()}
+    assert len(list(shared.records())) == len(list(full.records()))

@@ -370,8 +370,8 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     block and the depth, so a resumed build draws what an uninterrupted one would have drawn.
     For the same reason ``blocks`` (indices of this rank's blocks) lets two single-threaded
     processes on one machine share a build: each takes its own blocks and writes its own block
-    files, and together they draw exactly what one process would. On a 2-core CPU that beats
-    one process with two threads, which decodes a small model only about 1.4x faster than one.
+    files, and together they draw exactly what one process would. It also keeps both cores busy
+    through the parts of a call that one process runs on one thread (grading, perplexities).
     """
     from tqdm.auto import tqdm
 

@@ -7,8 +7,8 @@ then the best fixed depth against the per-prompt oracle on held-out prompts, and
     python benchmarks/headroom.py build --form ours  --samples 1      # the greedy outcomes
     python benchmarks/headroom.py build --form paper --samples 4
     # on 2 cores, two one-thread builds of disjoint prompt blocks (64 prompts each at batch
-    # 256 and 4 samples) draw exactly what one build draws (on the paper form's cache: 2.4-2.6 s
-    # per answer each, 1.25 s per answer together, against 1.4 s for one build on two threads):
+    # 256 and 4 samples) draw exactly what one build draws (on the paper form's cache: 2.36-2.38 s
+    # per answer each, 1.2 s per answer together, against 1.4 s for one build on two threads):
     #   OMP_NUM_THREADS=1 python benchmarks/headroom.py build ... --threads 1 --blocks 6:8 &
     #   OMP_NUM_THREADS=1 python benchmarks/headroom.py build ... --threads 1 --blocks 8:
     # 2. analyse whatever prefix of prompts is complete (every depth, every sample)

@@ -36,13 +36,12 @@ from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.evaluation.generation import (SamplingConfig, UnsupportedGeneration,
                                                   check_model_supported, generate_rows)
-from lm_eval_ponder.evaluation.resume import SampledAnswers, is_sampled
+from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
 from lm_eval_ponder.evaluation.settings import PonderArgs, Pondering, load_pondering, no_hook
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.pondering.hook import SteeringHook
 
-CACHE_MARKER = "__lm_eval_ponder_fingerprint__"
 GENERATION_MODES = ("loop", "hf")
 # generate_until hands the loop this many requests per row in flight, so rows that finish are
 # replaced by waiting ones instead of leaving the batch to shrink

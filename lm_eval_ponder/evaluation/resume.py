@@ -16,18 +16,42 @@ answers were kept. The store is lm-eval's own cache file, whose fingerprint stam
 
 from __future__ import annotations
 
+import sqlite3
+from contextlib import closing
 from collections import defaultdict, deque
 from collections.abc import MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from lm_eval.api.model import hash_args
 
 PREFIX = "lm_eval_ponder/sampled"
+# the key under which PonderLM stamps a --use_cache file with its settings' fingerprint
+CACHE_MARKER = "__lm_eval_ponder_fingerprint__"
 
 
 def is_sampled(gen_kwargs: Any) -> bool:
     """lm-eval's own test for a request its cache will not keep (``CachingLM``)."""
     return isinstance(gen_kwargs, dict) and bool(gen_kwargs.get("do_sample", False))
+
+
+def kept_answers(path: str | Path) -> int:
+    """Answers an interrupted run left in its ``--use_cache`` file (greedy and sampled; 0 when
+    there is none). The suite records it, so a resumed run's wall time is not read as the time
+    of all its answers. lm-eval also writes each sampled answer under the request's plain key
+    (and ignores it on reading): those duplicates are not counted."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        keys = [k for table in tables  # SqliteDict's table: "unnamed" unless lm-eval names one
+                for (k,) in db.execute(f'SELECT key FROM "{table}"')]
+    sampled = [k for k in keys if k.startswith(PREFIX + "/")]
+    sampled_hashes = {k[len(PREFIX) + 1:].rsplit("/", 1)[0] for k in sampled}
+    greedy = [k for k in keys
+              if k != CACHE_MARKER and not k.startswith(PREFIX + "/") and k not in sampled_hashes]
+    return len(sampled) + len(greedy)
 
 
 class SampledAnswers:

@@ -62,8 +62,8 @@ def read_pilot(root: str | Path) -> list[PilotRun]:
     for marker in sorted(root.rglob("ponder_run.json")):
         info = json.loads(marker.read_text())
         samples = sorted(marker.parent.rglob("samples_*.jsonl"))
-        if "wall_s" not in info or not samples:
-            continue
+        if "wall_s" not in info or not samples or info.get("kept_answers", 0):
+            continue  # a resumed run's wall_s is its last attempt's, not its answers' time
         tokens: dict = {}
         for path in samples:
             with open(path) as f:

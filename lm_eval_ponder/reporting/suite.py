@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.evaluation.resume import kept_answers
 from lm_eval_ponder.reporting.strip import strip_tree
 
 LOGGER = logging.getLogger(__name__)
@@ -44,6 +45,18 @@ DECODINGS = {
     "top_p0.95": "do_sample=True,temperature=0.7,top_p=0.95",
     "top_k40": "do_sample=True,temperature=0.7,top_k=40",
 }
+
+
+def record_attempt(target: Path, kept: int) -> list[dict]:
+    """Append this start of a run to ``ponder_attempts.json`` in its directory and return them
+    all. A resumed run's ``wall_s`` covers only its last attempt: with ``kept_answers`` > 0
+    the earlier attempts produced the rest, so the report and the cost model must not read
+    ``wall_s`` as the time of every answer."""
+    path = target / "ponder_attempts.json"
+    attempts = json.loads(path.read_text()) if path.is_file() else []
+    attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
+    path.write_text(json.dumps(attempts, indent=1))
+    return attempts
 
 
 def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: float,
@@ -157,6 +170,8 @@ def run_suite(a: argparse.Namespace) -> Path:
         if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
             cmd += ["--use_cache", str(target / "answers")]
         LOGGER.info("[%d/%d] %s %s: %s", i, len(runs), r["label"], r["dataset"], " ".join(cmd[2:]))
+        kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
+        attempts = record_attempt(target, kept)
         start = time.time()
         done = subprocess.run(cmd)
         if done.returncode != 0:
@@ -165,7 +180,8 @@ def run_suite(a: argparse.Namespace) -> Path:
                               "runs are kept")
         (target / "ponder_run.json").write_text(json.dumps(
             {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
-             "wall_s": round(time.time() - start, 1), "command": cmd[1:]}, indent=1))
+             "wall_s": round(time.time() - start, 1), "kept_answers": kept,
+             "attempts": attempts, "command": cmd[1:]}, indent=1))
         strip_tree(target)
     if a.report:
         from lm_eval_ponder.reporting.report import report

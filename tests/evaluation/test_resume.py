@@ -12,7 +12,7 @@ from sqlitedict import SqliteDict
 
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.resume import PREFIX, SampledAnswers, is_sampled
+from lm_eval_ponder.evaluation.resume import PREFIX, SampledAnswers, is_sampled, kept_answers
 
 SAMPLED = {"max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
 GREEDY = {"max_gen_toks": 8, "do_sample": False}
@@ -98,6 +98,7 @@ def test_use_cache_keeps_sampled_answers(ponder, tmp_path, monkeypatch):
         for key in doomed:
             del store[key]
         store.commit()
+    assert kept_answers(cache) == 4  # what the suite records of a resumed run
     resumed = CachingLM(ponder, cache).generate_until(requests(SAMPLED))
     assert len(drawn) == 2 and len(resumed) == 6
     assert all(isinstance(t, GenerationText) for t in resumed)

@@ -10,11 +10,12 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.reporting import budget, suite
 
 
-def pilot_run(root, decoding, method, dataset, tokens_per_question, wall_s, questions=10):
+def pilot_run(root, decoding, method, dataset, tokens_per_question, wall_s, questions=10,
+              kept_answers=0):
     d = root / decoding / method.replace(" ", "_") / dataset
     (d / "model").mkdir(parents=True)
     (d / "ponder_run.json").write_text(json.dumps(
-        {"method": method, "decoding": decoding, "wall_s": wall_s}))
+        {"method": method, "decoding": decoding, "wall_s": wall_s, "kept_answers": kept_answers}))
     with open(d / "model" / "samples_x_2026.jsonl", "w") as f:
         for i in range(questions):
             for _ in range(2):  # lm-eval logs a question once per filter: count it once
@@ -31,6 +32,13 @@ def test_cost_model_is_fitted_to_the_pilot(tmp_path):
         ("Direct", "arith", 10, 500.0), ("CoT", "arith", 10, 2000.0), ("BoN", "gsm8k", 10, 10000.0)}
     model = budget.fit_cost(runs)
     assert model.startup_s == pytest.approx(20) and model.s_per_token == pytest.approx(0.01)
+
+
+def test_a_resumed_run_does_not_price_tokens(tmp_path):
+    """Its wall time is its last attempt's, not its answers': kept out of the fit."""
+    pilot_run(tmp_path, "greedy", "Direct", "arith", 50, 25.0)
+    pilot_run(tmp_path, "greedy", "CoT", "arith", 200, 3.0, kept_answers=8)
+    assert [r.label for r in budget.read_pilot(tmp_path)] == ["Direct"]
 
 
 def test_a_negative_start_up_falls_back_to_a_fit_through_the_origin():

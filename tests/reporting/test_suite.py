@@ -3,6 +3,8 @@ resumes (finished runs are skipped) and reports."""
 
 from __future__ import annotations
 
+import json
+
 
 from lm_eval_ponder.reporting import suite
 from lm_eval_ponder.errors import USAGE_ERROR
@@ -82,3 +84,7 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
              if not p.name.endswith(".stripped.jsonl")]
     assert [s.split('"resps"')[1][:200] for s in again] == \
         [s.split('"resps"')[1][:200] for s in first]
+    # the run says that its wall time is the second attempt's only
+    info = json.loads((target / "ponder_run.json").read_text())
+    assert info["kept_answers"] == 3
+    assert [a["kept_answers"] for a in info["attempts"]] == [0, 3]

@@ -61,15 +61,22 @@ def by_level(samples: list[dict]) -> dict[int, list[dict]]:
     return dict(sorted(levels.items()))
 
 
-def strong_win_rate(fp: list[dict], base: list[dict]) -> dict[int, float]:
-    """Per level, the fraction of questions where FP is correct and the baseline is wrong,
-    or both are correct and FP used fewer tokens (our definition of a strong win)."""
+def strong_wins(fp: list[dict], base: list[dict]) -> tuple[int, int]:
+    """(strong wins, questions both runs answered): FP is correct and the baseline is wrong, or
+    both are correct and FP used fewer tokens (our definition of a strong win)."""
     other = {s["doc_id"]: s for s in base}
+    pairs = [(s, other[s["doc_id"]]) for s in fp if s["doc_id"] in other]
+    wins = sum(1 for a, b in pairs if a["exact_match"] and (
+        not b["exact_match"] or a["gen_tokens"] < b["gen_tokens"]))
+    return wins, len(pairs)
+
+
+def strong_win_rate(fp: list[dict], base: list[dict]) -> dict[int, float]:
+    """Per level, the fraction of questions that are strong wins (``strong_wins``); empty for
+    a dataset without levels (GSM8K, GPQA), whose one rate ``strong_wins`` gives."""
     out = {}
     for level, ss in by_level(fp).items():
-        pairs = [(s, other[s["doc_id"]]) for s in ss if s["doc_id"] in other]
-        if pairs:
-            wins = sum(1 for a, b in pairs if a["exact_match"] and (
-                not b["exact_match"] or a["gen_tokens"] < b["gen_tokens"]))
-            out[level] = wins / len(pairs)
+        wins, n = strong_wins(ss, base)
+        if n:
+            out[level] = wins / n
     return out

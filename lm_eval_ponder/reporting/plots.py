@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from lm_eval_ponder.reporting.measures import by_level, figures, pareto_front, strong_win_rate
+from lm_eval_ponder.reporting.measures import (
+    by_level, figures, pareto_front, strong_win_rate, strong_wins, wilson)
 
 FAMILY_COLOURS = {
     "Direct": "#1f77b4", "CoT": "#ff7f0e", "BoN": "#2ca02c", "FR": "#555555",
@@ -258,25 +259,55 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
 
 
 def win_rate_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Path, str] | None:
+    """Strong win rates of each FP run against Direct and CoT: per level where the dataset has
+    levels, else one bar per pair with its Wilson 95% interval (GSM8K, GPQA)."""
     import matplotlib.pyplot as plt
 
     fp_runs = [r for r in group if r.method.startswith("FP-")]
     bases = [r for r in group if r.method in ("Direct", "CoT")]
     if not fp_runs or not bases:
         return None
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for fp in fp_runs:
-        for base in bases:
-            rate = strong_win_rate(fp.samples, base.samples)
-            st = style(fp.label)
-            ax.plot(list(rate), list(rate.values()), linestyle="-" if base.method == "Direct"
-                    else "--", label=f"{fp.label} vs {base.label}", **st.kwargs())
+    pairs = [(fp, base) for fp in fp_runs for base in bases]
     levels = sorted({lev for fp in fp_runs for lev in by_level(fp.samples)})
+    if not levels:
+        return _overall_win_figure(dataset, pairs, out)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for fp, base in pairs:
+        rate = strong_win_rate(fp.samples, base.samples)
+        st = style(fp.label)
+        ax.plot(list(rate), list(rate.values()), linestyle="-" if base.method == "Direct"
+                else "--", label=f"{fp.label} vs {base.label}", **st.kwargs())
     ax.set(xlabel="level", ylabel="strong win rate", title=dataset, ylim=(0, 1), xticks=levels)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     caption = (f"{dataset}: per level, the share of questions where FP is right and the "
                "baseline wrong, or both right with FP using fewer tokens (solid: against "
                "Direct, dashed: against CoT). Point estimates, no intervals.")
+    return save(fig, out / f"win_rate_{slug(dataset)}.png"), caption
+
+
+def _overall_win_figure(dataset: str, pairs: list, out: Path) -> tuple[Path, str]:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 0.9 + 0.45 * len(pairs)))
+    rates = []
+    for y, (fp, base) in enumerate(pairs):
+        wins, n = strong_wins(fp.samples, base.samples)
+        rate = wins / n if n else math.nan
+        lo, hi = wilson(wins, n)
+        st = style(fp.label)
+        ax.barh(y, rate, color=st.colour, alpha=0.85 if base.method == "Direct" else 0.45,
+                hatch="" if base.method == "Direct" else "//", edgecolor=st.colour)
+        ax.errorbar(rate, y, xerr=[[rate - lo], [hi - rate]], fmt="none", ecolor="black",
+                    capsize=3, lw=1)
+        rates.append(f"{fp.label} vs {base.label} {rate:.3f} [{lo:.3f}, {hi:.3f}] (n={n})")
+    ax.set_yticks(range(len(pairs)), [f"{fp.label} vs {base.label}" for fp, base in pairs],
+                  fontsize=8)
+    ax.invert_yaxis()
+    ax.set(xlabel="strong win rate", title=dataset, xlim=(0, 1))
+    caption = (f"{dataset} (no difficulty levels): the share of questions where FP is right "
+               "and the baseline wrong, or both right with FP using fewer tokens, with Wilson "
+               "95% intervals (solid: against Direct, hatched: against CoT): "
+               + "; ".join(rates) + ".")
     return save(fig, out / f"win_rate_{slug(dataset)}.png"), caption
 
 

@@ -31,6 +31,15 @@ def test_strong_win_counts_right_against_wrong_and_cheaper_when_both_right():
     fp = [sample(0, 1, True, 5), sample(1, 1, True, 20), sample(2, 1, False), sample(3, 2, True)]
     base = [sample(0, 1, True, 10), sample(1, 1, True, 10), sample(2, 1, True), sample(3, 2, False)]
     assert ms.strong_win_rate(fp, base) == {1: 1 / 3, 2: 1.0}
+    assert ms.strong_wins(fp, base) == (2, 4)  # over every question both answered
+
+
+def test_a_dataset_without_levels_has_one_strong_win_rate():
+    fp = [{"doc_id": i, "doc": {}, "exact_match": 1.0, "gen_tokens": 5} for i in range(4)]
+    base = [{"doc_id": i, "doc": {}, "exact_match": float(i % 2), "gen_tokens": 5}
+            for i in range(3)]
+    assert ms.strong_win_rate(fp, base) == {}
+    assert ms.strong_wins(fp, base) == (2, 3)  # doc 3 has no baseline answer
 
 
 def test_figures_mean_costs_and_interval():

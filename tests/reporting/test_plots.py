@@ -75,11 +75,25 @@ def test_caption_says_what_the_intervals_resolve():
 
 
 class FakeRun:
-    def __init__(self, label, correct):
+    def __init__(self, label, correct, levels=True):
         self.label = self.method = label
-        self.samples = [{"doc_id": i, "doc": {"level": 1 + i % 3}, "exact_match": float(c),
-                         "gen_tokens": 10.0, "flops": 1e9, "ponder_steps": 0}
+        self.samples = [{"doc_id": i, "doc": {"level": 1 + i % 3} if levels else {},
+                         "exact_match": float(c), "gen_tokens": 10.0, "flops": 1e9,
+                         "ponder_steps": 0}
                         for i, c in enumerate(correct)]
+
+
+def test_a_dataset_without_levels_gets_one_win_rate_per_pair(tmp_path):
+    """GSM8K and GPQA have no levels: the win-rate figure is one bar per FP/baseline pair with
+    its interval (a per-level line chart would be empty)."""
+    runs = [FakeRun("Direct", [i % 2 for i in range(30)], levels=False),
+            FakeRun("CoT", [0] * 30, levels=False),
+            FakeRun("FP-Direct", [1] * 30, levels=False)]
+    written = dict((p.name, c) for p, c in pl.plots({"gsm8k": runs}, tmp_path))
+    assert set(written) == {"pareto_gsm8k.png", "win_rate_gsm8k.png"}
+    caption = written["win_rate_gsm8k.png"]
+    assert "FP-Direct vs Direct 0.500" in caption and "FP-Direct vs CoT 1.000" in caption
+    assert "(n=30)" in caption
 
 
 def test_every_figure_is_written_with_a_caption(tmp_path):

@@ -22,6 +22,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from collections import deque
 from typing import Any
@@ -35,7 +36,8 @@ from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.evaluation.generation import (SamplingConfig, UnsupportedGeneration,
-                                                  check_model_supported, generate_rows)
+                                                  cache_bytes_per_token, check_model_supported,
+                                                  generate_rows)
 from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
 from lm_eval_ponder.evaluation.settings import PonderArgs, Pondering, load_pondering, no_hook
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
@@ -82,6 +84,56 @@ def default_max_rows(device: str) -> int:
     return 256 if str(device).startswith("cuda") else 128
 
 
+def total_memory_bytes(device: str) -> int | None:
+    """The memory generation runs in: the GPU's for CUDA, else the machine's RAM or the
+    container's limit (cgroup), whichever is smaller; None when it cannot be read."""
+    device = str(device)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index
+        return int(torch.cuda.get_device_properties(index or 0).total_memory)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = open(path).read().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and (ram is None or int(limit) < ram):
+            ram = int(limit)
+    return ram
+
+
+def parse_cache_gib(value: float | str | None, device: str) -> float | None:
+    """``max_cache_gib``: a number of GiB, ``auto``/unset (``default_cache_gib``) or ``none``
+    (no budget: ``max_rows`` alone bounds the batch)."""
+    if value is None or str(value).strip().lower() in ("", "auto"):
+        return default_cache_gib(device)
+    if str(value).strip().lower() == "none":
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = float("nan")
+    if not gib > 0:
+        raise PonderError(f"max_cache_gib must be a positive number of GiB, auto or none; "
+                          f"got {value!r}")
+    return gib
+
+
+def default_cache_gib(device: str) -> float | None:
+    """The key/value cache budget of the rows in flight when the user gives none: a sixth of
+    the memory on CPU (4 GiB of this 24 GiB machine: GSM8K's 128 rows need about 2.5 GiB and
+    are not held back; GPQA's longest prompt is, which a 128-row batch took past 13 GiB), a
+    third of the GPU's (the weights and activations need the rest). From the total, not the
+    free memory, so the batches, and with them bf16 outputs, do not depend on other jobs."""
+    total = total_memory_bytes(device)
+    if total is None:
+        return None
+    return total / (3 if str(device).startswith("cuda") else 6) / 2**30
+
+
 @register_model("ponder")
 class PonderLM(HFLM):
     """HFLM plus steering-vector pondering; with pondering off it is token-identical to HFLM.
@@ -95,6 +147,8 @@ class PonderLM(HFLM):
     controller's config.json (what it was trained with), else from ``PonderConfig``.
     ``alpha``, ``alpha0`` and ``alpha_start`` are fractions of the steering layer's mean
     residual norm. The plain baseline (Direct/CoT/BoN) is ``controller=none``.
+    Batching (not part of the configuration): ``max_rows`` (rows in flight) and
+    ``max_cache_gib`` (their key/value cache; ``default_cache_gib``, ``none`` for no budget).
     """
 
     def __init__(
@@ -113,6 +167,7 @@ class PonderLM(HFLM):
         layer: int | None = None,
         generation: str = "loop",
         max_rows: int | str | None = None,
+        max_cache_gib: float | str | None = None,
         **kwargs,
     ) -> None:
         install_excepthook()
@@ -138,6 +193,7 @@ class PonderLM(HFLM):
             else int(max_rows)
         if self.max_rows < 1:
             raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
+        self.max_cache_gib = parse_cache_gib(max_cache_gib, device)
         try:
             super().__init__(pretrained=source, **kwargs)
         except OSError as error:
@@ -149,6 +205,9 @@ class PonderLM(HFLM):
         self.backbone_info = resolved
         bb.freeze(self.model)
         self.flops_spec = FlopsSpec.from_model(self.model)
+        per_token = cache_bytes_per_token(self.model.config, self.model.dtype)
+        self.max_cache_tokens = None if self.max_cache_gib is None or per_token is None \
+            else max(1, int(self.max_cache_gib * 2**30 // per_token))
         self._pending_rows: deque[dict[str, float]] = deque()
         self.ponder: Pondering | None = load_pondering(
             self.ponder_args, resolved.name, self.model.config, self.device,
@@ -207,7 +266,10 @@ class PonderLM(HFLM):
         (``config``), where the report reads it as the run's identity, so runs that differ in
         dtype, backbone file, steering vector or controller are never merged into one row."""
         return {**super().get_model_info(), "ponder_fingerprint": self.fingerprint(),
-                "ponder_fingerprint_hash": self.fingerprint_hash()}
+                "ponder_fingerprint_hash": self.fingerprint_hash(),
+                "ponder_batching": {"max_rows": self.max_rows,
+                                    "max_cache_gib": self.max_cache_gib,
+                                    "max_cache_tokens": self.max_cache_tokens}}
 
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()
@@ -282,6 +344,7 @@ class PonderLM(HFLM):
                         self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                         eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id, stop=stop,
                         decode=self.tok_decode, sampling=sampling, max_rows=self.max_rows,
+                        max_cache_tokens=self.max_cache_tokens,
                         steering=hook if isinstance(hook, SteeringHook) else None)
                 sequences, gen_tokens = result.sequences, list(result.gen_tokens)
         if result is None:

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # model args that change where or how fast a model runs, not what it generates
-RUNTIME_ARGS = frozenset({"device", "batch_size", "max_batch_size", "parallelize", "max_rows"})
+RUNTIME_ARGS = frozenset({"device", "batch_size", "max_batch_size", "parallelize", "max_rows",
+                          "max_cache_gib"})
 # a difference is shown as "key=value" when at most this many keys differ and each value is
 # at most this long; otherwise as a short hash of the model or generation part
 READABLE_KEYS = 3

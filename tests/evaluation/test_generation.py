@@ -17,6 +17,7 @@ from conftest import build_tiny_llama, build_tiny_tokenizer
 from lm_eval_ponder.evaluation.generation import (
     SamplingConfig,
     UnsupportedGeneration,
+    cache_bytes_per_token,
     cache_keyword,
     check_model_supported,
     draw_tokens,
@@ -321,6 +322,49 @@ def test_row_observer_sees_original_rows(tok, max_rows):
             decoded[r] += 1
     assert sorted(prefilled) == list(range(len(lengths)))
     assert decoded == [n - 1 for n in lengths]
+
+
+@pytest.mark.parametrize("budget", [None, 400, 150, 1])
+def test_cache_budget_bounds_rows_times_width(tok, budget):
+    """``max_cache_tokens``: rows in flight x (widest prompt among them + max_new_tokens) stays
+    within the budget, a lone row always runs, and what each row generates does not change."""
+    lengths = [3, 5, 2, 4, 6, 3]
+    prompts = [ch * n for ch, n in zip("abcdef", [90, 3, 13, 23, 33, 43])]  # one long prompt
+    scripts = [chars(tok, "y" * (n - 1)) + [EOS] for n in lengths]
+    model = scripted_model(tok, prompts, scripts)
+    ids, mask = encode(tok, prompts)
+    real = mask.sum(1).tolist()
+    rec = Recorder()
+    res = generate_rows(model, ids, mask, max_new_tokens=8, eos_token_ids={EOS},
+                        pad_token_id=PAD, max_rows=4, max_cache_tokens=budget, steering=rec)
+    assert res.gen_tokens == lengths
+    free = generate_rows(scripted_model(tok, prompts, scripts), ids, mask, max_new_tokens=8,
+                         eos_token_ids={EOS}, pad_token_id=PAD, max_rows=4)
+    assert res.sequences.equal(free.sequences)
+    started: list[int] = []
+    decoded = [0] * len(lengths)  # decode forwards each row has been in
+    most = 0
+    for rows, prefill in rec.calls:
+        if prefill:
+            started += rows
+        else:
+            for r in rows:
+                decoded[r] += 1
+        in_flight = [r for r in started if decoded[r] < lengths[r] - 1 or r in rows]
+        widest = max(real[r] for r in in_flight)
+        most = max(most, len(in_flight))
+        if budget is not None and len(in_flight) > 1:
+            assert len(in_flight) * (widest + 8) <= budget
+    assert most == {None: 4, 400: 4, 150: 3, 1: 1}[budget]
+
+
+def test_cache_bytes_per_token_reads_the_config(tok):
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2)
+    # keys and values, 3 layers, 2 KV heads of 32 / 4 = 8 dims, 4 bytes (float32)
+    assert cache_bytes_per_token(config, torch.float32) == 2 * 3 * 2 * 8 * 4
+    assert cache_bytes_per_token(config, torch.bfloat16) == 2 * 3 * 2 * 8 * 2
+    assert cache_bytes_per_token(object(), torch.float32) is None
 
 
 # ---- generation_config merging, fallbacks --------------------------------------------------

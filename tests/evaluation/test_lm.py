@@ -16,6 +16,7 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
+from lm_eval_ponder.evaluation.generation import cache_bytes_per_token
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.flops import flops_floor, generation_flops, spec_from_modules
 
@@ -194,6 +195,35 @@ def test_lm_eval_batch_size_one_still_fills_the_loop(tiny_model_dir, monkeypatch
     lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, device="cpu")
     lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))
     assert seen == [len(PROMPTS)] and lm.batch_size == 1  # restored after the call
+
+
+def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypatch):
+    """``max_cache_gib`` becomes cache positions for the loop (via the config's bytes per
+    token), defaults to a share of the memory, and is written into the run's model info."""
+    import lm_eval_ponder.evaluation.lm as lm_module
+
+    seen = []
+    real = lm_module.generate_rows
+
+    def spy(model, input_ids, *args, **kwargs):
+        seen.append(kwargs["max_cache_tokens"])
+        return real(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(lm_module, "generate_rows", spy)
+    lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32",
+                  max_cache_gib="0.001")
+    per_token = cache_bytes_per_token(lm.model.config, torch.float32)
+    assert lm.max_cache_tokens == int(0.001 * 2**30 // per_token)
+    lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))
+    assert seen == [lm.max_cache_tokens]
+    assert lm.get_model_info()["ponder_batching"]["max_cache_tokens"] == lm.max_cache_tokens
+    auto = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32")
+    assert auto.max_cache_gib == pytest.approx(lm_module.total_memory_bytes("cpu") / 6 / 2**30)
+    assert PonderLM(pretrained=str(tiny_model_dir), device="cpu",
+                    max_cache_gib="none").max_cache_tokens is None
+    for bad in ("-1", "lots"):
+        with pytest.raises(PonderError, match="max_cache_gib"):
+            PonderLM(pretrained=str(tiny_model_dir), device="cpu", max_cache_gib=bad)
 
 
 def test_generation_hf_selects_transformers_generate(tiny_model_dir, monkeypatch):

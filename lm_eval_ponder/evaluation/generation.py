@@ -502,6 +502,7 @@ def generate_rows(
     max_cache_tokens: int | None = None,
     steering: RowObserver | None = None,
     admit_fraction: float = 0.5,
+    on_finish: Callable[[int], None] | None = None,
 ) -> GenerationResult:
     """Generate for a left-padded batch, dropping each row from the batch as soon as it ends.
 
@@ -511,7 +512,8 @@ def generate_rows(
     free (or all remaining waiting rows fit). ``max_cache_tokens``: a row joins only while the
     rows in flight times (the longest prompt among them + ``max_new_tokens``), the cache's
     widest extent, stays within it (one row always runs). ``steering.begin_forward`` is called
-    before every forward with the original indices of the rows in it.
+    before every forward with the original indices of the rows in it; ``on_finish`` with a row's
+    original index as soon as it ends (progress bars).
     """
     if pad_token_id is None:
         raise ValueError("pad_token_id is required")
@@ -584,6 +586,9 @@ def generate_rows(
                 reason[row] = FINISH_LENGTH
             else:
                 keep.append(i)
+                continue
+            if on_finish is not None:
+                on_finish(row)
         return keep
 
     def prefill(rows: list[int]) -> _Batch:

@@ -28,6 +28,7 @@ from collections import deque
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
@@ -215,6 +216,7 @@ class PonderLM(HFLM):
         self._ponder_override: Pondering | None = None
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
+        self._progress: tqdm | None = None  # generate_until's bar, ticked per finished row
 
     # ------------------------------------------------------------------ pondering
     @property
@@ -345,6 +347,8 @@ class PonderLM(HFLM):
                         eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id, stop=stop,
                         decode=self.tok_decode, sampling=sampling, max_rows=self.max_rows,
                         max_cache_tokens=self.max_cache_tokens,
+                        on_finish=None if self._progress is None
+                        else (lambda _row: self._progress.update(1)),
                         steering=hook if isinstance(hook, SteeringHook) else None)
                 sequences, gen_tokens = result.sequences, list(result.gen_tokens)
         if result is None:
@@ -358,6 +362,8 @@ class PonderLM(HFLM):
                 eos_ids |= {ids} if isinstance(ids, int) else set(ids or ())
             gen_tokens = [count_generated_tokens(self.tok_decode, row, stop, eos_ids)
                           for row in sequences[:, width:].tolist()]
+            if self._progress is not None:
+                self._progress.update(n_rows)
         depths = None
         if decider is not None and isinstance(hook, SteeringHook):
             depths = hook.per_row(decider.depths, n_rows)
@@ -442,11 +448,17 @@ class PonderLM(HFLM):
             # hand the loop enough requests at once to keep that many rows busy
             self.batch_size_per_gpu = max(saved, REQUESTS_PER_ROW * self.max_rows)
         fresh = [requests[i] for i in todo]
+        # HFLM's bar moves once per batch of 512 requests: a GPQA run would sit at 0% for its
+        # whole length. This one moves as each row finishes.
+        self._progress = tqdm(total=len(fresh), desc="Running generate_until requests",
+                              disable=disable_tqdm or self.rank != 0 or not fresh)
         try:
-            texts = super().generate_until(fresh, disable_tqdm=disable_tqdm) if fresh else []
+            texts = super().generate_until(fresh, disable_tqdm=True) if fresh else []
         finally:
             self.cache_hook = inner
             self.batch_size_per_gpu = saved
+            self._progress.close()
+            self._progress = None
         if self._pending_rows:
             raise RuntimeError("internal: generated rows were not paired with their texts")
         out: list[str] = [kept.get(i) for i in range(len(requests))]

@@ -226,6 +226,36 @@ def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypat
             PonderLM(pretrained=str(tiny_model_dir), device="cpu", max_cache_gib=bad)
 
 
+@pytest.mark.parametrize("generation", ["loop", "hf"])
+def test_progress_moves_per_finished_row(tiny_model_dir, monkeypatch, generation):
+    """The bar of ``generate_until`` ticks as each row finishes (HFLM's moves once per batch of
+    512 requests), and ends at the number of requests generated."""
+    import lm_eval_ponder.evaluation.lm as lm_module
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, **kwargs):
+            self.total, self.ticks, self.closed = total, [], False
+            bars.append(self)
+
+        def update(self, n):
+            self.ticks.append(n)
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(lm_module, "tqdm", Bar)
+    lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", max_rows=2,
+                  generation=generation)
+    lm.generate_until(requests({"max_gen_toks": 6, "do_sample": False}))
+    (bar,) = bars
+    assert bar.total == len(PROMPTS) and sum(bar.ticks) == len(PROMPTS) and bar.closed
+    if generation == "loop":
+        assert bar.ticks == [1] * len(PROMPTS)  # one tick per row, as it ends
+    assert lm._progress is None
+
+
 def test_generation_hf_selects_transformers_generate(tiny_model_dir, monkeypatch):
     import lm_eval_ponder.evaluation.lm as lm_module
 

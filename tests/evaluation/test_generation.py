@@ -22,6 +22,7 @@ from lm_eval_ponder.evaluation.generation import (
     check_model_supported,
     draw_tokens,
     generate_rows,
+    prefill_parts,
 )
 from lm_eval_ponder.evaluation.accounting import count_generated_tokens
 
@@ -356,6 +357,14 @@ def test_cache_budget_bounds_rows_times_width(tok, budget):
         if budget is not None and len(in_flight) > 1:
             assert len(in_flight) * (widest + 8) <= budget
     assert most == {None: 4, 400: 4, 150: 3, 1: 1}[budget]
+
+
+def test_prefill_parts_split_only_where_padding_would_dominate():
+    lengths = {0: 2900, 1: 860, 2: 800, 3: 430, 4: 420, 5: 300}
+    assert prefill_parts([0, 1, 2, 3, 4, 5], lengths) == [[0], [1, 2, 3], [4, 5]]
+    assert prefill_parts([5, 2, 1], lengths) == [[1, 2], [5]]  # longest first
+    same = [3, 4, 5]  # within a factor of 2: one forward, in the given order
+    assert prefill_parts(same, lengths) == [same] and prefill_parts([], lengths) == [[]]
 
 
 def test_cache_bytes_per_token_reads_the_config(tok):

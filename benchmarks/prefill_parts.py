@@ -59,11 +59,10 @@ def main() -> None:
 
     ratios = []
     for pair in range(args.pairs):
-        walls = {}
+        walls, seqs = {}, {}
         for split in (False, True) if pair % 2 == 0 else (True, False):
-            walls[split], seqs = run(split)
-            walls.setdefault(f"seq{split}", seqs)
-        same = bool(walls["seqFalse"].equal(walls["seqTrue"]))
+            walls[split], seqs[split] = run(split)
+        same = bool(seqs[False].equal(seqs[True]))
         ratios.append(walls[False] / walls[True])
         print(f"pair {pair + 1}: one forward {walls[False]:6.1f} s, in parts {walls[True]:6.1f} s, "
               f"ratio {ratios[-1]:.2f}, same tokens: {same}", flush=True)

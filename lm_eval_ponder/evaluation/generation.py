@@ -281,8 +281,7 @@ def cache_bytes_per_token(config, dtype: torch.dtype) -> int | None:
     """Bytes of key/value cache one token position takes across all layers (a full-attention
     cache of ``num_key_value_heads`` x ``head_dim`` per layer; None when the config does not
     say). An upper bound for sliding-window and hybrid models, which keep less."""
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config(decoder=True)
+    config = _decoder_config(config)
     layers = getattr(config, "num_hidden_layers", None)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -311,9 +310,12 @@ def prefill_parts(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
     return parts
 
 
-def _text_config(model):
-    config = model.config
+def _decoder_config(config):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def _text_config(model):
+    return _decoder_config(model.config)
 
 
 def cache_keyword(model) -> str:

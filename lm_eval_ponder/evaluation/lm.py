@@ -25,6 +25,7 @@ import logging
 import os
 from dataclasses import dataclass
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,7 +99,7 @@ def total_memory_bytes(device: str) -> int | None:
         ram = None
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            limit = open(path).read().strip()
+            limit = Path(path).read_text().strip()
         except OSError:
             continue
         if limit.isdigit() and (ram is None or int(limit) < ram):

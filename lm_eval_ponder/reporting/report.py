@@ -332,13 +332,21 @@ def spearman_text(method: str, dataset: str, rho: float, n: int) -> str:
     return f"Spearman(ponder depth, level) {method} on {dataset}: {value} (n={n})"
 
 
+# GPQA's authors ask that its questions never appear in plain text on the web (its data README
+# says the same), and a report page is made to be published: no case of it is ever quoted.
+UNQUOTED = frozenset({"gpqa"})
+
+
 def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dict]:
     """The rule (stated in the page): for each dataset with an FP run and both CoT and Direct,
     the first ``per_dataset`` questions in document order where the FP run is correct and at
     least one of CoT/Direct is wrong, plus the first question where FP is wrong and a baseline
-    is right. No other selection."""
+    is right. No other selection. Datasets in ``UNQUOTED`` are skipped even when full logs are
+    at hand."""
     cases = []
     for dataset, group in sorted(common.items()):
+        if dataset in UNQUOTED:
+            continue
         named = {r.method: r for r in group}
         fp = next((r for r in group if r.method.startswith("FP-Direct")), None) or \
             next((r for r in group if r.method.startswith("FP-")), None)
@@ -405,7 +413,9 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
                      f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     parts.append("<h2>Cases</h2><p>Rule: per dataset, the first two questions (document order)"
                  " where FP is right and CoT or Direct is wrong, and the first where FP is wrong"
-                 " and a baseline is right. Nothing else is selected.</p>")
+                 " and a baseline is right. Nothing else is selected."
+                 f" Never quoted: {', '.join(sorted(UNQUOTED))} (its authors ask that its questions"
+                 " not be published in plain text).</p>")
     for c in cases:
         parts.append(f"<h3>{c['dataset']}</h3><pre>{html.escape(c['question'])}</pre>"
                      f"<p>target: {html.escape(str(c['target']))}</p><table><tr>")

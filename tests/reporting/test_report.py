@@ -317,3 +317,18 @@ def test_hf_run_counts_compare_with_ponder(tmp_path, embedded_dir):
         assert a["flops"] == pytest.approx(b["flops"], rel=0.02)
     rows, _ = rp.leaderboard(list(runs.values()))
     assert len(rows) == 2
+
+
+@pytest.mark.parametrize("dataset, quoted", [("gsm8k", True), ("gpqa", False)])
+def test_gpqa_is_never_quoted_in_the_cases(tmp_path, dataset, quoted):
+    """Full logs at hand, FP right where both baselines are wrong: a GSM8K case is quoted, a
+    GPQA one never (its authors ask that its questions stay off the web)."""
+    rows = [(True, 10, 0, 1), (False, 10, 0, 1)]
+    wrong = [(False, 10, 0, 1), (False, 10, 0, 1)]
+    write_run(tmp_path, "direct", {"controller": "none"}, f"{dataset}_ponder", wrong)
+    write_run(tmp_path, "cot", {"controller": "none"}, f"{dataset}_ponder_cot", wrong)
+    write_run(tmp_path, "fp", {"controller": "/x"}, f"{dataset}_ponder", rows)
+    rp.report([tmp_path], tmp_path / "out")
+    html = (tmp_path / "out" / "leaderboard.html").read_text()
+    assert ("<pre>q0</pre>" in html) is quoted
+    assert "Never quoted: gpqa" in html

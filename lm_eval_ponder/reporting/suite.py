@@ -39,6 +39,8 @@ LOGGER = logging.getLogger(__name__)
 DATASETS = ("arith", "gsm8k", "math500", "gpqa")
 METHODS = ("Direct", "CoT", "BoN", "FR", "FP-Direct", "FP-CoT", "FP-BoN")
 SUFFIX = {"Direct": "", "CoT": "_cot", "BoN": "_bon"}
+ATTEMPTS = "ponder_attempts.json"
+HEARTBEAT_S = 60.0
 DECODINGS = {
     "greedy": "do_sample=False",
     "t0.7": "do_sample=True,temperature=0.7",
@@ -52,11 +54,44 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
     all. A resumed run's ``wall_s`` covers only its last attempt: with ``kept_answers`` > 0
     the earlier attempts produced the rest, so the report and the cost model must not read
     ``wall_s`` as the time of every answer."""
-    path = target / "ponder_attempts.json"
+    path = target / ATTEMPTS
     attempts = json.loads(path.read_text()) if path.is_file() else []
     attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
     path.write_text(json.dumps(attempts, indent=1))
     return attempts
+
+
+def run_clocked(cmd: list[str], target: Path, attempts: list[dict]) -> int:
+    """Run one attempt and stamp its ``ran_s`` into ``ponder_attempts.json`` every
+    ``HEARTBEAT_S`` and at its end, so an attempt that is killed (out of memory, out of session)
+    still says, to within a minute, how long it ran: a run spread over several sessions then
+    has a total run time, not just its last attempt's."""
+    path, start = target / ATTEMPTS, time.time()
+
+    def stamp() -> None:
+        attempts[-1]["ran_s"] = round(time.time() - start, 1)
+        path.write_text(json.dumps(attempts, indent=1))
+
+    proc = subprocess.Popen(cmd)
+    try:
+        while True:
+            try:
+                return proc.wait(timeout=HEARTBEAT_S)
+            except subprocess.TimeoutExpired:
+                stamp()
+    except BaseException:  # Ctrl-C or an error here: leave no orphaned lm_eval behind
+        proc.terminate()
+        proc.wait()
+        raise
+    finally:
+        stamp()
+
+
+def attempts_ran_s(attempts: list[dict]) -> tuple[float, int]:
+    """Seconds all clocked attempts ran, and how many attempts were not clocked (started
+    before ``ran_s`` was stamped), so a total is never silently short."""
+    clocked = [a["ran_s"] for a in attempts if "ran_s" in a]
+    return round(sum(clocked), 1), len(attempts) - len(clocked)
 
 
 def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: float,
@@ -105,14 +140,38 @@ def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None)
     if pilot:
         rows, model = estimate(runs, read_pilot(pilot), limit, done)
         return render_estimate(rows, model)
-    lines = [f"{len(runs)} runs ({len(done)} done):"]
+    lines, took = [f"{len(runs)} runs ({len(done)} done):"], 0.0
     for r in runs:
-        n = questions(r["dataset"], limit)
+        n, target = questions(r["dataset"], limit), run_dir(out, r)
         state = "done" if (r["label"], r["decoding"], r["dataset"]) in done else "to run"
-        lines.append(f"  {r['label']} on {r['dataset']}: {n} questions, {state}")
+        spent, note = run_time(target)
+        took += spent
+        if state == "to run" and (kept := kept_answers(target / "answers_rank0.db")):
+            state += f" ({kept:,} answers kept)"
+        lines.append(f"  {r['label']} on {r['dataset']}: {n} questions, {state}"
+                     + (f"; ran {spent:,.0f} s{note}" if spent or note else ""))
+    lines.append(f"Run time so far: {took / 3600:.2f} h, summed over runs (runs side by side "
+                 "overlap in wall-clock time).")
     lines.append("For a time estimate, run a pilot first (`--limit 10 --output PILOT`) and pass "
                  "`--plan --pilot PILOT`.")
     return "\n".join(lines)
+
+
+def run_time(target: Path) -> tuple[float, str]:
+    """Seconds a run has taken over all its attempts, and a note when part of it was not
+    clocked: a finished run's ``wall_s`` for its last attempt, plus the ``ran_s`` of earlier
+    ones; an unfinished one's clocked attempts."""
+    info = target / "ponder_run.json"
+    attempts_file = target / ATTEMPTS
+    attempts = json.loads(attempts_file.read_text()) if attempts_file.is_file() else []
+    if info.is_file():
+        run = json.loads(info.read_text())
+        earlier, unclocked = attempts_ran_s(run.get("attempts", [])[:-1])
+        spent = run["wall_s"] + earlier
+    else:
+        spent, unclocked = attempts_ran_s(attempts)
+    return spent, (f" (+ {unclocked} unclocked attempt{'s' * (unclocked > 1)})"
+                   if unclocked else "")
 
 
 def run_suite(a: argparse.Namespace) -> Path:
@@ -173,15 +232,17 @@ def run_suite(a: argparse.Namespace) -> Path:
         kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
         attempts = record_attempt(target, kept)
         start = time.time()
-        done = subprocess.run(cmd)
-        if done.returncode != 0:
+        returncode = run_clocked(cmd, target, attempts)
+        if returncode != 0:
             raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
-                              f"{done.returncode}); fix the error above and re-run: finished "
+                              f"{returncode}); fix the error above and re-run: finished "
                               "runs are kept")
+        total, unclocked = attempts_ran_s(attempts)
         (target / "ponder_run.json").write_text(json.dumps(
             {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
              "wall_s": round(time.time() - start, 1), "kept_answers": kept,
-             "attempts": attempts, "command": cmd[1:]}, indent=1))
+             "attempts": attempts, "ran_s_all_attempts": total,
+             "unclocked_attempts": unclocked, "command": cmd[1:]}, indent=1))
         strip_tree(target)
     if a.report:
         from lm_eval_ponder.reporting.report import report

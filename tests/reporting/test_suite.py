@@ -41,15 +41,16 @@ def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):
     """On a multi-GPU node each run starts under ``accelerate launch`` (HFLM splits the requests
     over the GPUs) with the user's extra model args; nothing is run here, the commands are
     recorded."""
-    import subprocess
-
     commands = []
 
-    def record(cmd, **kwargs):
-        commands.append(cmd)
-        return subprocess.CompletedProcess(cmd, 1)
+    class Record:
+        def __init__(self, cmd, **kwargs):
+            commands.append(cmd)
 
-    monkeypatch.setattr(suite.subprocess, "run", record)
+        def wait(self, timeout=None):
+            return 1
+
+    monkeypatch.setattr(suite.subprocess, "Popen", Record)
     argv = ["--output", str(tmp_path), "--controller", "none", "--tasks", "arith",
             "--methods", "Direct", "--model_args", "dtype=bfloat16,parallelize=False",
             "--launcher", "accelerate launch --multi_gpu --num_processes 8"]
@@ -88,3 +89,43 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
     info = json.loads((target / "ponder_run.json").read_text())
     assert info["kept_answers"] == 3
     assert [a["kept_answers"] for a in info["attempts"]] == [0, 3]
+    assert all(a["ran_s"] > 0 for a in info["attempts"]) and info["unclocked_attempts"] == 0
+    assert info["ran_s_all_attempts"] == round(sum(a["ran_s"] for a in info["attempts"]), 1)
+
+
+def test_a_killed_attempt_still_says_how_long_it_ran(tmp_path, monkeypatch):
+    """The heartbeat stamps ``ran_s`` while lm_eval runs, so an attempt whose suite process is
+    killed outright (no ``finally`` runs) has still left its run time on disk: here the child
+    reads the file mid-run, after several heartbeats, then exits 137."""
+    import sys
+
+    monkeypatch.setattr(suite, "HEARTBEAT_S", 0.05)
+    attempts = suite.record_attempt(tmp_path, 0)
+    path, seen = tmp_path / suite.ATTEMPTS, tmp_path / "seen"
+    code = ("import json, time; time.sleep(0.5); "
+            f"open({str(seen)!r}, 'w').write(str(json.load(open({str(path)!r}))[-1]['ran_s'])); "
+            "raise SystemExit(137)")
+    assert suite.run_clocked([sys.executable, "-c", code], tmp_path, attempts) == 137
+    assert 0.3 < float(seen.read_text()) < 5  # stamped while the child ran
+    assert json.loads(path.read_text())[-1]["ran_s"] >= float(seen.read_text())
+    total, unclocked = suite.attempts_ran_s([{"ran_s": 2.0}, {"started": "x"}, {"ran_s": 1.5}])
+    assert (total, unclocked) == (3.5, 1)
+
+
+def test_plan_says_what_runs_took_and_what_unfinished_ones_kept(tmp_path):
+    """``--plan`` on a half-done suite: each done run's time over all its attempts (an
+    unclocked one said, not counted), an unfinished run's clocked time, and the sum."""
+    out = tmp_path / "s"
+    done = out / "greedy" / "Direct" / "arith"
+    (done / "m").mkdir(parents=True)
+    (done / "m" / "results_1.json").write_text("{}")
+    (done / "ponder_run.json").write_text(json.dumps(
+        {"wall_s": 100.0, "attempts": [{"started": "a"}, {"started": "b", "ran_s": 100.4}]}))
+    half = out / "greedy" / "CoT" / "arith"
+    half.mkdir(parents=True)
+    (half / suite.ATTEMPTS).write_text(json.dumps([{"ran_s": 50.0}, {"ran_s": 30.0}]))
+    runs = suite.plan(["Direct", "CoT"], ["arith"], ["greedy"], -0.2, None)
+    text = suite.plan_text(runs, out, None, None)
+    assert "Direct on arith: 500 questions, done; ran 100 s (+ 1 unclocked attempt)" in text
+    assert "CoT on arith: 500 questions, to run; ran 80 s" in text
+    assert "Run time so far: 0.05 h" in text

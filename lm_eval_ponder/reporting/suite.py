@@ -25,8 +25,10 @@ import argparse
 import json
 import logging
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -65,26 +67,34 @@ def run_clocked(cmd: list[str], target: Path, attempts: list[dict]) -> int:
     """Run one attempt and stamp its ``ran_s`` into ``ponder_attempts.json`` every
     ``HEARTBEAT_S`` and at its end, so an attempt that is killed (out of memory, out of session)
     still says, to within a minute, how long it ran: a run spread over several sessions then
-    has a total run time, not just its last attempt's."""
+    has a total run time, not just its last attempt's. A SIGTERM to the suite (a scheduler's
+    time limit, ``timeout``) stops the lm_eval child too instead of orphaning it."""
     path, start = target / ATTEMPTS, time.time()
 
     def stamp() -> None:
         attempts[-1]["ran_s"] = round(time.time() - start, 1)
         path.write_text(json.dumps(attempts, indent=1))
 
+    def on_term(signum, frame):  # a scheduler's or `timeout`'s SIGTERM: end like Ctrl-C
+        raise SystemExit(128 + signum)
+
     proc = subprocess.Popen(cmd)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, on_term) if main_thread else None
     try:
         while True:
             try:
                 return proc.wait(timeout=HEARTBEAT_S)
             except subprocess.TimeoutExpired:
                 stamp()
-    except BaseException:  # Ctrl-C or an error here: leave no orphaned lm_eval behind
+    except BaseException:  # stopped or failed here: leave no orphaned lm_eval behind
         proc.terminate()
         proc.wait()
         raise
     finally:
         stamp()
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def attempts_ran_s(attempts: list[dict]) -> tuple[float, int]:

@@ -129,3 +129,36 @@ def test_plan_says_what_runs_took_and_what_unfinished_ones_kept(tmp_path):
     assert "Direct on arith: 500 questions, done; ran 100 s (+ 1 unclocked attempt)" in text
     assert "CoT on arith: 500 questions, to run; ran 80 s" in text
     assert "Run time so far: 0.05 h" in text
+
+
+def test_sigterm_to_the_suite_stops_its_lm_eval_child(tmp_path):
+    """A scheduler ends a job with SIGTERM: the suite must not leave lm_eval running on its own
+    (it would hold the GPU and write into the run's directory behind the next attempt)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pidfile = tmp_path / "child.pid"
+    child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    parent = ("import sys; from pathlib import Path; from lm_eval_ponder.reporting import suite; "
+              f"t = Path({str(tmp_path)!r}); a = suite.record_attempt(t, 0); "
+              f"suite.run_clocked([sys.executable, '-c', {child!r}], t, a)")
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.time() + 30
+    while not pidfile.is_file() or not pidfile.read_text():
+        assert time.time() < deadline, "the child never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    child_pid = int(pidfile.read_text())
+    for _ in range(100):  # terminate() has been sent and waited on; the pid is gone or a zombie
+        try:
+            os.kill(child_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("lm_eval's stand-in outlived the suite")
+    assert json.loads((tmp_path / suite.ATTEMPTS).read_text())[-1]["ran_s"] >= 0

@@ -56,6 +56,28 @@ def test_a_cut_off_log_is_refused_and_leaves_no_twin(tmp_path):
     with pytest.raises(PonderError, match="line 2"):
         strip.strip_file(path)
     assert not strip.stripped_path(path).exists()
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind either
+
+
+def test_two_writers_of_one_twin_do_not_trip_over_each_other(tmp_path, monkeypatch):
+    """Two suites started side by side strip the same finished runs; the second one's write
+    used to move the first one's temporary file away under it (FileNotFoundError)."""
+    path = tmp_path / "samples_gsm8k_ponder_2026.jsonl"
+    path.write_text("".join(json.dumps(gpqa_like_sample(i)) + "\n" for i in range(3)))
+    real_dumps = json.dumps
+    nested = []
+
+    def dumps_with_a_rival(obj, *a, **k):  # the rival writes the same twin mid-way through ours
+        if not nested and "resps_sha256" in obj:
+            nested.append(True)
+            strip.strip_file(path)
+        return real_dumps(obj, *a, **k)
+
+    monkeypatch.setattr(strip.json, "dumps", dumps_with_a_rival)
+    out = strip.strip_file(path)
+    monkeypatch.undo()
+    assert [json.loads(line)["doc_id"] for line in out.read_text().splitlines()] == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, out.name])
 
 
 def test_strip_tree_is_idempotent(tmp_path):

@@ -33,12 +33,17 @@ import time
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError, command
-from lm_eval_ponder.evaluation.resume import kept_answers
+from lm_eval_ponder.evaluation.resume import (
+    KEPT_SUFFIX, export_kept, kept_answers, restore_kept,
+)
 from lm_eval_ponder.reporting.strip import strip_tree
 
 LOGGER = logging.getLogger(__name__)
 
 DATASETS = ("arith", "gsm8k", "math500", "gpqa")
+# Its authors ask that GPQA's questions stay off the web: no answer of a GPQA run is exported for
+# committing (``--snapshot``), finished or not.
+UNPUBLISHED = ("gpqa",)
 METHODS = ("Direct", "CoT", "BoN", "FR", "FP-Direct", "FP-CoT", "FP-BoN")
 SUFFIX = {"Direct": "", "CoT": "_cot", "BoN": "_bon"}
 ATTEMPTS = "ponder_attempts.json"
@@ -184,6 +189,27 @@ def run_time(target: Path) -> tuple[float, str]:
                    if unclocked else "")
 
 
+def snapshot(runs: list[dict], out: Path) -> str:
+    """Export the answers kept so far by every unfinished run (``--snapshot``) as text twins
+    that can be committed, so a run that spans sessions survives a change of machine; a later
+    ``--resume_within`` restores them. GPQA runs are never exported."""
+    lines = []
+    for r in runs:
+        target = run_dir(out, r)
+        dbs = sorted(target.glob("answers_rank*.db"))
+        if not dbs or list(target.rglob("results_*.json")):
+            continue
+        if r["dataset"] in UNPUBLISHED:
+            lines.append(f"{r['label']} on {r['dataset']}: not exported ({r['dataset']} text is "
+                         "never committed); its answers stay on this machine only")
+            continue
+        for db in dbs:
+            twin, n = export_kept(db)
+            lines.append(f"{r['label']} on {r['dataset']}: {n} answers -> {twin} "
+                         f"({twin.stat().st_size / 1e6:.1f} MB)")
+    return "\n".join(lines) or "no unfinished run holds kept answers"
+
+
 def run_suite(a: argparse.Namespace) -> Path:
     out = Path(a.output)
     methods = [m.strip() for m in a.methods.split(",")]
@@ -213,6 +239,9 @@ def run_suite(a: argparse.Namespace) -> Path:
     if a.plan:
         print(plan_text(runs, out, a.pilot, a.limit))
         return out
+    if a.snapshot:
+        print(snapshot(runs, out))
+        return out
     if out.is_dir():
         strip_tree(out)  # runs finished before text-free logs existed
     for i, r in enumerate(runs, 1):
@@ -239,6 +268,13 @@ def run_suite(a: argparse.Namespace) -> Path:
         if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
             cmd += ["--use_cache", str(target / "answers")]
         LOGGER.info("[%d/%d] %s %s: %s", i, len(runs), r["label"], r["dataset"], " ".join(cmd[2:]))
+        if a.resume_within:
+            for twin in sorted(target.glob("answers_rank*" + KEPT_SUFFIX)):
+                db = twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")
+                restored = restore_kept(db)
+                if restored:
+                    LOGGER.info("%s: %d kept answers restored from %s", r["label"], restored,
+                                twin.name)
         kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
         attempts = record_attempt(target, kept)
         start = time.time()
@@ -254,6 +290,8 @@ def run_suite(a: argparse.Namespace) -> Path:
              "attempts": attempts, "ran_s_all_attempts": total,
              "unclocked_attempts": unclocked, "command": cmd[1:]}, indent=1))
         strip_tree(target)
+        for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
+            twin.unlink()  # the run's summary replaces its unfinished answers
     if a.report:
         from lm_eval_ponder.reporting.report import report
 
@@ -292,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pilot", default=None, metavar="DIR",
                    help="with --plan: a finished pilot suite (e.g. --limit 10) whose wall times "
                         "and tokens per question price the full runs")
+    p.add_argument("--snapshot", action="store_true",
+                   help="write the answers kept so far by unfinished runs as text beside their "
+                        "--use_cache files (answers_rank0.kept.jsonl.gz, GPQA excepted) to "
+                        "commit; a later --resume_within restores them; run none")
     p.add_argument("--launcher", default=None,
                    help="start each run with this, e.g. 'accelerate launch --multi_gpu "
                         "--num_processes 8' (default: this Python, one process)")

@@ -12,7 +12,11 @@ from sqlitedict import SqliteDict
 
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.resume import PREFIX, SampledAnswers, is_sampled, kept_answers
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.evaluation.resume import (
+    CACHE_MARKER, PREFIX, SampledAnswers, export_kept, is_sampled, kept_answers, kept_path,
+    restore_kept,
+)
 
 SAMPLED = {"max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
 GREEDY = {"max_gen_toks": 8, "do_sample": False}
@@ -67,6 +71,19 @@ def test_a_resumed_run_draws_only_the_missing_answers():
     assert len(todo) == 4 and sorted(kept) == [0, 3]  # first occurrence of each prompt
 
 
+def count_drawn(monkeypatch) -> list:
+    """The requests HFLM is asked to generate from here on (those no store answered)."""
+    drawn = []
+    real = HFLM.generate_until
+
+    def counting(self, reqs_, disable_tqdm=False):
+        drawn.extend(reqs_)
+        return real(self, reqs_, disable_tqdm=disable_tqdm)
+
+    monkeypatch.setattr(HFLM, "generate_until", counting)
+    return drawn
+
+
 @pytest.fixture(scope="module")
 def ponder(tiny_model_dir):
     return PonderLM(pretrained=str(tiny_model_dir), batch_size=2, device="cpu")
@@ -78,14 +95,7 @@ def test_use_cache_keeps_sampled_answers(ponder, tmp_path, monkeypatch):
     first = CachingLM(ponder, cache).generate_until(reqs)
     assert all(isinstance(t, GenerationText) for t in first)
 
-    drawn = []
-    real = HFLM.generate_until
-
-    def counting(self, reqs_, disable_tqdm=False):
-        drawn.extend(reqs_)
-        return real(self, reqs_, disable_tqdm=disable_tqdm)
-
-    monkeypatch.setattr(HFLM, "generate_until", counting)
+    drawn = count_drawn(monkeypatch)
     again = CachingLM(ponder, cache).generate_until(requests(SAMPLED))
     assert drawn == []  # nothing generated: every sample came back with its stats
     assert list(map(str, again)) == list(map(str, first))
@@ -104,3 +114,40 @@ def test_use_cache_keeps_sampled_answers(ponder, tmp_path, monkeypatch):
     assert all(isinstance(t, GenerationText) for t in resumed)
     kept = [i for i in range(6) if i % 3 != 2]
     assert [str(resumed[i]) for i in kept] == [str(first[i]) for i in kept]
+
+
+def test_kept_answers_survive_a_new_machine_as_text(ponder, tmp_path, monkeypatch):
+    """``export_kept`` writes the store as text that can be committed; on a machine without the
+    store, ``restore_kept`` rebuilds it and the resumed run draws nothing: the same texts with
+    the same accounting, under the same fingerprint."""
+    db = tmp_path / "answers_rank0.db"
+    first = CachingLM(ponder, str(db)).generate_until(requests(SAMPLED))
+    twin, n = export_kept(db)
+    assert twin == kept_path(db) and twin.name == "answers_rank0.kept.jsonl.gz" and n == 6
+    assert restore_kept(db) == 0  # the store is there: it is the newer of the two, left alone
+    db.unlink()  # the machine is gone; the committed twin is not
+    assert restore_kept(db) == 6 and kept_answers(db) == 6
+    with SqliteDict(str(db)) as store:
+        assert store[CACHE_MARKER] == ponder.fingerprint_hash()
+
+    drawn = count_drawn(monkeypatch)
+    again = CachingLM(ponder, str(db)).generate_until(requests(SAMPLED))
+    assert drawn == [] and list(map(str, again)) == list(map(str, first))
+    assert [t.stats for t in again] == [t.stats for t in first]
+
+
+def test_a_store_without_a_stamp_or_a_broken_twin_is_refused(tmp_path):
+    db = tmp_path / "answers_rank0.db"
+    with SqliteDict(str(db)) as store:
+        store["somebody else's key"] = "text"
+        store.commit()
+    with pytest.raises(PonderError, match="fingerprint"):
+        export_kept(db)
+    assert not kept_path(db).exists()
+    db.unlink()
+    import gzip
+    with gzip.open(kept_path(db), "wt") as f:
+        f.write('{"key": "not the stamp"}\n')
+    with pytest.raises(PonderError, match="fingerprint stamp"):
+        restore_kept(db)
+    assert not db.exists()

@@ -78,9 +78,16 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
         [p.name.replace(".jsonl", ".stripped.jsonl") for p in logs]  # the committable twin
     for p in [*target.rglob("results_*.json"), *target.rglob("samples_*.jsonl")]:
         p.unlink()  # as if killed before lm-eval wrote its files
+    # ... then snapshotted to text for a commit, and the machine (with its store) lost
+    assert suite.main(argv + ["--snapshot"]) == 0
+    assert "FR (alpha=-0.2) on arith: 3 answers" in capfd.readouterr().out
+    (target / "answers_rank0.db").unlink()
     capfd.readouterr()
     suite.main(argv)
-    assert "Cached requests: 3, Requests remaining: 0" in "".join(capfd.readouterr())
+    err = "".join(capfd.readouterr())
+    assert "3 kept answers restored from answers_rank0.kept.jsonl.gz" in err
+    assert "Cached requests: 3, Requests remaining: 0" in err
+    assert not list(target.glob("*.kept.jsonl.gz"))  # the finished run's summary replaces it
     again = [p.read_text() for p in target.rglob("samples_*.jsonl")
              if not p.name.endswith(".stripped.jsonl")]
     assert [s.split('"resps"')[1][:200] for s in again] == \
@@ -162,3 +169,24 @@ def test_sigterm_to_the_suite_stops_its_lm_eval_child(tmp_path):
     else:
         raise AssertionError("lm_eval's stand-in outlived the suite")
     assert json.loads((tmp_path / suite.ATTEMPTS).read_text())[-1]["ran_s"] >= 0
+
+
+def test_snapshot_never_exports_gpqa_answers(tmp_path, capsys):
+    """GPQA's authors ask that its questions stay off the web: an unfinished GPQA run's answers
+    stay on the machine, whatever else is snapshotted."""
+    from sqlitedict import SqliteDict
+
+    from lm_eval_ponder.evaluation.resume import CACHE_MARKER
+
+    for dataset in ("gpqa", "math500"):
+        target = tmp_path / "greedy" / "BoN" / dataset
+        target.mkdir(parents=True)
+        with SqliteDict(str(target / "answers_rank0.db")) as store:
+            store[CACHE_MARKER] = "f" * 8
+            store["lm_eval_ponder/sampled/abc/0"] = "The answer is (B)"
+            store.commit()
+    runs = suite.plan(["BoN"], ["gpqa", "math500"], ["greedy"], -0.2, None)
+    text = suite.snapshot(runs, tmp_path)
+    assert "BoN on gpqa: not exported" in text and "BoN on math500: 1 answers" in text
+    assert not list((tmp_path / "greedy" / "BoN" / "gpqa").glob("*.gz"))
+    assert list((tmp_path / "greedy" / "BoN" / "math500").glob("*.kept.jsonl.gz"))

@@ -204,9 +204,12 @@ def snapshot(runs: list[dict], out: Path) -> str:
                          "never committed); its answers stay on this machine only")
             continue
         for db in dbs:
+            if not kept_answers(db):
+                lines.append(f"{r['label']} on {r['dataset']}: no answer kept yet")
+                continue
             twin, n = export_kept(db)
-            lines.append(f"{r['label']} on {r['dataset']}: {n} answers -> {twin} "
-                         f"({twin.stat().st_size / 1e6:.1f} MB)")
+            lines.append(f"{r['label']} on {r['dataset']}: {n} answer{'s' * (n != 1)} -> "
+                         f"{twin} ({twin.stat().st_size / 1e6:.2f} MB)")
     return "\n".join(lines) or "no unfinished run holds kept answers"
 
 

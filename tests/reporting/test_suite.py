@@ -178,15 +178,17 @@ def test_snapshot_never_exports_gpqa_answers(tmp_path, capsys):
 
     from lm_eval_ponder.evaluation.resume import CACHE_MARKER
 
-    for dataset in ("gpqa", "math500"):
+    for dataset in ("gpqa", "math500", "gsm8k"):
         target = tmp_path / "greedy" / "BoN" / dataset
         target.mkdir(parents=True)
         with SqliteDict(str(target / "answers_rank0.db")) as store:
             store[CACHE_MARKER] = "f" * 8
-            store["lm_eval_ponder/sampled/abc/0"] = "The answer is (B)"
+            if dataset != "gsm8k":  # an unfinished run that has kept nothing yet
+                store["lm_eval_ponder/sampled/abc/0"] = "The answer is (B)"
             store.commit()
-    runs = suite.plan(["BoN"], ["gpqa", "math500"], ["greedy"], -0.2, None)
+    runs = suite.plan(["BoN"], ["gpqa", "math500", "gsm8k"], ["greedy"], -0.2, None)
     text = suite.snapshot(runs, tmp_path)
-    assert "BoN on gpqa: not exported" in text and "BoN on math500: 1 answers" in text
+    assert "BoN on gsm8k: no answer kept yet" in text
+    assert "BoN on gpqa: not exported" in text and "BoN on math500: 1 answer ->" in text
     assert not list((tmp_path / "greedy" / "BoN" / "gpqa").glob("*.gz"))
     assert list((tmp_path / "greedy" / "BoN" / "math500").glob("*.kept.jsonl.gz"))

@@ -35,6 +35,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder import backbone as bb
+from lm_eval_ponder.allocator import preload_hint
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.evaluation.generation import (SamplingConfig, UnsupportedGeneration,
@@ -218,6 +219,8 @@ class PonderLM(HFLM):
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
         self._progress: tqdm | None = None  # generate_until's bar, ticked per finished row
+        if self.device.type == "cpu" and (hint := preload_hint()):
+            LOGGER.info(hint)
 
     # ------------------------------------------------------------------ pondering
     @property
@@ -272,7 +275,9 @@ class PonderLM(HFLM):
                 "ponder_fingerprint_hash": self.fingerprint_hash(),
                 "ponder_batching": {"max_rows": self.max_rows,
                                     "max_cache_gib": self.max_cache_gib,
-                                    "max_cache_tokens": self.max_cache_tokens}}
+                                    "max_cache_tokens": self.max_cache_tokens},
+                # speed only (no number depends on it), so not part of the identity
+                "ponder_preload": os.environ.get("LD_PRELOAD", "")}
 
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()

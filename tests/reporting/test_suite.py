@@ -41,20 +41,28 @@ def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):
     """On a multi-GPU node each run starts under ``accelerate launch`` (HFLM splits the requests
     over the GPUs) with the user's extra model args; nothing is run here, the commands are
     recorded."""
-    commands = []
+    commands, environments = [], []
 
     class Record:
-        def __init__(self, cmd, **kwargs):
+        def __init__(self, cmd, env=None, **kwargs):
             commands.append(cmd)
+            environments.append(env)
 
         def wait(self, timeout=None):
             return 1
 
     monkeypatch.setattr(suite.subprocess, "Popen", Record)
+    library = tmp_path / "libtcmalloc_minimal.so.4"  # never loaded: nothing is run
+    library.write_bytes(b"")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
     argv = ["--output", str(tmp_path), "--controller", "none", "--tasks", "arith",
             "--methods", "Direct", "--model_args", "dtype=bfloat16,parallelize=False",
-            "--launcher", "accelerate launch --multi_gpu --num_processes 8"]
+            "--launcher", "accelerate launch --multi_gpu --num_processes 8",
+            "--allocator", str(library)]
     assert suite.main(argv) == USAGE_ERROR  # the recorded run "failed": a clear error, exit 2
+    assert environments[0]["LD_PRELOAD"] == str(library)
+    assert suite.main(argv[:-2] + ["--allocator", "system"]) == USAGE_ERROR
+    assert "LD_PRELOAD" not in environments[1]
     cmd = commands[0]
     assert cmd[:6] == ["accelerate", "launch", "--multi_gpu", "--num_processes", "8", "-m"]
     assert cmd[cmd.index("--model_args") + 1] == "controller=none,dtype=bfloat16,parallelize=False"

@@ -335,6 +335,14 @@ def spearman_text(method: str, dataset: str, rho: float, n: int) -> str:
 # GPQA's authors ask that its questions never appear in plain text on the web (its data README
 # says the same), and a report page is made to be published: no case of it is ever quoted.
 UNQUOTED = frozenset({"gpqa"})
+# Table 1's column order: our ladder, then the paper's GSM8K, MATH500, GPQA; others after them
+COLUMN_ORDER = ("arith", "gsm8k", "math500", "gpqa")
+
+
+def dataset_order(datasets) -> list[str]:
+    """The datasets in Table 1's order (unknown ones alphabetically after the known)."""
+    rank = {d: i for i, d in enumerate(COLUMN_ORDER)}
+    return sorted(set(datasets), key=lambda d: (rank.get(d, len(rank)), d))
 
 
 def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dict]:
@@ -436,7 +444,7 @@ def report(paths: list[str | Path], out: str | Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(paths)
     rows, notes = leaderboard(runs)
-    datasets = sorted({r.dataset for r in runs})
+    datasets = dataset_order(r.dataset for r in runs)
     notes += decoding_verdicts(rows, datasets)
     md = write_tables(rows, datasets, notes, out)
     common = _common(runs)

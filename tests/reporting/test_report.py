@@ -199,6 +199,17 @@ def test_same_configuration_on_two_datasets_is_one_row(tmp_path):
     assert [(r["label"], "arith" in r, "gsm8k" in r) for r in rows] == [("FP-Direct", True, True)]
 
 
+def test_columns_follow_table_1(tmp_path):
+    """Our ladder first, then the paper's order (GSM8K, MATH500, GPQA), then anything else."""
+    assert rp.dataset_order(["gpqa", "mmlu", "math500", "arith", "gsm8k", "gpqa", "bbh"]) == \
+        ["arith", "gsm8k", "math500", "gpqa", "bbh", "mmlu"]
+    for name, task in (("g", "gpqa_ponder"), ("m", "math500_ponder"), ("s", "gsm8k_ponder")):
+        write_run(tmp_path, name, {"controller": "none"}, task, [(True, 10, 0, None)] * 3)
+    rp.report([tmp_path], tmp_path / "out")
+    header = (tmp_path / "out" / "leaderboard.md").read_text().splitlines()[0]
+    assert header.index("gsm8k ACC") < header.index("math500 ACC") < header.index("gpqa ACC")
+
+
 def test_duplicate_runs_that_disagree_are_refused_naming_both(tmp_path):
     rows = [(True, 10, 1, 1)] * 5
     first = write_run(tmp_path, "a", {"controller": "/c"}, "arith_ponder", rows,

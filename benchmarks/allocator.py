@@ -39,6 +39,7 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
     from lm_eval_ponder.evaluation.generation import SamplingConfig, generate_rows
 
     torch.set_num_threads(threads)
+    Path("/proc/self/oom_score_adj").write_text("1000")  # if memory runs out, this goes first
     path = bb.resolve_backbone(None, None).path
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
@@ -62,6 +63,10 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
     return {"wall_s": wall, "user_s": after.ru_utime - before.ru_utime,
             "sys_s": after.ru_stime - before.ru_stime,
             "minor_faults": after.ru_minflt - before.ru_minflt,
+            "peak_rss_gb": after.ru_maxrss / 2**20,  # kB on Linux
+            "cache_gb": rows * (prompt_tokens + new) * 2 * model.config.num_hidden_layers
+            * model.config.num_key_value_heads
+            * (model.config.hidden_size // model.config.num_attention_heads) * 2 / 2**30,
             "tokens": sum(res.gen_tokens),
             "sha256": hashlib.sha256(res.sequences.numpy().tobytes()).hexdigest()[:16]}
 
@@ -71,6 +76,9 @@ def child(args: argparse.Namespace, library: str | None) -> dict:
     env.pop("LD_PRELOAD", None)
     if library:
         env["LD_PRELOAD"] = library
+        for setting in args.setting:  # e.g. TCMALLOC_AGGRESSIVE_DECOMMIT=true
+            key, _, value = setting.partition("=")
+            env[key] = value
     cmd = [sys.executable, __file__, "--worker", "--rows", str(args.rows),
            "--prompt-tokens", str(args.prompt_tokens), "--new", str(args.new),
            "--threads", str(args.threads)]
@@ -86,6 +94,8 @@ def main() -> None:
     p.add_argument("--new", type=int, default=96)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--library", default="/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+    p.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment for the preloaded run, e.g. TCMALLOC_RELEASE_RATE=10")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
@@ -104,6 +114,7 @@ def main() -> None:
         for name, r in (("glibc", base), (Path(a.library).name, alt)):
             print(f"pair {i} {name:28s} wall {r['wall_s']:7.1f} s  user {r['user_s']:7.1f} s  "
                   f"sys {r['sys_s']:6.1f} s  minor faults {r['minor_faults']:>11,}  "
+                  f"peak RSS {r['peak_rss_gb']:5.2f} GB (cache at most {r['cache_gb']:.2f})  "
                   f"tokens {r['tokens']}", flush=True)
         print(f"pair {i}: glibc / preloaded wall x{ratio:.2f}; same tokens: {same}", flush=True)
     print(f"{a.rows} rows, prompts {a.prompt_tokens // 2}-{a.prompt_tokens} tokens, {a.new} new "

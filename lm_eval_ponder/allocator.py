@@ -1,17 +1,21 @@
-"""A caching memory allocator for long generations on CPU (tcmalloc, preloaded).
+"""A caching memory allocator (tcmalloc, preloaded) for long CPU generations: opt-in.
 
-Why: every decode step grows each layer's key/value cache with ``torch.cat`` into a new tensor
-(transformers' ``DynamicLayer``), tens of MB at 128 rows and a few hundred positions. glibc
-serves blocks over 32 MB (its largest mmap threshold) with a fresh ``mmap`` and unmaps them on
-``free``, so each step faults the whole cache in and zeroes it again: a MATH500 Best-of-5 run
-spent 25-30% of its CPU time in the kernel. tcmalloc keeps freed blocks for reuse.
+Why it was tried: every decode step grows each layer's key/value cache with ``torch.cat`` into
+a new tensor (transformers' ``DynamicLayer``), tens of MB at 128 rows and a few hundred
+positions. glibc serves blocks over 32 MB (its largest mmap threshold) with a fresh ``mmap`` and
+unmaps them on ``free``, so each step faults the whole cache in and zeroes it again: a MATH500
+Best-of-5 run spent 25-30% of its CPU time in the kernel. tcmalloc keeps freed blocks for reuse.
 ``python benchmarks/allocator.py --pairs 3`` (128 rows, 200-400-token prompts, 96 new tokens,
 bf16, one thread): system time 33-38 s -> 2-3 s, user+system CPU about 1.25x lower, wall
 x1.16 (median of 3 interleaved pairs on a shared machine), the same tokens.
 
-An allocator can only be chosen when a process starts (``LD_PRELOAD``), so ``suite`` starts its
-lm_eval children with it, and a plain ``lm_eval`` process only logs the hint
-(``preload_hint``). Nothing here changes a number: allocation does not touch arithmetic.
+Why it is not the default: in a real run (GSM8K Best-of-5 through ``suite``: continuous
+batching, rows joining and leaving, 500 new tokens) the process under tcmalloc grew to 14.8 GB
+resident in 26 minutes and the kernel killed it on this 24 GiB machine (the same run under
+glibc: docs/results.md, "Generation speed"). tcmalloc holds the freed blocks of every size the cache passed
+through. So ``suite --allocator`` defaults to ``system``; ``auto`` or a path preload it for a
+user with memory to spare, and ``benchmarks/allocator.py`` prints the peak resident memory
+beside the times. Nothing here changes a number: allocation does not touch arithmetic.
 """
 
 from __future__ import annotations
@@ -79,14 +83,3 @@ def child_environment(library: str | None, environ: dict[str, str] | None = None
         # tcmalloc reports every allocation over 1 GB on stderr; a long run's logs need none
         env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 40))
     return env
-
-
-def preload_hint() -> str | None:
-    """One line for a CPU run without a caching allocator, or None when there is nothing to say."""
-    if is_preloaded() or not sys.platform.startswith("linux"):
-        return None
-    found = find_allocator()
-    how = (f"LD_PRELOAD={found} lm_eval ..." if found
-           else "apt install libtcmalloc-minimal4, then LD_PRELOAD=<its .so> lm_eval ...")
-    return ("long generations on CPU spend about a fifth of their time in page faults under "
-            f"glibc's malloc (lm_eval_ponder.allocator); for about 1.2x, start with {how}")

@@ -40,14 +40,6 @@ def test_the_child_environment_adds_the_library_once_after_the_users_own():
     assert allocator.child_environment(None, {"PATH": "/bin"}) == {"PATH": "/bin"}
 
 
-def test_the_hint_is_given_only_without_a_caching_allocator(monkeypatch):
-    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libtcmalloc_minimal.so.4")
-    assert allocator.preload_hint() is None
-    monkeypatch.delenv("LD_PRELOAD")
-    if sys.platform.startswith("linux"):
-        assert "LD_PRELOAD=" in allocator.preload_hint()
-
-
 @pytest.mark.skipif(allocator.find_allocator() is None, reason="no tcmalloc installed")
 def test_a_child_started_with_it_runs_on_tcmalloc():
     env = allocator.child_environment(allocator.find_allocator(), {"PATH": "/usr/bin:/bin"})

@@ -35,7 +35,6 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder import backbone as bb
-from lm_eval_ponder.allocator import preload_hint
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.evaluation.generation import (SamplingConfig, UnsupportedGeneration,
@@ -219,8 +218,6 @@ class PonderLM(HFLM):
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
         self._progress: tqdm | None = None  # generate_until's bar, ticked per finished row
-        if self.device.type == "cpu" and (hint := preload_hint()):
-            LOGGER.info(hint)
 
     # ------------------------------------------------------------------ pondering
     @property

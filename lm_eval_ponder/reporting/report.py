@@ -210,7 +210,8 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     common = _common(runs)
     rows: dict[tuple[str, str], dict] = {}
     notes = []
-    for dataset, group in sorted(common.items()):
+    for dataset in dataset_order(common):
+        group = common[dataset]
         group = [r for r in group if r.samples]
         figs = {(r.backbone, r.label): figures(r.samples) for r in group}
         ranked = sorted(figs.items(), key=lambda kv: -kv[1]["acc"])
@@ -352,7 +353,8 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
     is right. No other selection. Datasets in ``UNQUOTED`` are skipped even when full logs are
     at hand."""
     cases = []
-    for dataset, group in sorted(common.items()):
+    for dataset in dataset_order(common):
+        group = common[dataset]
         if dataset in UNQUOTED:
             continue
         named = {r.method: r for r in group}

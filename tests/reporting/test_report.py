@@ -205,9 +205,13 @@ def test_columns_follow_table_1(tmp_path):
         ["arith", "gsm8k", "math500", "gpqa", "bbh", "mmlu"]
     for name, task in (("g", "gpqa_ponder"), ("m", "math500_ponder"), ("s", "gsm8k_ponder")):
         write_run(tmp_path, name, {"controller": "none"}, task, [(True, 10, 0, None)] * 3)
+        write_run(tmp_path, name + "fr", {"alpha": "-0.2"}, task, [(True, 9, 0, None)] * 3)
     rp.report([tmp_path], tmp_path / "out")
     header = (tmp_path / "out" / "leaderboard.md").read_text().splitlines()[0]
     assert header.index("gsm8k ACC") < header.index("math500 ACC") < header.index("gpqa ACC")
+    notes = [line.split(":")[0] for line in (tmp_path / "out" / "leaderboard.md").read_text()
+             .splitlines() if line.startswith("- ") and "best accuracy" in line]
+    assert notes == ["- gsm8k", "- math500", "- gpqa"]
 
 
 def test_duplicate_runs_that_disagree_are_refused_naming_both(tmp_path):

@@ -11,8 +11,8 @@ x1.16 (median of 3 interleaved pairs on a shared machine), the same tokens.
 
 Why it is not the default: in a real run (GSM8K Best-of-5 through ``suite``: continuous
 batching, rows joining and leaving, 500 new tokens) the process under tcmalloc grew to 14.8 GB
-resident in 26 minutes and the kernel killed it on this 24 GiB machine (the same run under
-glibc: docs/results.md, "Generation speed"). tcmalloc holds the freed blocks of every size the cache passed
+resident in 26 minutes and the kernel killed it on this 24 GiB machine; resumed under glibc,
+the same run held 4.3-4.5 GB at the same point. tcmalloc holds the freed blocks of every size the cache passed
 through. So ``suite --allocator`` defaults to ``system``; ``auto`` or a path preload it for a
 user with memory to spare, and ``benchmarks/allocator.py`` prints the peak resident memory
 beside the times. Nothing here changes a number: allocation does not touch arithmetic.

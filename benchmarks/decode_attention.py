@@ -8,10 +8,11 @@ times the candidates for a faster decode step, interleaved, median of ``--repeat
 
 - ``sdpa``: what transformers runs for a GQA decode step on CPU with a padding mask
   (``pack_gqa``: the query heads of one key/value head as 3 query rows, then SDPA);
+- ``sdpa_strided``: the same on a view of a larger, preallocated cache (what a cache that
+  grows in place without ``torch.cat`` would hand to attention);
 - ``matmul``: the same attention as two batched matmuls and a float32 softmax (bf16 scores, as
   transformers' eager attention rounds them);
-- ``matmul_strided``: the same on a view of a larger, preallocated cache (what a cache that grows
-  in place without ``torch.cat`` would hand to attention);
+- ``matmul_strided``: the matmuls on that view;
 - ``cat``: one step of the cache's growth by concatenation (keys or values of one layer).
 
 Usage: python benchmarks/decode_attention.py [--rows 128] [--length 700] [--threads 1]
@@ -53,6 +54,10 @@ def main() -> None:
     def sdpa():
         return F.scaled_dot_product_attention(q.view(b, kvh, g, d), k, v, attn_mask=keep)
 
+    def sdpa_strided():
+        return F.scaled_dot_product_attention(q.view(b, kvh, g, d), big_k[:, :, :n],
+                                              big_v[:, :, :n], attn_mask=keep)
+
     def matmul_on(keys, values):
         scores = torch.matmul(q.view(b, kvh, g, d), keys.transpose(-1, -2)).float()
         weights = torch.softmax(scores * d ** -0.5 + additive, dim=-1).to(bf)
@@ -67,7 +72,7 @@ def main() -> None:
     def cat():
         return torch.cat([k, k[:, :, :1]], dim=2)
 
-    cases = [sdpa, matmul, matmul_strided, cat]
+    cases = [sdpa, sdpa_strided, matmul, matmul_strided, cat]
     for f in cases:
         f()
     times: dict[str, list[float]] = {f.__name__: [] for f in cases}

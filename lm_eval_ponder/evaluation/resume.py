@@ -79,7 +79,7 @@ def export_kept(db_path: str | Path) -> tuple[Path, int]:
 
     The store is a machine-local SQLite file of pickles (lm-eval's ``SqliteDict``): git-ignored,
     and gone with the machine when a session is cut off, which once lost 2,560 sampled GSM8K
-    answers (about two CPU-hours). This twin is text, a few MB for a whole Best-of-5 run, and can
+    answers (about two CPU-hours). This twin is text, about 1.6 MB for GSM8K Best-of-5, and can
     be committed while a run is unfinished; ``restore_kept`` turns it back into the store."""
     from sqlitedict import SqliteDict
 

@@ -22,6 +22,7 @@ message, when there is none).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import shlex
@@ -30,12 +31,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lm_eval_ponder import allocator
 from lm_eval_ponder.errors import PonderError, command
 from lm_eval_ponder.evaluation.resume import (
-    KEPT_SUFFIX, export_kept, kept_answers, restore_kept,
+    KEPT_SUFFIX, export_kept, kept_answers, kept_path, restore_kept,
 )
 from lm_eval_ponder.reporting.strip import strip_tree
 
@@ -70,17 +72,28 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
 
 
 def run_clocked(cmd: list[str], target: Path, attempts: list[dict],
-                env: dict[str, str] | None = None) -> int:
+                env: dict[str, str] | None = None,
+                on_beat: Callable[[], None] | None = None) -> int:
     """Run one attempt and stamp its ``ran_s`` into ``ponder_attempts.json`` every
     ``HEARTBEAT_S`` and at its end, so an attempt that is killed (out of memory, out of session)
     still says, to within a minute, how long it ran: a run spread over several sessions then
-    has a total run time, not just its last attempt's. A SIGTERM to the suite (a scheduler's
-    time limit, ``timeout``) stops the lm_eval child too instead of orphaning it."""
+    has a total run time, not just its last attempt's. ``on_beat`` runs at each stamp too (the
+    suite refreshes the kept answers' text twin there); a failure of it is logged, never fatal
+    to the run. A SIGTERM to the suite (a scheduler's time limit, ``timeout``) stops the lm_eval
+    child too instead of orphaning it."""
     path, start = target / ATTEMPTS, time.time()
+    failed: set[str] = set()
 
     def stamp() -> None:
         attempts[-1]["ran_s"] = round(time.time() - start, 1)
         path.write_text(json.dumps(attempts, indent=1))
+        if on_beat is not None:
+            try:
+                on_beat()
+            except Exception as error:  # noqa: BLE001 - the run matters more than its twin
+                if str(error) not in failed:
+                    failed.add(str(error))
+                    LOGGER.warning("suite: %s (the run goes on)", error)
 
     def on_term(signum, frame):  # a scheduler's or `timeout`'s SIGTERM: end like Ctrl-C
         raise SystemExit(128 + signum)
@@ -191,6 +204,19 @@ def run_time(target: Path) -> tuple[float, str]:
                    if unclocked else "")
 
 
+def refresh_twins(target: Path) -> list[Path]:
+    """Re-export the text twin of each ``--use_cache`` file in ``target`` that changed since its
+    twin was written (lm-eval commits after each batch); return the twins written."""
+    written = []
+    for db in sorted(target.glob("answers_rank*.db")):
+        twin = kept_path(db)
+        if twin.is_file() and twin.stat().st_mtime >= db.stat().st_mtime:
+            continue
+        if kept_answers(db):
+            written.append(export_kept(db)[0])
+    return written
+
+
 def snapshot(runs: list[dict], out: Path) -> str:
     """Export the answers kept so far by every unfinished run (``--snapshot``) as text twins
     that can be committed, so a run that spans sessions survives a change of machine; a later
@@ -285,7 +311,11 @@ def run_suite(a: argparse.Namespace) -> Path:
         kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
         attempts = record_attempt(target, kept)
         start = time.time()
-        returncode = run_clocked(cmd, target, attempts, env)
+        # the kept answers' committable twin stays current, so a session cut off mid-run
+        # leaves on disk all that a commit needs to carry the run to another machine
+        on_beat = functools.partial(refresh_twins, target) \
+            if a.resume_within and r["dataset"] not in UNPUBLISHED else None
+        returncode = run_clocked(cmd, target, attempts, env, on_beat)
         if returncode != 0:
             raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
                               f"{returncode}); fix the error above and re-run: finished "
@@ -330,7 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume_within", action="store_true",
                    help="keep each run's answers as they come (lm-eval's --use_cache, in the run's "
                         "directory; sampled answers too), so an interrupted run resumes "
-                        "mid-dataset, losing at most the batch in flight")
+                        "mid-dataset, losing at most the batch in flight; their text twin "
+                        "(answers_rank0.kept.jsonl.gz, never GPQA) is refreshed every minute, "
+                        "ready to commit")
     p.add_argument("--no_report", dest="report", action="store_false",
                    help="run only; make the report later with python -m lm_eval_ponder.report")
     p.add_argument("--plan", action="store_true",

@@ -200,3 +200,51 @@ def test_snapshot_never_exports_gpqa_answers(tmp_path, capsys):
     assert "BoN on gpqa: not exported" in text and "BoN on math500: 1 answer ->" in text
     assert not list((tmp_path / "greedy" / "BoN" / "gpqa").glob("*.gz"))
     assert list((tmp_path / "greedy" / "BoN" / "math500").glob("*.kept.jsonl.gz"))
+
+
+def test_the_text_twin_is_refreshed_when_the_store_changes(tmp_path):
+    """While a run goes on, the suite re-exports its kept answers after each batch lm-eval
+    commits, so a session cut off mid-run leaves a current twin to commit."""
+    import os
+
+    from sqlitedict import SqliteDict
+
+    from lm_eval_ponder.evaluation.resume import CACHE_MARKER, kept_path
+
+    db = tmp_path / "answers_rank0.db"
+    with SqliteDict(str(db)) as store:
+        store[CACHE_MARKER] = "f" * 8
+        store.commit()
+    assert suite.refresh_twins(tmp_path) == []  # nothing kept yet: no twin
+    with SqliteDict(str(db)) as store:
+        store["lm_eval_ponder/sampled/abc/0"] = "42"
+        store.commit()
+    assert suite.refresh_twins(tmp_path) == [kept_path(db)]
+    assert suite.refresh_twins(tmp_path) == []  # unchanged store: the twin is current
+    with SqliteDict(str(db)) as store:
+        store["lm_eval_ponder/sampled/abc/1"] = "41"
+        store.commit()
+    later = kept_path(db).stat().st_mtime - 10
+    os.utime(kept_path(db), (later, later))  # the batch landed after the twin was written
+    assert suite.refresh_twins(tmp_path) == [kept_path(db)]
+    from lm_eval_ponder.evaluation.resume import restore_kept
+    db.unlink()
+    assert restore_kept(db) == 2
+
+
+def test_a_failing_heartbeat_task_never_stops_the_run(tmp_path, monkeypatch, caplog):
+    import sys
+
+    monkeypatch.setattr(suite, "HEARTBEAT_S", 0.05)
+    beats = []
+
+    def beat():
+        beats.append(1)
+        raise OSError("disk full")
+
+    attempts = suite.record_attempt(tmp_path, 0)
+    code = "import time; time.sleep(0.6)"
+    assert suite.run_clocked([sys.executable, "-c", code], tmp_path, attempts,
+                             on_beat=beat) == 0
+    assert len(beats) >= 3  # every heartbeat and the end
+    assert caplog.text.count("disk full (the run goes on)") == 1  # said once

@@ -29,6 +29,7 @@ from lm_eval.api.model import hash_args
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
+from lm_eval_ponder.files import atomic_write
 
 PREFIX = "lm_eval_ponder/sampled"
 # the key under which PonderLM stamps a --use_cache file with its settings' fingerprint
@@ -86,19 +87,21 @@ def export_kept(db_path: str | Path) -> tuple[Path, int]:
     db_path = Path(db_path)
     keys = answer_keys(db_path)
     out = kept_path(db_path)
-    tmp = out.with_name(out.name + ".tmp")
-    with closing(SqliteDict(str(db_path), flag="r")) as db, \
-            gzip.open(tmp, "wt", encoding="utf-8") as f:
-        stamp = db.get(CACHE_MARKER)
-        if stamp is None:
-            raise PonderError(f"{db_path} carries no lm-eval-ponder fingerprint; it was not "
-                              "written by --model ponder and is not exported")
-        f.write(json.dumps({"key": CACHE_MARKER, "value": stamp}) + "\n")
-        for key in keys:
-            value = db[key]
-            f.write(json.dumps({"key": key, "text": str(value),
-                                "stats": getattr(value, "stats", None)}) + "\n")
-    tmp.replace(out)
+
+    def write(tmp: str) -> None:
+        with closing(SqliteDict(str(db_path), flag="r")) as db, \
+                gzip.open(tmp, "wt", encoding="utf-8") as f:
+            stamp = db.get(CACHE_MARKER)
+            if stamp is None:
+                raise PonderError(f"{db_path} carries no lm-eval-ponder fingerprint; it was not "
+                                  "written by --model ponder and is not exported")
+            f.write(json.dumps({"key": CACHE_MARKER, "value": stamp}) + "\n")
+            for key in keys:
+                value = db[key]
+                f.write(json.dumps({"key": key, "text": str(value),
+                                    "stats": getattr(value, "stats", None)}) + "\n")
+
+    atomic_write(out, write)
     return out, len(keys)
 
 
@@ -122,15 +125,17 @@ def restore_kept(db_path: str | Path) -> int:
     if not rows or rows[0].get("key") != CACHE_MARKER:
         raise PonderError(f"{twin} does not start with the fingerprint stamp; delete it to run "
                           "from scratch")
-    tmp = db_path.with_name(db_path.name + ".restoring")
-    tmp.unlink(missing_ok=True)
-    with closing(SqliteDict(str(tmp), autocommit=False)) as db:
-        db[CACHE_MARKER] = rows[0]["value"]
-        for row in rows[1:]:
-            stats = row.get("stats")
-            db[row["key"]] = row["text"] if stats is None else GenerationText(row["text"], stats)
-        db.commit()
-    tmp.replace(db_path)
+
+    def write(tmp: str) -> None:
+        with closing(SqliteDict(tmp, autocommit=False)) as db:
+            db[CACHE_MARKER] = rows[0]["value"]
+            for row in rows[1:]:
+                stats = row.get("stats")
+                db[row["key"]] = row["text"] if stats is None \
+                    else GenerationText(row["text"], stats)
+            db.commit()
+
+    atomic_write(db_path, write)
     return len(rows) - 1
 
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import atomic_write
 
 SUFFIX = ".stripped.jsonl"
 # Document fields that are labels, never text (level, subject, identifiers).
@@ -63,12 +62,9 @@ def strip_file(samples: Path) -> Path:
             or samples.name.endswith(SUFFIX):
         raise PonderError(f"not an lm-eval samples log: {samples}")
     target = stripped_path(samples)
-    # A temporary name of this writer's own: two suites started side by side both strip the
-    # finished runs they find, and a shared name let one move the other's file away mid-write.
-    fd, name = tempfile.mkstemp(prefix=target.name + ".", suffix=".tmp", dir=target.parent)
-    tmp = Path(name)
-    try:
-        with open(samples) as f, os.fdopen(fd, "w") as out:
+
+    def write(tmp: str) -> None:
+        with open(samples) as f, open(tmp, "w") as out:
             for n, line in enumerate(f, 1):
                 try:
                     sample = json.loads(line)
@@ -76,9 +72,10 @@ def strip_file(samples: Path) -> Path:
                     raise PonderError(f"{samples}, line {n}: not JSON ({e}); the run was cut "
                                       "off? re-run it") from e
                 out.write(json.dumps(strip_sample(sample)) + "\n")
-        tmp.replace(target)  # never a half-written log under the name the report reads
-    finally:
-        tmp.unlink(missing_ok=True)
+
+    # never a half-written log under the name the report reads; a temporary name of this
+    # writer's own, since two suites started side by side both strip the finished runs
+    atomic_write(target, write)
     return target
 
 

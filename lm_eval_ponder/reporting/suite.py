@@ -36,6 +36,7 @@ from pathlib import Path
 
 from lm_eval_ponder import allocator
 from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.files import atomic_write_text
 from lm_eval_ponder.evaluation.resume import (
     KEPT_SUFFIX, export_kept, kept_answers, kept_path, restore_kept,
 )
@@ -67,7 +68,7 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
     path = target / ATTEMPTS
     attempts = json.loads(path.read_text()) if path.is_file() else []
     attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
-    path.write_text(json.dumps(attempts, indent=1))
+    atomic_write_text(path, json.dumps(attempts, indent=1))
     return attempts
 
 
@@ -86,7 +87,7 @@ def run_clocked(cmd: list[str], target: Path, attempts: list[dict],
 
     def stamp() -> None:
         attempts[-1]["ran_s"] = round(time.time() - start, 1)
-        path.write_text(json.dumps(attempts, indent=1))
+        atomic_write_text(path, json.dumps(attempts, indent=1))
         if on_beat is not None:
             try:
                 on_beat()
@@ -321,7 +322,7 @@ def run_suite(a: argparse.Namespace) -> Path:
                               f"{returncode}); fix the error above and re-run: finished "
                               "runs are kept")
         total, unclocked = attempts_ran_s(attempts)
-        (target / "ponder_run.json").write_text(json.dumps(
+        atomic_write_text(target / "ponder_run.json", json.dumps(
             {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
              "wall_s": round(time.time() - start, 1), "kept_answers": kept,
              "attempts": attempts, "ran_s_all_attempts": total,

@@ -36,7 +36,8 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import SamplingConfig, generate_rows
+    from lm_eval_ponder.evaluation.generation import (SamplingConfig, cache_bytes_per_token,
+                                                       generate_rows)
 
     torch.set_num_threads(threads)
     Path("/proc/self/oom_score_adj").write_text("1000")  # if memory runs out, this goes first
@@ -64,9 +65,8 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
             "sys_s": after.ru_stime - before.ru_stime,
             "minor_faults": after.ru_minflt - before.ru_minflt,
             "peak_rss_gb": after.ru_maxrss / 2**20,  # kB on Linux
-            "cache_gb": rows * (prompt_tokens + new) * 2 * model.config.num_hidden_layers
-            * model.config.num_key_value_heads
-            * (model.config.hidden_size // model.config.num_attention_heads) * 2 / 2**30,
+            "cache_gb": rows * (prompt_tokens + new)
+            * cache_bytes_per_token(model.config, torch.bfloat16) / 2**30,
             "tokens": sum(res.gen_tokens),
             "sha256": hashlib.sha256(res.sequences.numpy().tobytes()).hexdigest()[:16]}
 

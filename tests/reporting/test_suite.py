@@ -209,7 +209,7 @@ def test_the_text_twin_is_refreshed_when_the_store_changes(tmp_path):
 
     from sqlitedict import SqliteDict
 
-    from lm_eval_ponder.evaluation.resume import CACHE_MARKER, kept_path
+    from lm_eval_ponder.evaluation.resume import CACHE_MARKER, kept_path, restore_kept
 
     db = tmp_path / "answers_rank0.db"
     with SqliteDict(str(db)) as store:
@@ -227,7 +227,6 @@ def test_the_text_twin_is_refreshed_when_the_store_changes(tmp_path):
     later = kept_path(db).stat().st_mtime - 10
     os.utime(kept_path(db), (later, later))  # the batch landed after the twin was written
     assert suite.refresh_twins(tmp_path) == [kept_path(db)]
-    from lm_eval_ponder.evaluation.resume import restore_kept
     db.unlink()
     assert restore_kept(db) == 2
 

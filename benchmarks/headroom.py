@@ -493,10 +493,13 @@ def main(argv: list[str] | None = None) -> None:
         cache_arguments(sub.add_parser(name))
     b = sub.choices["build"]
     b.add_argument("--max-tokens", type=int, default=256)
-    b.add_argument("--batch-size", type=int, default=128, help="rows per generation call")
+    b.add_argument("--batch-size", type=int, default=0,
+                   help="rows per generation call, a block's prompts x depths x samples (0: 4 x "
+                        "the loop's rows in flight)")
     b.add_argument("--threads", type=int, default=2)
     b.add_argument("--blocks", type=block_range, default=None, metavar="START:STOP",
-                   help="only these prompt blocks (batch_size // samples prompts each), so two "
+                   help="only these prompt blocks (batch_size // (samples x depths) prompts "
+                        "each; see rollouts.block_size), so two "
                         "one-thread builds can share a machine: --blocks 0:5 and --blocks 5:")
     b.add_argument("--dtype", default=None,
                    help="backbone dtype (default: the cache's own, else the device's native one)")

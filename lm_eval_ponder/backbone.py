@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -196,6 +197,25 @@ def native_dtype(device: str) -> str:
             native = False
         return "bfloat16" if native else "float32"
     return "float32"
+
+
+def device_description(device: str) -> str:
+    """The hardware behind ``device``, for the line every measurement prints with its figures:
+    the GPU's name, or the CPU's model and whether it computes bf16 natively."""
+    import torch
+
+    device = str(device)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    name = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{device} ({name}, {os.cpu_count()} cores, native dtype {native_dtype(device)})"
 
 
 def resolve_device(device: str | None, parallelize: bool = False) -> str:

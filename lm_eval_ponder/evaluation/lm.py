@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
@@ -219,6 +219,12 @@ class PonderLM(HFLM):
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
         self._progress: tqdm | None = None  # generate_until's bar, ticked per finished row
 
+    @property
+    def requests_per_call(self) -> int:
+        """Requests handed to the loop at once: enough that finished rows are replaced by
+        waiting ones instead of leaving the batch to shrink."""
+        return REQUESTS_PER_ROW * self.max_rows
+
     # ------------------------------------------------------------------ pondering
     @property
     def pondering(self) -> bool:
@@ -314,6 +320,7 @@ class PonderLM(HFLM):
     # ------------------------------------------------------------------ generation
     def generate_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
                        max_new_tokens: int, stop: list[str], steering: Any = "model",
+                       on_finish: Callable[[int], None] | None = None,
                        **generation_kwargs) -> BatchGeneration:
         """Generate for one left-padded batch: the public call under ``generate_until`` (lm-eval)
         and the trainer's online rollouts.
@@ -322,9 +329,12 @@ class PonderLM(HFLM):
         ``SteeringHook`` the caller built (e.g. around a training policy). With
         ``generation="loop"`` (default) finished rows leave the batch and waiting rows join it
         (``evaluation.generation``); settings the loop cannot reproduce exactly fall back to
-        HF's ``generate`` with one warning, as does ``generation="hf"``.
+        HF's ``generate`` with one warning, as does ``generation="hf"``. ``on_finish(row)`` is
+        called as each row finishes (the loop; ``generate`` calls it for all rows at the end).
         """
         n_rows, width = input_ids.shape
+        if on_finish is None and self._progress is not None:
+            on_finish = lambda _row: self._progress.update(1)  # noqa: E731
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if steering == "model":
@@ -349,9 +359,7 @@ class PonderLM(HFLM):
                         self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                         eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id, stop=stop,
                         decode=self.tok_decode, sampling=sampling, max_rows=self.max_rows,
-                        max_cache_tokens=self.max_cache_tokens,
-                        on_finish=None if self._progress is None
-                        else (lambda _row: self._progress.update(1)),
+                        max_cache_tokens=self.max_cache_tokens, on_finish=on_finish,
                         steering=hook if isinstance(hook, SteeringHook) else None)
                 sequences, gen_tokens = result.sequences, list(result.gen_tokens)
         if result is None:
@@ -365,13 +373,79 @@ class PonderLM(HFLM):
                 eos_ids |= {ids} if isinstance(ids, int) else set(ids or ())
             gen_tokens = [count_generated_tokens(self.tok_decode, row, stop, eos_ids)
                           for row in sequences[:, width:].tolist()]
-            if self._progress is not None:
-                self._progress.update(n_rows)
+            if on_finish is not None:
+                for row in range(n_rows):
+                    on_finish(row)
         depths = None
         if decider is not None and isinstance(hook, SteeringHook):
             depths = hook.per_row(decider.depths, n_rows)
         return BatchGeneration(sequences, gen_tokens, attention_mask.sum(dim=1).tolist(),
                                depths, hook if isinstance(hook, SteeringHook) else None)
+
+    def generate_rendered(self, contexts: list[str], gen_kwargs: dict, *,
+                          offsets: list[float] | None = None,
+                          on_finish: Callable[[int], None] | None = None) -> list[GenerationText]:
+        """Rendered contexts as one chunk of lm-eval's ``generate_until`` (the same encoding,
+        truncation, ``until``/EOS handling, final cut and accounting), in one ``generate_batch``
+        call, so the loop keeps ``max_rows`` rows in flight whatever the contexts are.
+
+        ``offsets``: one fixed steering offset per context (fractions of the residual norm, as
+        ``alpha``) in place of this model's pondering. This is how the trainer's rollout cache
+        generates every depth of many prompts at once: HFLM's own ``generate_until`` groups
+        requests by their generation kwargs, so an offset per request would split a call into
+        one small batch per depth. Contexts keep the caller's order (rows join the loop in it).
+        """
+        from lm_eval.models.utils import (handle_stop_sequences, normalize_gen_kwargs,
+                                          postprocess_generated_text)
+
+        if not contexts:
+            return []
+        kwargs = normalize_gen_kwargs(dict(gen_kwargs), self.max_gen_toks)
+        until = handle_stop_sequences(kwargs.pop("until", None),
+                                      eos=self.tok_decode(self.eot_token_id,
+                                                          skip_special_tokens=False))
+        max_gen_toks = kwargs.pop("max_gen_toks")
+        ids, mask = self.tok_batch_encode(contexts, left_truncate_len=self.max_length - max_gen_toks,
+                                          truncation=self.truncation)
+        steering: Any = "model"
+        ponder = self._active_ponder()
+        if offsets is not None:
+            if len(offsets) != len(contexts):
+                raise ValueError(f"internal: {len(offsets)} offsets for {len(contexts)} contexts")
+            steering = self.offset_hook(offsets)
+            ponder = None
+        out = self.generate_batch(ids.to(self.device), mask.to(self.device),
+                                  max_new_tokens=max_gen_toks, stop=until, steering=steering,
+                                  on_finish=on_finish, **kwargs)
+        think = self.think_end_token
+        texts = []
+        for row, toks in enumerate(out.sequences[:, ids.shape[1]:].tolist()):
+            if isinstance(think, int) and think in toks:  # as HFLM: after the last one
+                toks = toks[len(toks) - toks[::-1].index(think):]
+            text = self.tok_decode(toks)
+            text = postprocess_generated_text(
+                generation=text.lstrip() if isinstance(think, int) else text, stop=until,
+                think_end_token=think if isinstance(think, str) else None)
+            steps, evals = ponder.row_stats(None if out.depths is None else out.depths[row],
+                                            out.gen_tokens[row]) if ponder else (0.0, 0)
+            texts.append(self.row_text(text, {
+                "prompt_tokens": int(out.prompt_tokens[row]),
+                "gen_tokens": int(out.gen_tokens[row]), "ponder_steps": steps,
+                "controller_evals": evals}))
+        return texts
+
+    def offset_hook(self, offsets: list[float]) -> SteeringHook:
+        """A steering hook adding one fixed offset per row (fractions of the residual norm)."""
+        pondering = self._require_ponder()
+        table = torch.tensor([float(c) for c in offsets], dtype=torch.float32,
+                             device=self.device)
+
+        def decide(z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+            return table if rows is None else table[rows]
+
+        decide.takes_rows = True  # type: ignore[attr-defined]
+        return SteeringHook(self.model, pondering.layer, pondering.vector.to(self.device),
+                            pondering.scale, decide, mode="prompt")
 
     def generate(self, contexts: list[str], gen_kwargs: dict, *, alpha: float | None = None,
                  disable_tqdm: bool = True) -> list[GenerationText]:
@@ -422,7 +496,10 @@ class PonderLM(HFLM):
         return out.sequences
 
     def _finish_row(self, text: str, gen_kwargs: Any) -> GenerationText:
-        row = self._pending_rows.popleft()
+        return self.row_text(text, self._pending_rows.popleft())
+
+    def row_text(self, text: str, row: dict[str, float]) -> GenerationText:
+        """A generated text with its row's accounting, FLOPs priced from its counts."""
         flops = generation_flops(self.flops_spec, row["prompt_tokens"], row["gen_tokens"])
         if row["controller_evals"]:
             flops += self.controller.evaluation_flops(row["controller_evals"])
@@ -449,7 +526,7 @@ class PonderLM(HFLM):
         if self.generation == "loop" and isinstance(saved, int):
             # rows in flight are max_rows whatever lm-eval's batch_size (its CLI default is 1):
             # hand the loop enough requests at once to keep that many rows busy
-            self.batch_size_per_gpu = max(saved, REQUESTS_PER_ROW * self.max_rows)
+            self.batch_size_per_gpu = max(saved, self.requests_per_call)
         fresh = [requests[i] for i in todo]
         # HFLM's bar moves once per batch of 512 requests: a GPQA run would sit at 0% for its
         # whole length. This one moves as each row finishes.

@@ -110,10 +110,12 @@ class Pondering:
 
             decider = None
         else:
+            # every tensor a decision reads is on the device before generation starts, so the
+            # first steered forward copies nothing from the host either
             decide = decider = ControllerDecide(
                 self.controller, self.vector.to(device), self.scale,
-                cumulative_offsets(self.config), self.config.tau)
-        hook = SteeringHook(model, self.layer, self.vector, self.scale, decide,
+                cumulative_offsets(self.config).to(device), self.config.tau)
+        hook = SteeringHook(model, self.layer, self.vector.to(device), self.scale, decide,
                             mode=self.granularity)
         return hook, decider
 

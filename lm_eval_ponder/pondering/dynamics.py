@@ -167,8 +167,13 @@ class ControllerDecide:
         self.depths: list[torch.Tensor] = []
 
     def __call__(self, z_last: torch.Tensor) -> torch.Tensor:
-        if self.h.device != z_last.device:  # once: no host-to-device copy per decoded token
-            self.h, self.offsets = self.h.to(z_last.device), self.offsets.to(z_last.device)
+        # each tensor follows the hidden state on its own: the step may arrive on the device
+        # already (``Pondering.hook`` passes it so) while the offsets do not. Once per
+        # generation, so no host-to-device copy per decoded token.
+        if self.h.device != z_last.device:
+            self.h = self.h.to(z_last.device)
+        if self.offsets.device != z_last.device:
+            self.offsets = self.offsets.to(z_last.device)
         depth, _ = ponder(self.controller, z_last, self.h, self.offsets, self.tau)
         self.depths.append(depth)
         return self.offsets[depth]

@@ -57,7 +57,9 @@ class RolloutConfig:
         default=256, metadata={"help": "new tokens per answer; our CPU runs use 256 (paper: 500)"})
     samples: int = field(default=1, metadata={"help": "outcomes per (prompt, depth); 1 = greedy"})
     temperature: float = field(default=0.7, metadata={"help": "used only when samples > 1"})
-    batch_size: int = field(default=32, metadata={"help": "rows per generation call"})
+    batch_size: int = field(default=0, metadata={
+        "help": "rows per generation call (a block of prompts x depths x samples); 0: 4 x the "
+                "generation loop's rows in flight"})
     apply_chat_template: bool = field(
         default=True, metadata={"help": "render prompts with the tokenizer's chat template"})
     seed: int = field(default=1234, metadata={"help": "sampling seed when samples > 1"})
@@ -112,7 +114,8 @@ def build_prompts(lm, cfg: RolloutConfig) -> list[Prompt]:
     """The training prompts exactly as lm-eval renders the task (chat template included)."""
     from lm_eval.tasks import TaskManager
 
-    tasks = TaskManager().load(list(cfg.prompts))["tasks"]
+    # our tasks only: indexing all of lm-eval's (~14k YAML files) costs ~25 s per start here
+    tasks = TaskManager(include_defaults=False).load(list(cfg.prompts))["tasks"]
     prompts = []
     for name, n in cfg.prompts.items():
         task = tasks[name]
@@ -355,64 +358,72 @@ def prepare_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str |
     return cache, prompts
 
 
+def block_size(lm, cfg: RolloutConfig, n_depths: int) -> int:
+    """Prompts per block: a block's prompts x depths x samples fill one generation call of
+    ``cfg.batch_size`` rows (0: as many as lm-eval hands the loop at once, several times its
+    rows in flight, so the loop stays full while rows finish and waiting ones join)."""
+    rows = cfg.batch_size or lm.requests_per_call
+    return max(1, rows // (cfg.samples * n_depths))
+
+
 def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: RolloutConfig,
                      offsets: list[float], rank: int = 0, world: int = 1,
                      progress: bool = True, blocks: range | None = None) -> None:
     """Generate every missing (prompt, depth, sample) of this rank's prompts (r, r+world, ...).
 
-    ``lm`` is a ``PonderLM`` with a steering vector; each depth is generated at its offset
-    through ``PonderLM.generate(..., alpha=offset)``, the same path as an evaluation.
+    ``lm`` is a ``PonderLM`` with a steering vector. Work goes in blocks of prompts, and a
+    block is one generation call (``PonderLM.generate_rendered``) holding every depth and
+    sample of its prompts, each row at its depth's fixed offset: the rows the evaluation loop
+    would run, with ``max_rows`` of them in flight, so the cache is built at the loop's speed
+    (``benchmarks/rollout_speed.py``). Generating one depth per call instead leaves the loop a
+    block's prompts per call: 16 rows on a GPU that runs 256 (issue 35: 1.4 answers/s).
 
-    Work goes in blocks of prompts, each finished at every depth and sample before the next
-    starts (one call per depth, ``batch_size`` rows). So a long build that is stopped leaves a
-    prefix of prompts that is complete, which a headroom analysis can already use, and every
-    call still decodes a full batch at one offset. A block's sampling seed depends only on the
-    block and the depth, so a resumed build draws what an uninterrupted one would have drawn.
-    For the same reason ``blocks`` (indices of this rank's blocks) lets two single-threaded
-    processes on one machine share a build: each takes its own blocks and writes its own block
-    files, and together they draw exactly what one process would. It also keeps both cores busy
-    through the parts of a call that one process runs on one thread (grading, perplexities).
+    A block is written once it is finished, so a long build that is stopped leaves a prefix of
+    whole prompts, which a headroom analysis can already use. A block's sampling seed depends
+    only on the block, so a resumed build draws what an uninterrupted one would have drawn
+    (a block found half-done, as older per-depth builds could leave one, is completed from its
+    missing rows: valid draws, not the uninterrupted ones). For the same reason ``blocks``
+    (indices of this rank's blocks) lets two processes on one machine share a build: each
+    takes its own blocks and writes its own block files, and together they draw exactly what
+    one process would. Rows go longest prompt first, as lm-eval orders a batch.
     """
     from tqdm.auto import tqdm
 
     done = cache.done()
     mine = prompts[rank::world]
-    per_block = max(1, cfg.batch_size // cfg.samples)
+    per_block = block_size(lm, cfg, len(offsets))
     starts = range(0, len(mine), per_block)
     if blocks is not None:
         starts = [b for i, b in enumerate(starts) if i in blocks]
     gen = generation_kwargs(cfg)
-    total = sum(1 for b in starts for p in mine[b : b + per_block]
-                for k in range(len(offsets)) for s in range(cfg.samples)
-                if (p.key, k, s) not in done)
-    bar = tqdm(total=total, desc=f"rollouts (rank {rank})", unit="answer", disable=not progress)
-    for block_start in starts:
-        block = mine[block_start : block_start + per_block]
-        for depth in range(len(offsets)):
-            items = [(s, p) for p in block for s in range(cfg.samples)
-                     if (p.key, depth, s) not in done]
-            if not items:
-                continue
-            torch.manual_seed(cfg.seed + 7919 * depth + 104729 * (rank + world * block_start))
-            contexts = [p.context for _, p in items]
-            texts = lm.generate(contexts, gen, alpha=offsets[depth])
-            ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
-            records = []
-            for (s, p), text, ppl in zip(items, texts, ppls):
-                stats = getattr(text, "stats", {})
-                correct, pred = grading.grade(p.kind, str(text), p.gold)
-                records.append({
-                    "key": p.key, "depth": depth, "sample": s, "offset": offsets[depth],
-                    "task": p.task, "level": p.level, "text": str(text),
-                    "gen_tokens": int(stats.get("gen_tokens", 0)),
-                    "prompt_tokens": int(stats.get("prompt_tokens", 0)),
-                    "flops": float(stats.get("flops", float("nan"))),
-                    "correct": bool(correct), "pred": pred,
-                    "rel_error": relative_error(p.kind, pred, p.gold),
-                    "ppl": ppl,
-                })
-            cache.append(rank, records, part=block_start // per_block)
-            bar.update(len(items))
+    todo = {b: [(p, k, s) for p in mine[b : b + per_block] for k in range(len(offsets))
+                for s in range(cfg.samples) if (p.key, k, s) not in done] for b in starts}
+    bar = tqdm(total=sum(map(len, todo.values())), desc=f"rollouts (rank {rank})",
+               unit="answer", disable=not progress)
+    lengths = {p.key: len(lm.tok_encode(p.context)) for p in mine}
+    for block_start, items in todo.items():
+        if not items:
+            continue
+        items.sort(key=lambda item: -lengths[item[0].key])  # stable: prompt-major otherwise
+        torch.manual_seed(cfg.seed + 104729 * (rank + world * block_start))
+        contexts = [p.context for p, _, _ in items]
+        texts = lm.generate_rendered(contexts, gen, offsets=[offsets[k] for _, k, _ in items],
+                                     on_finish=lambda _row: bar.update(1))
+        ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
+        records = []
+        for (p, depth, s), text, ppl in zip(items, texts, ppls):
+            correct, pred = grading.grade(p.kind, str(text), p.gold)
+            records.append({
+                "key": p.key, "depth": depth, "sample": s, "offset": offsets[depth],
+                "task": p.task, "level": p.level, "text": str(text),
+                "gen_tokens": int(text.stats["gen_tokens"]),
+                "prompt_tokens": int(text.stats["prompt_tokens"]),
+                "flops": float(text.stats["flops"]),
+                "correct": bool(correct), "pred": pred,
+                "rel_error": relative_error(p.kind, pred, p.gold),
+                "ppl": ppl,
+            })
+        cache.append(rank, records, part=block_start // per_block)
     bar.close()
 
 

@@ -152,3 +152,19 @@ def test_steering_follows_rows_that_leave_and_join(tiny_model_dir, vector_dir, t
         assert a.stats == b.stats
     assert len({t.stats["gen_tokens"] for t in loop}) > 1, "rows must finish at different steps"
     assert len({t.stats["ponder_steps"] for t in loop}) > 1, "rows must ponder differently"
+
+
+def test_rendered_rows_at_their_own_offsets_equal_fixed_alpha_runs(tiny_model_dir, vector_dir):
+    """``generate_rendered`` with one offset per row (the rollout cache's one call for every
+    depth) gives each row what lm-eval's own path gives at that row's alpha: text and stats.
+    In float32, where batch composition cannot move a greedy token."""
+    lm = make(tiny_model_dir, steering=str(vector_dir), alpha=0.0, dtype="float32")
+    contexts = [r.args[0] for r in requests(GREEDY)]
+    alphas = [-1.5, 0.0, 2.0]
+    rows = [(c, a) for a in alphas for c in contexts]
+    got = lm.generate_rendered([c for c, _ in rows], GREEDY, offsets=[a for _, a in rows])
+    want = {a: lm.generate(contexts, GREEDY, alpha=a) for a in alphas}
+    expected = [want[a][i] for a in alphas for i in range(len(contexts))]
+    assert [str(g) for g in got] == [str(w) for w in expected]
+    assert [g.stats for g in got] == [w.stats for w in expected]
+    assert len({str(w) for w in expected}) > len(contexts)  # the offsets do change answers

@@ -177,33 +177,42 @@ def test_response_perplexities_chunked_equal_one_row_at_a_time(tiny_model_dir, t
 
 
 def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draws(lm, tmp_path):
-    sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=4,
+    sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=12,
                             samples=2, apply_chat_template=False, seed=5)
     full = build_cache(lm, sampled, OFFSETS, tmp_path / "full", progress=False)
     lines = record_lines(full.dir)
-    # batch 4 / 2 samples = blocks of 2 prompts, each finished at all 3 depths before the next,
-    # each in a file of its own (a build kept in git is a series of small finished files)
+    # 12 rows per call / (2 samples x 3 depths) = blocks of 2 prompts, each one generation call
+    # at all 3 depths, each in a file of its own (a build kept in git is a series of small
+    # finished files)
     assert sorted(p.name for p in full.dir.glob("rollouts.rank*.jsonl")) == \
         [f"rollouts.rank0.part{b:03d}.jsonl" for b in range(3)]
     first = [json.loads(line) for line in lines[: 2 * 3 * 2]]
     assert len({r["key"] for r in first}) == 2
     assert {(r["depth"], r["sample"]) for r in first} == {(k, s) for k in range(3) for s in range(2)}
-    partial = tmp_path / "partial"
-    partial.mkdir()
-    for name in ("manifest.json", "prompts.jsonl", "states.safetensors"):
-        (partial / name).write_bytes((full.dir / name).read_bytes())
-    # stopped after block 0 and the first depth of block 1 (one append per call), in the
-    # one-file-per-rank layout of older caches, which resuming keeps reading
-    (partial / "rollouts.rank0.jsonl").write_text("\n".join(lines[: 12 + 4]) + "\n")
-    resumed = build_cache(lm, sampled, OFFSETS, partial, progress=False)
     key = lambda r: (r["key"], r["depth"], r["sample"])  # noqa: E731
     want = {key(json.loads(line)): json.loads(line)["text"] for line in lines}
-    got = {key(r): r["text"] for r in resumed.records()}
-    assert got == want
+
+    def stopped(name: str, kept: list[str]):
+        partial = tmp_path / name
+        partial.mkdir()
+        for f in ("manifest.json", "prompts.jsonl", "states.safetensors"):
+            (partial / f).write_bytes((full.dir / f).read_bytes())
+        # the one-file-per-rank layout of older caches, which resuming keeps reading
+        (partial / "rollouts.rank0.jsonl").write_text("\n".join(kept) + "\n")
+        return {key(r): r["text"] for r in build_cache(lm, sampled, OFFSETS, partial,
+                                                       progress=False).records()}
+
+    # stopped after block 0 (and a torn line): the same draws as the uninterrupted build
+    assert stopped("after-block", lines[:12] + [lines[12][:15]]) == want
+    # a block left half-done (older per-depth builds wrote one depth at a time) is completed
+    # from its missing rows: every key once, the kept answers kept
+    half = stopped("mid-block", lines[:16])
+    assert half.keys() == want.keys()
+    assert all(half[key(json.loads(line))] == json.loads(line)["text"] for line in lines[:16])
 
 
 def test_two_builds_of_disjoint_blocks_draw_what_one_build_draws(lm, tmp_path):
-    sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=4,
+    sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=12,
                             samples=2, apply_chat_template=False, seed=5)
     full = build_cache(lm, sampled, OFFSETS, tmp_path / "full", progress=False)
     shared, prompts = prepare_cache(lm, sampled, OFFSETS, tmp_path / "shared")

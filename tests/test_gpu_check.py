@@ -1,0 +1,53 @@
+"""``benchmarks/gpu_check.py`` in its small CPU form, so the GPU acceptance script cannot rot
+between the rare sessions that have a GPU (issue 35)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, needs_embedded
+
+pytestmark = pytest.mark.slow
+
+
+@needs_embedded
+def test_cpu_form_runs_every_step_and_says_ok(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OUT": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"),
+                           "--device", "cpu", "--limit", "4"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.rstrip().splitlines()[-1] == "gpu_check ok"
+    record = json.loads((tmp_path / "gpu_check.json").read_text())
+    names = [s["name"] for s in record["steps"]]
+    assert names == ["ponder controller=none", "ponder (shipped controller)", "hf batch 64",
+                     "hf batch 256", "steering hook, no host sync (prompt)",
+                     "steering hook, no host sync (token)", "train prompt level",
+                     "train token level"]
+    evals = record["steps"][:4]
+    assert all(s["ok"] and s["figures"]["n"] == 4 for s in evals)
+    assert all(0 <= s["figures"]["ci"][0] <= s["figures"]["accuracy"] <= s["figures"]["ci"][1]
+               for s in evals)
+    assert (tmp_path / "gpu_check.md").read_text().count("| yes |") == len(names)
+
+
+@needs_embedded
+def test_a_failing_step_fails_the_check(tmp_path):
+    """Negative control: a step that fails makes the exit status non-zero, the others still
+    run, and the last line names the failed step."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OUT": str(tmp_path)}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"),
+                           "--device", "cpu", "--limit", "2", "--skip",
+                           "ponder-none,ponder,hf-64,hf-256,train-prompt,train-token",
+                           "--fail", "sync-prompt"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.rstrip().splitlines()[-1] == \
+        "gpu_check FAILED: steering hook, no host sync (prompt)"
+    steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
+    assert [s["ok"] for s in steps] == [False, True]

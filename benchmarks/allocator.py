@@ -36,8 +36,9 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import (SamplingConfig, cache_bytes_per_token,
-                                                       generate_rows)
+    from lm_eval_ponder.evaluation.generation import generate_rows
+    from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token
+    from lm_eval_ponder.evaluation.sampling import SamplingConfig
 
     torch.set_num_threads(threads)
     Path("/proc/self/oom_score_adj").write_text("1000")  # if memory runs out, this goes first

@@ -76,7 +76,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import SamplingConfig, generate_rows
+    from lm_eval_ponder.evaluation.generation import generate_rows
+    from lm_eval_ponder.evaluation.sampling import SamplingConfig
 
     t0 = time.perf_counter()
     resolved = bb.resolve_backbone(None, None)

@@ -1,5 +1,5 @@
 """Drawing the next token when sampling: ``torch.multinomial`` over the whole vocabulary against
-``generation.draw_tokens`` (the same distribution, drawn among the positive entries only).
+``sampling.draw_tokens`` (the same distribution, drawn among the positive entries only).
 
 Not a test: a timing run, in one process, interleaved pairs, medians reported.
 
@@ -38,7 +38,7 @@ def timed(fn) -> float:
 def draw_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
-    from lm_eval_ponder.evaluation.generation import draw_tokens
+    from lm_eval_ponder.evaluation.sampling import draw_tokens
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(rows, vocab, generator=g) * 3
@@ -55,10 +55,11 @@ def draw_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
 
 
 def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int) -> None:
-    import lm_eval_ponder.evaluation.generation as generation
+    import lm_eval_ponder.evaluation.sampling as generation
     from generation_loop import build_prompts
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import SamplingConfig, generate_rows
+    from lm_eval_ponder.evaluation.generation import generate_rows
+    from lm_eval_ponder.evaluation.sampling import SamplingConfig
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

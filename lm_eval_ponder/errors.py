@@ -25,6 +25,12 @@ class PonderDataError(PonderError):
     """A benchmark dataset could not be found or read."""
 
 
+class UnsupportedGeneration(Exception):
+    """The generation loop cannot reproduce ``model.generate`` exactly for this model or these
+    settings. Not a user error: raised before any forward pass, and the caller falls back to
+    ``model.generate`` (with one warning)."""
+
+
 USAGE_ERROR = 2  # our commands' exit status for a PonderError (argparse uses 2 for bad flags)
 PREFIX = "lm-eval-ponder error: "
 

@@ -21,7 +21,7 @@ import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.generation import cache_keyword
+from lm_eval_ponder.evaluation.rowbatch import cache_keyword
 from lm_eval_ponder.flops import (
     DecoderShape,
     FlopsSpec,

@@ -37,9 +37,10 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
-from lm_eval_ponder.evaluation.generation import (SamplingConfig, UnsupportedGeneration,
-                                                  cache_bytes_per_token, check_model_supported,
-                                                  generate_rows)
+from lm_eval_ponder.errors import UnsupportedGeneration
+from lm_eval_ponder.evaluation.generation import generate_rows
+from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token, check_model_supported
+from lm_eval_ponder.evaluation.sampling import SamplingConfig
 from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
 from lm_eval_ponder.evaluation.settings import PonderArgs, Pondering, load_pondering, no_hook
 from lm_eval_ponder.flops import FlopsSpec, generation_flops

@@ -14,16 +14,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralFo
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from conftest import build_tiny_llama, build_tiny_tokenizer
-from lm_eval_ponder.evaluation.generation import (
-    SamplingConfig,
-    UnsupportedGeneration,
-    cache_bytes_per_token,
-    cache_keyword,
-    check_model_supported,
-    draw_tokens,
-    generate_rows,
-    prefill_parts,
-)
+from lm_eval_ponder.errors import UnsupportedGeneration
+from lm_eval_ponder.evaluation.generation import generate_rows, prefill_parts
+from lm_eval_ponder.evaluation.rowbatch import (cache_bytes_per_token, cache_keyword,
+                                                check_model_supported)
+from lm_eval_ponder.evaluation.sampling import SamplingConfig
 from lm_eval_ponder.evaluation.accounting import count_generated_tokens
 
 torch.set_num_threads(2)
@@ -130,48 +125,6 @@ def test_sampling_is_reproducible_by_seed(llama, tok):
     greedy = generate_rows(llama, ids, mask, max_new_tokens=16, eos_token_ids={EOS},
                            pad_token_id=PAD).sequences
     assert not run(1).equal(greedy)
-
-
-def _frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    return torch.bincount(tokens, minlength=vocab).float() / len(tokens)
-
-
-def test_draw_among_the_top_k_has_the_full_draws_distribution(monkeypatch):
-    p = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0, 0.0, 0.0])
-    widths = []
-    real = torch.multinomial
-    monkeypatch.setattr(torch, "multinomial",
-                        lambda w, *a, **k: widths.append(w.shape[-1]) or real(w, *a, **k))
-    p = torch.cat([p, torch.zeros(8)])
-    got = draw_tokens(p.repeat(20000, 1), torch.Generator().manual_seed(0), expected_support=3)
-    assert widths == [6]  # drawn among the 2k largest entries, not the whole vocabulary
-    freq = _frequencies(got, 16)
-    assert freq[p == 0].sum() == 0
-    torch.testing.assert_close(freq, p, atol=0.015, rtol=0)  # 20000 draws: sd <= 0.0035
-
-
-def test_a_wider_support_than_expected_gets_the_full_draw(monkeypatch):
-    """Ties at the k-th value keep more than k entries (and a row may be untruncated): the
-    bound is checked, and a truncated draw would silently drop probability mass."""
-    p = torch.tensor([0.2] * 5 + [0.0] * 3)
-    widths = []
-    real = torch.multinomial
-    monkeypatch.setattr(torch, "multinomial",
-                        lambda w, *a, **k: widths.append(w.shape[-1]) or real(w, *a, **k))
-    got = draw_tokens(p.repeat(20000, 1), torch.Generator().manual_seed(0), expected_support=2)
-    assert widths == [8]  # 5 positive entries do not fit 2 x 2 candidates
-    torch.testing.assert_close(_frequencies(got, 8), p, atol=0.015, rtol=0)
-
-
-def test_draws_are_reproducible_by_seed():
-    probs = torch.softmax(torch.randn(64, 500, generator=torch.Generator().manual_seed(1)), -1)
-    probs[:, 50:] = 0  # a top-50 support (a top-k of 25 with ties, say)
-
-    def draw(seed):
-        return draw_tokens(probs, torch.Generator().manual_seed(seed), expected_support=25)
-
-    assert draw(3).equal(draw(3)) and not draw(3).equal(draw(4))
-    assert (draw(3) < 50).all()
 
 
 # ---- scripted outputs ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
-from lm_eval_ponder.evaluation.generation import cache_bytes_per_token
+from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.flops import flops_floor, generation_flops, spec_from_modules
 

@@ -1,0 +1,226 @@
+"""The rows in flight of the generation loop and their key/value cache.
+
+Everything here is bookkeeping whose cost must follow what changes, not the batch: a decode
+step touches no per-row Python state; a row that finishes is only marked dead (its slot keeps
+decoding a pad token, masked out of every choice) until the batch is compacted, which copies
+the cache once for many finished rows instead of once per step in which any row finished
+(``RowBatch.needs_compaction``); a group of waiting rows joins in one merge.
+
+``lead`` counts each row's leading padding columns in the cache (all of a row's keys sit at
+its right end), ``rows`` its original index in the call. Host lists are mirrored on the device
+(``*_t``) and refreshed only when the batch changes, so a decode step copies nothing from the
+host.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, GenerationMixin
+from transformers.cache_utils import DynamicLayer
+
+from lm_eval_ponder.errors import UnsupportedGeneration
+
+# compact when at least this fraction of the batch is dead rows: they cost their share of each
+# forward until then (at most 1/8), against one copy of the whole cache per compaction
+DEAD_FRACTION = 0.125
+
+
+def cache_bytes_per_token(config, dtype: torch.dtype) -> int | None:
+    """Bytes of key/value cache one token position takes across all layers (a full-attention
+    cache of ``num_key_value_heads`` x ``head_dim`` per layer; None when the config does not
+    say). An upper bound for sliding-window and hybrid models, which keep less."""
+    config = decoder_config(config)
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // heads if heads and getattr(config, "hidden_size", None) else None)
+    if not (layers and kv_heads and head_dim):
+        return None
+    return 2 * int(layers) * int(kv_heads) * int(head_dim) * torch.empty((), dtype=dtype).element_size()
+
+
+def decoder_config(config):
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def text_config(model):
+    return decoder_config(model.config)
+
+
+def cache_keyword(model) -> str:
+    """The name under which ``model.forward`` takes the KV cache: ``cache`` from transformers
+    5.24 on (``past_key_values`` is deprecated there, removed in 5.40), ``past_key_values``
+    before. Passing the current name keeps the deprecation shim and its warning out of every
+    decode step."""
+    params = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise UnsupportedGeneration(f"{type(model).__name__}.forward takes no KV cache argument "
+                                "(neither cache nor past_key_values)")
+
+
+def check_model_supported(model) -> None:
+    """Raise ``UnsupportedGeneration`` unless ``model`` is a decoder-only LM whose generation
+    cache is a ``DynamicCache`` of plain full-attention ``DynamicLayer``s and whose forward
+    takes ``attention_mask`` and ``position_ids``."""
+    config = model.config
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedGeneration("encoder-decoder model")
+    supports_dynamic = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports_dynamic is None or not supports_dynamic():
+        raise UnsupportedGeneration(f"{type(model).__name__} does not use a DynamicCache")
+    if getattr(model, "is_remote_code", lambda: False)():
+        raise UnsupportedGeneration("remote-code model (its forward may expect cache_position)")
+    prepare = getattr(type(model), "prepare_inputs_for_generation", None)
+    if prepare is not GenerationMixin.prepare_inputs_for_generation:
+        raise UnsupportedGeneration(
+            f"{type(model).__name__} overrides prepare_inputs_for_generation")
+    params = inspect.signature(model.forward).parameters
+    for name in ("attention_mask", "position_ids"):
+        if name not in params:
+            raise UnsupportedGeneration(f"{type(model).__name__}.forward takes no {name}")
+    cache_keyword(model)
+    cache = DynamicCache(config=text_config(model))
+    kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+    if kinds:
+        raise UnsupportedGeneration(f"cache layers other than full attention: {sorted(kinds)}")
+
+
+def supports_logits_to_keep(model) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+@dataclass
+class RowBatch:
+    """The rows in flight, all in batch order (see the module docstring)."""
+
+    cache: DynamicCache
+    rows: list[int]
+    lead: list[int]
+    length: int  # cache sequence length (columns)
+    last: torch.LongTensor  # [R] the token each row feeds next
+    hist: torch.LongTensor | None  # left-padded token history (repetition penalty only)
+    hist_lead: list[int] | None
+    alive: list[bool] | None = None  # None: every row is alive
+    lead_t: torch.LongTensor | None = None
+    rows_t: torch.LongTensor | None = None
+    hist_lead_t: torch.LongTensor | None = None
+    alive_mask: torch.Tensor | None = None  # bool [R]; None: every row is alive
+    alive_index: torch.LongTensor | None = None  # positions of the live rows
+
+    @property
+    def n_alive(self) -> int:
+        return len(self.rows) if self.alive is None else sum(self.alive)
+
+    @property
+    def n_dead(self) -> int:
+        return len(self.rows) - self.n_alive
+
+    def live_rows(self) -> list[int]:
+        return self.rows if self.alive is None else \
+            [r for r, a in zip(self.rows, self.alive) if a]
+
+    def refresh(self, device: torch.device) -> None:
+        self.lead_t = torch.tensor(self.lead, dtype=torch.long, device=device)
+        self.rows_t = torch.tensor(self.rows, dtype=torch.long, device=device)
+        if self.hist_lead is not None:
+            self.hist_lead_t = torch.tensor(self.hist_lead, dtype=torch.long, device=device)
+        self.refresh_alive(device)
+
+    def refresh_alive(self, device: torch.device) -> None:
+        if self.alive is None or all(self.alive):
+            self.alive, self.alive_mask, self.alive_index = None, None, None
+            return
+        self.alive_mask = torch.tensor(self.alive, dtype=torch.bool, device=device)
+        self.alive_index = torch.tensor([i for i, a in enumerate(self.alive) if a],
+                                        dtype=torch.long, device=device)
+
+    def kill(self, positions: list[int], device: torch.device) -> None:
+        """Mark rows at these batch positions finished: they stay, masked, until compaction."""
+        if not positions:
+            return
+        if self.alive is None:
+            self.alive = [True] * len(self.rows)
+        for i in positions:
+            self.alive[i] = False
+        self.refresh_alive(device)
+
+    def needs_compaction(self) -> bool:
+        dead = self.n_dead
+        return dead > 0 and (dead == len(self.rows) or dead >= DEAD_FRACTION * len(self.rows))
+
+    def compact(self, device: torch.device) -> None:
+        """Drop the dead rows from the batch and its cache, then trim the padding columns."""
+        if self.alive is None:
+            return
+        keep = [i for i, a in enumerate(self.alive) if a]
+        index = torch.tensor(keep, dtype=torch.long, device=device)
+        self.cache.batch_select_indices(index)
+        self.rows = [self.rows[i] for i in keep]
+        self.lead = [self.lead[i] for i in keep]
+        self.last = self.last.index_select(0, index)
+        if self.hist is not None:
+            self.hist = self.hist.index_select(0, index)
+            self.hist_lead = [self.hist_lead[i] for i in keep]
+        self.alive = None
+        self.trim()
+        self.refresh(device)
+
+    def trim(self) -> None:
+        """Drop leading cache columns that are padding for every row."""
+        if not self.rows:
+            return
+        cut = min(self.lead)
+        if cut > 0:
+            for layer in self.cache.layers:
+                if layer.is_initialized and layer.keys.numel():
+                    layer.keys = layer.keys[:, :, cut:, :]
+                    layer.values = layer.values[:, :, cut:, :]
+            self.lead = [p - cut for p in self.lead]
+            self.length -= cut
+        if self.hist is not None:
+            hcut = min(self.hist_lead)
+            if hcut > 0:
+                self.hist = self.hist[:, hcut:]
+                self.hist_lead = [p - hcut for p in self.hist_lead]
+
+    def merge(self, group: "RowBatch", pad_token_id: int, device: torch.device) -> None:
+        """Append ``group``'s rows (both compacted): align cache lengths by left-padding K/V
+        with zeros (those columns are masked: their ``lead`` grows), then concatenate."""
+        length = max(self.length, group.length)
+        da, db = length - self.length, length - group.length
+        for la, lb in zip(self.cache.layers, group.cache.layers, strict=True):
+            la.keys = torch.cat([left_pad(la.keys, da, 2), left_pad(lb.keys, db, 2)], dim=0)
+            la.values = torch.cat([left_pad(la.values, da, 2), left_pad(lb.values, db, 2)],
+                                  dim=0)
+        self.rows += group.rows
+        self.lead = [p + da for p in self.lead] + [p + db for p in group.lead]
+        self.length = length
+        self.last = torch.cat([self.last, group.last])
+        if self.hist is not None and group.hist is not None:
+            ha, hb = self.hist.shape[1], group.hist.shape[1]
+            width = max(ha, hb)
+            self.hist = torch.cat([left_pad(self.hist, width - ha, 1, pad_token_id),
+                                   left_pad(group.hist, width - hb, 1, pad_token_id)], dim=0)
+            self.hist_lead = ([p + width - ha for p in self.hist_lead]
+                              + [p + width - hb for p in group.hist_lead])
+        self.refresh(device)
+
+    def decode_mask(self) -> torch.Tensor:
+        """The attention mask of the next decode step: row i attends to columns >= lead[i]."""
+        width = self.length + 1
+        return (torch.arange(width, device=self.lead_t.device)[None, :]
+                >= self.lead_t[:, None]).long()
+
+
+def left_pad(x: torch.Tensor, n: int, dim: int, value: int | float = 0) -> torch.Tensor:
+    if n == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n
+    return torch.cat([x.new_full(shape, value), x], dim=dim)

@@ -1,0 +1,288 @@
+"""How the generation loop chooses the next token: ``generate``'s settings, merged as
+``generate`` merges them, and applied to the rows in flight only.
+
+Kept apart from the loop (``evaluation.generation``) because it is the one place that must
+agree with transformers token for token: the same processor and warper classes in the same
+order, the repetition penalty over each row's own history, EOS blocked until
+``min_new_tokens``. Anything else raises ``UnsupportedGeneration`` and the caller uses
+``generate`` instead.
+
+Greedy decoding without processors (the common case: every greedy lm-eval task on a model
+whose generation config adds nothing) takes the maximum straight from the model's logits in
+their own dtype: casting bf16 to float32 keeps every value and their order, so the choice is
+``generate``'s, without a [rows, vocab] float32 copy per step. ``max(dim=-1).indices`` is the
+exact reduction used: it returns the first index of a tie, as ``argmax`` does (tested), and on
+this project's CPUs it takes half of ``argmax``'s time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    InfNanRemoveLogitsProcessor,
+    LogitNormalization,
+    LogitsProcessor,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopHLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from lm_eval_ponder.errors import UnsupportedGeneration
+
+# GenerationConfig attributes that do not change what a greedy/sampling decode produces here.
+_IGNORED_FIELDS = frozenset({
+    "max_length", "max_new_tokens",  # the caller passes max_new_tokens to generate_rows
+    "eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id",
+    "use_cache", "cache_config", "max_cache_len", "compile_config", "disable_compile",
+    "continuous_batching_config", "low_memory", "early_stopping", "length_penalty",
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+    "assistant_lookbehind", "target_lookbehind", "max_matching_ngram_size",
+    "assistant_ensemble_weight", "speculation_type",
+    # generate ignores these two for decoder-only models (no encoder input ids):
+    "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
+    "output_attentions", "output_hidden_states",  # forwarded to the model; only affect outputs
+    "transformers_version", "_from_model_config", "_commit_hash", "_original_object_hash",
+})
+# Fields that SamplingConfig reproduces.
+_HANDLED_FIELDS = frozenset({
+    "do_sample", "num_beams", "temperature", "top_k", "top_p", "min_p", "top_h", "typical_p",
+    "epsilon_cutoff", "eta_cutoff", "repetition_penalty", "min_new_tokens", "min_length",
+    "suppress_tokens", "remove_invalid_values", "renormalize_logits", "num_return_sequences",
+})
+# Keyword arguments of generate() that are not GenerationConfig fields but are harmless here.
+_IGNORED_KWARGS = frozenset({"attention_mask", "use_cache"})
+
+
+@dataclass
+class SamplingConfig:
+    """How the next token is chosen, as ``generate`` would with the same merged settings."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    min_p: float | None = None
+    top_h: float | None = None
+    typical_p: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    min_new_tokens: int = 0
+    min_length: int = 0  # generate's total-length minimum (prompt padding included)
+    suppress_tokens: tuple[int, ...] | None = None
+    remove_invalid_values: bool = False
+    renormalize_logits: bool = False
+    eos_token_ids: tuple[int, ...] = ()  # the merged config's EOS ids (what generate stops on)
+    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_kwargs(cls, generation_config: GenerationConfig | None = None,
+                    **gen_kwargs) -> "SamplingConfig":
+        """Merge ``gen_kwargs`` over ``generation_config`` (normally ``model.generation_config``)
+        and transformers' global defaults, in ``generate``'s priority order.
+
+        ``generator=`` (a ``torch.Generator``) may be passed too; it is not an HF kwarg.
+        Raises ``UnsupportedGeneration`` for anything the loop cannot honour exactly: beams,
+        contrastive/assisted/constrained modes, n-gram and bad-word constraints, forced tokens,
+        guidance, watermarking, static or other cache implementations, stop_strings,
+        custom logits processors/stopping criteria, return_dict outputs, unknown kwargs.
+        """
+        gen_kwargs = dict(gen_kwargs)
+        generator = gen_kwargs.pop("generator", None)
+        for key in _IGNORED_KWARGS:
+            gen_kwargs.pop(key, None)
+        merged = GenerationConfig()
+        try:
+            if generation_config is not None:
+                merged.update(**generation_config.to_dict(), defaults_only=True,
+                              allow_custom_entries=True)
+            merged.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+            unknown = merged.update(**gen_kwargs)
+        except (ValueError, TypeError) as err:  # generate would raise the same; let it
+            raise UnsupportedGeneration(f"invalid generation settings: {err}") from err
+        if unknown:
+            raise UnsupportedGeneration(f"generation kwargs not handled: {sorted(unknown)}")
+
+        if (merged.num_beams or 1) > 1:
+            raise UnsupportedGeneration(f"num_beams={merged.num_beams} (beam search)")
+        if (merged.num_return_sequences or 1) > 1:
+            raise UnsupportedGeneration(
+                f"num_return_sequences={merged.num_return_sequences}")
+        try:
+            mode = str(merged.get_generation_mode())
+        except Exception as err:  # noqa: BLE001 - any failure here means: let generate decide
+            raise UnsupportedGeneration(f"generation mode: {err}") from err
+        if mode not in ("greedy_search", "sample", "GenerationMode.GREEDY_SEARCH",
+                        "GenerationMode.SAMPLE"):
+            raise UnsupportedGeneration(f"generation mode {mode}")
+
+        baseline = GenerationConfig()
+        baseline.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+        reference = baseline.to_dict()
+        for key, value in merged.to_dict().items():
+            if key not in reference or key in _IGNORED_FIELDS or key in _HANDLED_FIELDS:
+                continue  # custom entries (not GenerationConfig fields) are ignored by generate
+            if key == "cache_implementation" and value in (None, "dynamic"):
+                continue
+            if value != reference.get(key) and not (value is None or value is False):
+                raise UnsupportedGeneration(f"generation setting {key}={value!r}")
+
+        temperature = merged.temperature if merged.temperature is not None else 1.0
+        if merged.do_sample and not temperature > 0:
+            raise UnsupportedGeneration(f"do_sample with temperature={temperature}")
+        eos = merged.eos_token_id
+        eos_ids = () if eos is None else tuple(int(e) for e in ([eos] if isinstance(eos, int)
+                                                                 else eos))
+        suppress = merged.suppress_tokens
+        return cls(
+            do_sample=bool(merged.do_sample),
+            temperature=float(temperature),
+            top_p=float(merged.top_p if merged.top_p is not None else 1.0),
+            top_k=int(merged.top_k or 0),
+            repetition_penalty=float(merged.repetition_penalty or 1.0),
+            min_p=merged.min_p,
+            top_h=merged.top_h,
+            typical_p=float(merged.typical_p if merged.typical_p is not None else 1.0),
+            epsilon_cutoff=float(merged.epsilon_cutoff or 0.0),
+            eta_cutoff=float(merged.eta_cutoff or 0.0),
+            min_new_tokens=int(merged.min_new_tokens or 0),
+            min_length=int(merged.min_length or 0),
+            suppress_tokens=None if suppress is None else tuple(int(t) for t in suppress),
+            remove_invalid_values=bool(merged.remove_invalid_values),
+            renormalize_logits=bool(merged.renormalize_logits),
+            eos_token_ids=eos_ids,
+            generator=generator,
+        )
+
+    def row_local_processors(self, device: torch.device) -> list[LogitsProcessor]:
+        """transformers' processors/warpers that act on each row on its own, in ``generate``'s
+        order. They come after the two that the loop applies itself, as in ``generate``: the
+        repetition penalty (needs each row's history) and min_length/min_new_tokens EOS blocking
+        (needs each row's count of generated tokens).
+        """
+        after: list[LogitsProcessor] = []
+        if self.remove_invalid_values:
+            after.append(InfNanRemoveLogitsProcessor())
+        if self.suppress_tokens is not None:
+            after.append(SuppressTokensLogitsProcessor(list(self.suppress_tokens), device=device))
+        if self.do_sample:
+            if self.temperature != 1.0:
+                after.append(TemperatureLogitsWarper(self.temperature))
+            if self.top_h is not None:
+                after.append(TopHLogitsWarper(top_h=self.top_h))
+            if self.top_k != 0:
+                after.append(TopKLogitsWarper(top_k=self.top_k, min_tokens_to_keep=1))
+            if self.top_p < 1.0:
+                after.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
+            if self.min_p is not None:
+                after.append(MinPLogitsWarper(min_p=self.min_p, min_tokens_to_keep=1))
+            if self.typical_p < 1.0:
+                after.append(TypicalLogitsWarper(mass=self.typical_p, min_tokens_to_keep=1))
+            if 0.0 < self.epsilon_cutoff < 1.0:
+                after.append(EpsilonLogitsWarper(epsilon=self.epsilon_cutoff, min_tokens_to_keep=1))
+            if 0.0 < self.eta_cutoff < 1.0:
+                after.append(EtaLogitsWarper(epsilon=self.eta_cutoff, min_tokens_to_keep=1,
+                                             device=device))
+        if self.renormalize_logits:
+            after.append(LogitNormalization())
+        return after
+
+
+def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None = None,
+                expected_support: int | None = None) -> torch.Tensor:
+    """One token per row of ``probs`` [B, V] (non-negative, rows need not sum to 1).
+
+    Why not ``torch.multinomial(probs, 1)`` alone: on CPU it draws one random number per
+    vocabulary entry, 190 ms per step for 128 rows of SmolLM2's 49k vocabulary, a sixth of a
+    sampled rollout build's time. After top-k (on by default in most generation configs: 50)
+    nearly every entry is exactly 0, and a draw among the positive entries has the same
+    distribution. ``expected_support`` (the top-k) is a hint, checked rather than trusted: bf16
+    logits tie often, and top-k keeps every tie at the k-th value (SmolLM2: 51-65 entries at
+    k = 50). So the 2k+1 largest entries are taken, and only if the last is 0 in every row is
+    the draw made among the first 2k; otherwise it is the full draw.
+    ``benchmarks/sampling_draw.py`` measures it. The random stream differs from a
+    full-vocabulary draw: a seed reproduces this function's samples, not ``generate``'s.
+    """
+    vocab = probs.shape[-1]
+    if expected_support is not None and 0 < 2 * expected_support < vocab:
+        weights, index = probs.topk(2 * expected_support + 1, dim=-1)
+        if not bool(weights[:, -1].any()):
+            pick = torch.multinomial(weights[:, :-1], num_samples=1, generator=generator)
+            return index.gather(1, pick).squeeze(1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(1)
+
+
+class TokenChooser:
+    """The next token of every row in a decode forward, as ``generate`` would choose it.
+
+    Device tensors only, no host sync. Rows that finished may still sit in the batch until the
+    loop compacts it (``alive`` marks the others); they are neither processed nor sampled, so
+    the random stream is the one the rows in flight alone draw, and their token is ``pad``.
+    """
+
+    def __init__(self, sampling: SamplingConfig, device: torch.device, eos_ids: list[int],
+                 prompt_width: int) -> None:
+        self.sampling = sampling
+        self.processors = sampling.row_local_processors(device)
+        self.penalty = sampling.repetition_penalty
+        self.uses_history = self.penalty != 1.0
+        # generate's min_length counts the padded prompt width; per row it is a min_new_tokens
+        self.min_new = max(sampling.min_new_tokens, sampling.min_length - prompt_width)
+        self.eos_t = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
+        self.block_eos = self.min_new > 0 and len(eos_ids) > 0
+        self.plain_greedy = not (sampling.do_sample or self.processors or self.uses_history
+                                 or self.block_eos)
+
+    def choose(self, logits: torch.Tensor, rows: "ChoiceRows", pad: int) -> torch.Tensor:
+        """``logits`` [R, V] in the model's dtype -> tokens [R]."""
+        if self.plain_greedy:  # exact: the first maximum, as argmax (module docstring)
+            nxt = logits.max(dim=-1).indices
+            return nxt if rows.alive_mask is None else torch.where(rows.alive_mask, nxt, pad)
+        select = rows.alive_index
+        counts, last, history, lead = rows.counts, rows.last, rows.history, rows.history_lead
+        if select is not None:  # the rows in flight only
+            logits, counts, last = (t.index_select(0, select) for t in (logits, counts, last))
+            if history is not None:
+                history, lead = history.index_select(0, select), lead.index_select(0, select)
+        scores = logits.to(copy=True, dtype=torch.float32)
+        if self.uses_history:  # prompt padding is not history: ignore each row's pad columns
+            scores = RepetitionPenaltyLogitsProcessor(
+                self.penalty, prompt_ignore_length=lead)(history, scores)
+        if self.block_eos:
+            young = counts < self.min_new
+            is_eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), self.eos_t)
+            scores = torch.where(young[:, None] & is_eos[None, :], -math.inf, scores)
+        for proc in self.processors:
+            scores = proc(history if history is not None else last[:, None], scores)
+        if self.sampling.do_sample:
+            probs = torch.nn.functional.softmax(scores, dim=-1)
+            chosen = draw_tokens(probs, self.sampling.generator, self.sampling.top_k or None)
+        else:
+            chosen = torch.argmax(scores, dim=-1)
+        if select is None:
+            return chosen
+        return torch.full_like(rows.last, pad).index_copy_(0, select, chosen)
+
+
+@dataclass
+class ChoiceRows:
+    """What ``TokenChooser.choose`` reads of the rows in a forward, in batch order, on the
+    device: ``alive_mask``/``alive_index`` are None when every row is in flight."""
+
+    counts: torch.Tensor  # tokens generated so far
+    last: torch.Tensor  # the token each row fed this step
+    history: torch.Tensor | None  # left-padded token history (repetition penalty only)
+    history_lead: torch.Tensor | None  # its leading pad columns per row
+    alive_mask: torch.Tensor | None = None
+    alive_index: torch.Tensor | None = None

@@ -1,0 +1,115 @@
+"""lm_eval_ponder.evaluation.sampling: the next-token choice. The exact greedy reduction and its
+tie rule, plain greedy on the model's own dtype, rows that finished and wait for a compaction
+are neither processed nor sampled, and the top-k draw's distribution (``draw_tokens``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lm_eval_ponder.evaluation.sampling import (ChoiceRows, SamplingConfig, TokenChooser,
+                                                draw_tokens)
+
+PAD = 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_indices_keeps_argmax_first_index_rule_on_ties(dtype):
+    """The greedy reduction must pick what argmax picks: the first of tied maxima."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(0, 4, (64, 300), generator=gen).to(dtype)  # ties everywhere
+    logits[:, 7] = logits.max()  # and a guaranteed tie at a low index
+    assert torch.equal(logits.max(dim=-1).indices, torch.argmax(logits, dim=-1))
+    assert torch.equal(logits.max(dim=-1).indices, torch.argmax(logits.float(), dim=-1))
+
+
+def chooser(**kwargs) -> TokenChooser:
+    return TokenChooser(SamplingConfig(**kwargs), torch.device("cpu"), [2], prompt_width=5)
+
+
+def rows(n: int, alive: list[bool] | None = None) -> ChoiceRows:
+    mask = None if alive is None else torch.tensor(alive)
+    index = None if alive is None else torch.tensor([i for i, a in enumerate(alive) if a])
+    return ChoiceRows(torch.zeros(n, dtype=torch.long), torch.zeros(n, dtype=torch.long),
+                      None, None, mask, index)
+
+
+def test_plain_greedy_reads_bf16_logits_as_generate_reads_them_in_float32():
+    logits = torch.randn(16, 500, generator=torch.Generator().manual_seed(1)).bfloat16()
+    c = chooser()
+    assert c.plain_greedy
+    assert torch.equal(c.choose(logits, rows(16), PAD), logits.float().argmax(dim=-1))
+
+
+def test_finished_rows_get_pad_and_take_no_draw():
+    """Rows awaiting compaction: ``pad``, and the live rows draw exactly what they would draw
+    alone (same generator state), so lingering rows never shift the random stream."""
+    logits = torch.randn(6, 400, generator=torch.Generator().manual_seed(2))
+    alive = [True, False, True, True, False, True]
+    live = [i for i, a in enumerate(alive) if a]
+    sampled = chooser(do_sample=True, temperature=0.7, top_k=20)
+    sampled.sampling.generator = torch.Generator().manual_seed(5)
+    got = sampled.choose(logits, rows(6, alive), PAD)
+    sampled.sampling.generator = torch.Generator().manual_seed(5)
+    alone = sampled.choose(logits[live], rows(len(live)), PAD)
+    assert torch.equal(got[live], alone)
+    assert got[[1, 4]].tolist() == [PAD, PAD]
+    greedy = chooser().choose(logits, rows(6, alive), PAD)
+    assert greedy[[1, 4]].tolist() == [PAD, PAD]
+    assert torch.equal(greedy[live], logits[live].argmax(dim=-1))
+
+
+def test_min_new_tokens_blocks_eos_per_row_without_reading_counts_back():
+    logits = torch.zeros(2, 10)
+    logits[:, 2] = 5.0  # EOS is the best token for both rows
+    c = chooser(min_new_tokens=3)
+    assert not c.plain_greedy
+    counts = torch.tensor([1, 3])  # the first row is still young
+    got = c.choose(logits, ChoiceRows(counts, torch.zeros(2, dtype=torch.long), None, None),
+                   PAD)
+    assert got[0] != 2 and got[1] == 2
+
+
+# ----------------------------------------------------------------------------- draw_tokens
+def _frequencies(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=vocab).float() / len(tokens)
+
+
+def test_draw_among_the_top_k_has_the_full_draws_distribution(monkeypatch):
+    p = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0, 0.0, 0.0])
+    widths = []
+    real = torch.multinomial
+    monkeypatch.setattr(torch, "multinomial",
+                        lambda w, *a, **k: widths.append(w.shape[-1]) or real(w, *a, **k))
+    p = torch.cat([p, torch.zeros(8)])
+    got = draw_tokens(p.repeat(20000, 1), torch.Generator().manual_seed(0), expected_support=3)
+    assert widths == [6]  # drawn among the 2k largest entries, not the whole vocabulary
+    freq = _frequencies(got, 16)
+    assert freq[p == 0].sum() == 0
+    torch.testing.assert_close(freq, p, atol=0.015, rtol=0)  # 20000 draws: sd <= 0.0035
+
+
+def test_a_wider_support_than_expected_gets_the_full_draw(monkeypatch):
+    """Ties at the k-th value keep more than k entries (and a row may be untruncated): the
+    bound is checked, and a truncated draw would silently drop probability mass."""
+    p = torch.tensor([0.2] * 5 + [0.0] * 3)
+    widths = []
+    real = torch.multinomial
+    monkeypatch.setattr(torch, "multinomial",
+                        lambda w, *a, **k: widths.append(w.shape[-1]) or real(w, *a, **k))
+    got = draw_tokens(p.repeat(20000, 1), torch.Generator().manual_seed(0), expected_support=2)
+    assert widths == [8]  # 5 positive entries do not fit 2 x 2 candidates
+    torch.testing.assert_close(_frequencies(got, 8), p, atol=0.015, rtol=0)
+
+
+def test_draws_are_reproducible_by_seed():
+    probs = torch.softmax(torch.randn(64, 500, generator=torch.Generator().manual_seed(1)), -1)
+    probs[:, 50:] = 0  # a top-50 support (a top-k of 25 with ties, say)
+
+    def draw(seed):
+        return draw_tokens(probs, torch.Generator().manual_seed(seed), expected_support=25)
+
+    assert draw(3).equal(draw(3)) and not draw(3).equal(draw(4))
+    assert (draw(3) < 50).all()
+
+

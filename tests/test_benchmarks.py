@@ -43,6 +43,8 @@ def test_threshold_rule_is_the_inference_rule(probabilities):
 # ----------------------------------------------------------------------------- testset.py
 import testset  # noqa: E402
 
+from lm_eval_ponder.reporting.compact import answers_digest, compact_tree  # noqa: E402
+
 
 @pytest.fixture
 def sweep():
@@ -79,8 +81,8 @@ def _write_samples(directory, task, docs, correct):
     import json
 
     directory.mkdir(parents=True)
-    # the suite's text-free twin sorts after the full log and must not be read for it
-    (directory / f"samples_{task}_ponder_2026.stripped.jsonl").write_text('{"doc_id": 0}\n')
+    # an older run's text-free twin must not be read for the newer run's full log
+    (directory / f"samples_{task}_ponder_2025.stripped.jsonl").write_text('{"doc_id": 0}\n')
     with open(directory / f"samples_{task}_ponder_2026.jsonl", "w") as f:
         for d, c in zip(docs, correct):
             f.write(json.dumps({
@@ -97,11 +99,29 @@ def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
     s = testset.load_sweep(str(tmp_path), "ours", "arith", 1)
     assert s["correct"].tolist() == [[1, 0, 1], [0, 0, 1]]
     assert s["contexts"] == ["question 0", "question 1", "question 2"]
-    assert s["level"].tolist() == [1, 2, 1] and s["texts"][1][2] == "answer 2"
+    assert s["level"].tolist() == [1, 2, 1]
+    assert s["answers"][1][2] == answers_digest({"resps": [["answer 2"]]})
     _write_samples(testset.run_dir(str(tmp_path), "ours", 2) / "greedy" / "FR" / "arith",
                    "arith", [0, 1], [1, 1])
     with pytest.raises(SystemExit, match="different documents"):
         testset.load_sweep(str(tmp_path), "ours", "arith", 2)
+
+
+def test_a_committed_sweep_reads_as_the_full_one(tmp_path):
+    """A clone has the sweep's compact logs only (reporting.compact): the same figures,
+    prompts and answer digests."""
+    for k, correct in enumerate(([1, 0, 1], [0, 0, 1])):
+        _write_samples(testset.run_dir(str(tmp_path / "full"), "ours", k) / "greedy" / "FR" /
+                       "arith", "arith", [0, 1, 2], correct)
+    full = testset.load_sweep(str(tmp_path / "full"), "ours", "arith", 1)
+    compact_tree(tmp_path / "full")
+    for log in (tmp_path / "full").rglob("samples_*.jsonl"):
+        log.unlink()
+    kept = testset.load_sweep(str(tmp_path / "full"), "ours", "arith", 1)
+    for key in ("docs", "answers", "contexts", "wall_s"):
+        assert kept[key] == full[key], key
+    for key in ("correct", "gen_tokens", "flops", "level"):
+        assert np.array_equal(kept[key], full[key]), key
 
 
 def test_verify_measures_the_noise_floor_at_the_controllers_modal_depth(tmp_path, monkeypatch):

@@ -47,9 +47,8 @@ from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
 from lm_eval_ponder.reporting.measures import by_level, figures, spearman
+from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.plots import plots, table_rank
-from lm_eval_ponder.reporting.strip import SUFFIX as STRIPPED
-from lm_eval_ponder.reporting.strip import answers_digest, stripped_path
 
 BASES = {"cot": "CoT", "bon": "BoN"}
 
@@ -110,16 +109,6 @@ def _marker(path: Path, roots: list[Path]) -> dict | None:
     return None
 
 
-def read_samples(path: Path) -> list[dict]:
-    """A samples log, one entry per question (lm-eval logs one per filter)."""
-    samples: dict = {}
-    with open(path) as f:
-        for line in f:
-            sample = json.loads(line)
-            samples.setdefault(sample["doc_id"], sample)
-    return list(samples.values())
-
-
 def pool(kept: Run, other: Run) -> None:
     """Add ``other``'s questions to ``kept``: the same label, dataset and identity, so the same
     configuration; refused when the two disagree on a question both answered."""
@@ -150,23 +139,21 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         data = json.loads(result.read_text())
         config = data.get("config", {})
         model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
-        stamp = result.stem[len("results_"):]
         marker = _marker(result.parent, roots)
         for task in data.get("results", {}):
             if "_ponder" not in task:
                 continue
-            samples_file = result.parent / f"samples_{task}_{stamp}.jsonl"
-            if not samples_file.is_file():  # a committed run keeps only the text-free log
-                samples_file = stripped_path(samples_file)
-            if not samples_file.is_file():
+            # the full log, else the compact one a committed run keeps (reporting.compact)
+            samples_file = run_log(result, task)
+            if samples_file is None:
                 continue
             backbone, method = _label(task, model, args, marker,
                                       config.get("ponder_fingerprint"))
             samples = read_samples(samples_file)
-            if not samples_file.name.endswith(STRIPPED):
+            if is_full(samples_file):
                 note = estimators.fill(samples, model, args) or ""
-            else:  # no answers to re-count: say so rather than guess
-                note = ("tokens and FLOPs not estimated: only the text-free log was kept"
+            else:  # no prompts and answers to re-count: say so rather than guess
+                note = ("tokens and FLOPs not estimated: only the compact log was kept"
                         if needs_estimate(samples) else "")
             run = Run(backbone, method, task.partition("_ponder")[0], samples, str(result),
                       Identity.of(data, task), note=note)
@@ -367,7 +354,7 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
         for s in fp.samples:
             others = [idx[m].get(s["doc_id"]) for m in ("CoT", "Direct")]
             if None in others or any("resps" not in x for x in (s, *others)):
-                continue  # a text-free log (reporting.strip) has nothing to quote
+                continue  # a compact log without its answers file has nothing to quote
             if s["exact_match"] and any(not o["exact_match"] for o in others):
                 good.append((s, others))
             elif not s["exact_match"] and any(o["exact_match"] for o in others) and not bad:

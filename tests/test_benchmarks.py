@@ -3,6 +3,7 @@ a wrong helper there would silently print a wrong number."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -344,3 +345,37 @@ def test_headroom_blocks_read_as_a_slice_and_refuse_nonsense():
     for bad in ("6", "8:6", "a:b", "-1:3"):
         with pytest.raises(argparse.ArgumentTypeError):
             headroom.block_range(bad)
+
+
+# ----------------------------------------------------------------------------- heldout.py
+import heldout  # noqa: E402
+
+
+def test_a_packed_sweep_reads_bit_for_bit_as_its_runs_files(tmp_path):
+    """A clone has one pack per sweep instead of 105 heldout.json files: every record comes
+    back exactly (the float32 probabilities too), and ``load_runs`` finds the same runs."""
+    keys = [f"k{i}" for i in range(10)]
+    p = torch.rand(10, 5, generator=torch.Generator().manual_seed(3))  # float32, like a run's
+    written = {}
+    for seed in (0, 1):
+        for fold in range(2):
+            rows = list(range(fold, 10, 2))
+            rec = {"arm": "balanced", "seed": seed, "fold": fold, "val_keys": [keys[i] for i in rows],
+                   "val_p_continue": (p[rows] ** (seed + 1)).tolist(), "val_depths": [1] * 5,
+                   "log": [{"stage": 3, "accuracy": 1 / 3}], "train_wall_s": 1.5}
+            run = tmp_path / "balanced" / f"seed{seed}" / f"fold{fold}"
+            run.mkdir(parents=True)
+            (run / heldout.RECORD).write_text(json.dumps(rec) + "\n")
+            written[f"balanced/seed{seed}/fold{fold}"] = rec
+    (tmp_path / "flops0" / "seed0" / "fold0").mkdir(parents=True)  # unfinished: no record
+    loose = adaptation.load_runs(tmp_path, keys, 2)
+    heldout.pack(tmp_path)
+    for own in tmp_path.rglob(heldout.RECORD):
+        own.unlink()
+    assert heldout.records(tmp_path) == written
+    packed = adaptation.load_runs(tmp_path, keys, 2)
+    assert packed.keys() == loose.keys() == {("balanced", 0), ("balanced", 1)}
+    for key in loose:
+        assert np.array_equal(packed[key]["p"], loose[key]["p"])
+        assert packed[key]["records"] == loose[key]["records"]
+    assert heldout.record(tmp_path, tmp_path / "flops0" / "seed0" / "fold0") is None

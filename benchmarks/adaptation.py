@@ -522,6 +522,8 @@ def plot(path: Path, s: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lm_eval_ponder.reporting.images import save_figure
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
     for ax, rule in zip(axes, ("tau=0.2", "sampled")):
         rows = s["fixed_curve"]
@@ -545,7 +547,7 @@ def plot(path: Path, s: dict) -> None:
     fig.suptitle(f"Controllers vs fixed depth, form {s['form']}: {s['prompts']} prompts, "
                  "cross-fitted", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)  # a palette PNG: a third the bytes
     plt.close(fig)
 
 

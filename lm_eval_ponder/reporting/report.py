@@ -369,9 +369,11 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
 
 def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
                images: list[tuple[Path, str]], cases: list[dict], spearmans: list,
-               out: Path) -> None:
+               out: Path, link_figures: bool = False) -> None:
     """One self-contained page (figures inlined as data URIs): it opens from disk, or from an
-    e-mail attachment, with nothing beside it."""
+    e-mail attachment, with nothing beside it. With ``link_figures`` the page names the figure
+    files beside it instead: a page of a few kB rather than 0.1-1 MB, for a directory that
+    keeps the figures anyway (docs/leaderboard, which every clone carries)."""
     def cell(f):
         if not f:
             return "<td>-</td><td>-</td><td>-</td>"
@@ -405,8 +407,9 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
             f"<li>{html.escape(spearman_text(*row))}</li>" for row in spearmans) + "</ul>")
     parts.append("<h2>Figures</h2>")
     for img, caption in images:
-        data = base64.b64encode(img.read_bytes()).decode()
-        parts.append(f"<figure><img alt='{img.name}' src='data:image/png;base64,{data}'>"
+        src = html.escape(img.name) if link_figures else \
+            "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
+        parts.append(f"<figure><img alt='{img.name}' src='{src}'>"
                      f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     parts.append("<h2>Cases</h2><p>Rule: per dataset, the first two questions (document order)"
                  " where FP is right and CoT or Direct is wrong, and the first where FP is wrong"
@@ -428,7 +431,7 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
     (out / "leaderboard.html").write_text("\n".join(parts))
 
 
-def report(paths: list[str | Path], out: str | Path) -> str:
+def report(paths: list[str | Path], out: str | Path, link_figures: bool = False) -> str:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(paths)
@@ -446,7 +449,7 @@ def report(paths: list[str | Path], out: str | Path) -> str:
         with open(out / "leaderboard.md", "a") as f:
             f.write("\nPonder depth against difficulty:\n\n" + "".join(
                 f"- {spearman_text(*row)}\n" for row in spear))
-    write_html(rows, datasets, notes, images, case_studies(common), spear, out)
+    write_html(rows, datasets, notes, images, case_studies(common), spear, out, link_figures)
     return "\n".join([md] + [spearman_text(*row) for row in spear])
 
 
@@ -457,12 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="lm-eval --output_path directories")
     parser.add_argument("--output", default=None, help="report directory (default: the first "
                         "path)")
-    parser.add_argument("--screenshot", default=None, metavar="PNG",
-                        help="also draw leaderboard.html with headless Chromium into PNG, to "
-                        "check that the page renders")
+    parser.add_argument("--screenshot", default=None, metavar="IMAGE",
+                        help="also draw leaderboard.html with headless Chromium into IMAGE, to "
+                        "check that the page renders: a .png as drawn, a .webp (what the docs "
+                        "keep) or .jpg 800 px wide and compressed")
+    parser.add_argument("--link-figures", action="store_true",
+                        help="leaderboard.html names the figure files beside it instead of "
+                        "inlining them (a page of kB instead of MB; it then needs its directory)")
     a = parser.parse_args(argv)
     out = Path(a.output or a.paths[0])
-    print(report(a.paths, out))
+    print(report(a.paths, out, a.link_figures))
     if a.screenshot:
         from lm_eval_ponder.reporting.render import screenshot
 

@@ -20,9 +20,10 @@ interleaved, then 200 GSM8K train prompts), depths 0..K_max at the form's offset
 T=0.7 (or greedy), 256 new tokens. The build goes prompt block by prompt block, each finished
 at every depth and sample, so a stopped build leaves a usable prefix.
 
-The caches under ``results/headroom`` are committed (their manifest and outcomes; ``.gitignore``
-keeps out the prompts, which hold GSM8K questions, and z_0): a build spans sessions by
-committing finished blocks. In a fresh clone, first restore the prompts and z_0 from the data,
+The caches under ``results/headroom`` are committed (their manifest and each block's compact
+outcomes, ``rollouts.*.outcomes.json.xz``, which score exactly as the texts; ``.gitignore``
+keeps out the texts, the prompts, which hold GSM8K questions, and z_0): a build spans sessions
+by committing finished blocks. In a fresh clone, first restore the prompts and z_0 from the data,
 which generates nothing (``build --restore-only``), then resume or analyse as above.
 
 Forms: ``ours`` starts at alpha_start=-0.2 and ponders toward "deliberate" (the shipped

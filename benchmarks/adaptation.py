@@ -41,6 +41,8 @@ from pathlib import Path
 from headroom import (FORMS, PROMPTS, accuracy_at_tokens, bootstrap, cache_arguments, cache_dir,
                       fixed_by_fold, fold_of, outcome_matrices)
 
+import heldout
+
 ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
                                  "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
 # The shipped reward with one optimisation setting changed: do the entropy bonus, advantage
@@ -90,19 +92,25 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
               fold: int | None, folds: int, steps: int, out: Path,
               max_prompts: int | None = None) -> dict:
     """One controller, trained on every fold but ``fold``; its held-out depths, to
-    out/heldout.json. ``fold=None``: the arm's final controller, trained on every prompt and
-    saved to out/controller as ``--model ponder controller=DIR`` loads it (out/final.json)."""
+    out/heldout.json and the sweep's pack (``heldout.py``). ``fold=None``: the arm's final
+    controller, trained on every prompt and saved to out/controller as ``--model ponder
+    controller=DIR`` loads it (out/final.json)."""
     import torch
 
     from lm_eval_ponder.pondering.controller import PonderController
     from lm_eval_ponder.training.distributed import Distributed
     from lm_eval_ponder.training.loop import LOG, optimise
 
-    done = out / ("heldout.json" if fold is not None else "final.json")
-    # a final run is finished only with its weights: git keeps its record, not the 2 MB of
-    # weights, so in a fresh clone it is retrained (about a minute) for testset.py to read
+    sweep = out.parent.parent.parent  # <sweep>/<arm>/seed<s>/<fold<f> | all>
+    if fold is not None:
+        finished = heldout.record(sweep, out)
+        if finished is not None:
+            return finished
+    done = out / (heldout.RECORD if fold is not None else "final.json")
+    # a final run is finished only with its weights: git keeps neither (2 MB of weights), so
+    # in a fresh clone it is retrained (about a minute) for testset.py to read
     weights = out / "controller" / "controller.safetensors"
-    if done.is_file() and (fold is not None or weights.is_file()):
+    if fold is None and done.is_file() and weights.is_file():
         return json.loads(done.read_text())
     out.mkdir(parents=True, exist_ok=True)
     cfg = arm_config(form, samples, arm, seed, steps, out)
@@ -135,6 +143,8 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     if fold is None:
         save_final(trainer, cfg, ident, out / "controller", record, len(keys))
     done.write_text(json.dumps(record) + "\n")
+    if fold is not None:
+        heldout.pack(sweep)  # what git keeps of the run
     return record
 
 
@@ -240,7 +250,9 @@ def export(args) -> None:
     from lm_eval_ponder.training.rollouts import RolloutCache
 
     run = Path(args.run)
-    rec = json.loads((run / "heldout.json").read_text())
+    rec = heldout.record(run.parent.parent.parent, run)
+    if rec is None:
+        sys.exit(f"{run} has no held-out record: not a finished run of a sweep")
     cache = RolloutCache(cache_dir(args.root, args.form, args.samples))
     ident = cache.manifest["identity"]
     cfg = arm_config(args.form, args.samples, rec["arm"], rec["seed"], rec["steps"], run)
@@ -286,19 +298,20 @@ def load_runs(root: Path, keys: list[str], folds: int) -> dict[tuple[str, int], 
     import numpy as np
 
     index = {k: i for i, k in enumerate(keys)}
+    finished = heldout.records(root)
     runs = {}
     for arm in ARMS:
-        for seed_dir in sorted((root / arm).glob("seed*")):
-            paths = [seed_dir / f"fold{f}" / "heldout.json" for f in range(folds)]
-            if not all(r.is_file() for r in paths):
+        for seed in sorted({name.split("/")[1] for name in finished
+                            if name.startswith(f"{arm}/")}):
+            recs = [finished.get(f"{arm}/{seed}/fold{f}") for f in range(folds)]
+            if None in recs:
                 continue
-            recs = [json.loads(r.read_text()) for r in paths]
             p = np.full((len(keys), len(recs[0]["val_p_continue"][0])), np.nan)
             for r in recs:
                 p[[index[k] for k in r["val_keys"]]] = r["val_p_continue"]
             if np.isnan(p).any():
-                sys.exit(f"{seed_dir}: its folds do not cover every prompt")
-            runs[(arm, int(seed_dir.name[4:]))] = {"p": p, "records": recs}
+                sys.exit(f"{root / arm / seed}: its folds do not cover every prompt")
+            runs[(arm, int(seed[4:]))] = {"p": p, "records": recs}
     return runs
 
 
@@ -509,6 +522,8 @@ def plot(path: Path, s: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lm_eval_ponder.reporting.images import save_figure
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
     for ax, rule in zip(axes, ("tau=0.2", "sampled")):
         rows = s["fixed_curve"]
@@ -532,7 +547,7 @@ def plot(path: Path, s: dict) -> None:
     fig.suptitle(f"Controllers vs fixed depth, form {s['form']}: {s['prompts']} prompts, "
                  "cross-fitted", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)  # a palette PNG: a third the bytes
     plt.close(fig)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lm_eval_ponder.reporting.report import read_samples
+from lm_eval_ponder.reporting.compact import read_samples
 
 FIELDS = ("filtered_resps", "exact_match", "gen_tokens", "flops", "ponder_steps")
 

@@ -20,9 +20,10 @@ interleaved, then 200 GSM8K train prompts), depths 0..K_max at the form's offset
 T=0.7 (or greedy), 256 new tokens. The build goes prompt block by prompt block, each finished
 at every depth and sample, so a stopped build leaves a usable prefix.
 
-The caches under ``results/headroom`` are committed (their manifest and outcomes; ``.gitignore``
-keeps out the prompts, which hold GSM8K questions, and z_0): a build spans sessions by
-committing finished blocks. In a fresh clone, first restore the prompts and z_0 from the data,
+The caches under ``results/headroom`` are committed (their manifest and each block's compact
+outcomes, ``rollouts.*.outcomes.json.xz``, which score exactly as the texts; ``.gitignore``
+keeps out the texts, the prompts, which hold GSM8K questions, and z_0): a build spans sessions
+by committing finished blocks. In a fresh clone, first restore the prompts and z_0 from the data,
 which generates nothing (``build --restore-only``), then resume or analyse as above.
 
 Forms: ``ours`` starts at alpha_start=-0.2 and ponders toward "deliberate" (the shipped
@@ -451,6 +452,8 @@ def plot(path: Path, s: dict, halves, lambdas) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from lm_eval_ponder.reporting.images import save_figure
+
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     rows = s["fixed_depths_val"]
     ax.plot([r["gen_tokens"] for r in rows], [r["accuracy"] for r in rows], "o-", color="C0",
@@ -475,7 +478,7 @@ def plot(path: Path, s: dict, halves, lambdas) -> None:
                  f"{s['samples']} samples", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)  # a palette PNG: a third the bytes
     plt.close(fig)
 
 

@@ -44,6 +44,8 @@ from pathlib import Path
 
 from headroom import FORMS, accuracy_at_tokens, bootstrap, oracle_choice, train_config
 
+from lm_eval_ponder.reporting.compact import answers_digest
+
 TASKS = {"arith": 500, "gsm8k": 500}
 
 
@@ -106,13 +108,11 @@ def run_fixed(args, out: Path, task: str, alpha: float, limit: int) -> None:
 
 # ----------------------------------------------------------------------------- reading
 def samples_file(directory: Path, task: str) -> Path | None:
-    """The run's full samples log; never the suite's text-free twin (``*.stripped.jsonl``),
-    which lacks the answers and prompts that the composition needs."""
-    from lm_eval_ponder.reporting.strip import SUFFIX
+    """The run's samples log: the full one, else the compact one a committed run keeps
+    (``reporting.compact``: scores, tokens, FLOPs, prompts and a digest of the answers)."""
+    from lm_eval_ponder.reporting.compact import latest_log
 
-    files = sorted(f for f in directory.rglob(f"samples_{task}_ponder_*.jsonl")
-                   if not f.name.endswith(SUFFIX))
-    return files[-1] if files else None
+    return latest_log(directory, f"{task}_ponder")
 
 
 def load_sweep(root: str, form: str, task: str, k_max: int) -> dict | None:
@@ -136,7 +136,7 @@ def load_sweep(root: str, form: str, task: str, k_max: int) -> dict | None:
 
     return {"docs": docs, "correct": grid("exact_match"), "gen_tokens": grid("gen_tokens"),
             "flops": grid("flops"),
-            "texts": [[p[d]["resps"][0][0] for d in docs] for p in per_k],
+            "answers": [[answers_digest(p[d]) for d in docs] for p in per_k],
             "contexts": [first[d]["arguments"]["gen_args_0"]["arg_0"] for d in docs],
             "level": np.array([-1 if first[d]["doc"].get("level") is None
                                else int(first[d]["doc"]["level"]) for d in docs]),
@@ -309,8 +309,8 @@ def depth_status(root: str, form: str, task: str, k: int) -> dict:
     """One (depth, task) run of the sweep as it stands: finished with its figures, started (a
     killed or running run keeps its answers in lm-eval's cache) or not started. Lets a sweep
     that spans sessions report what it has without waiting for the last depth."""
+    from lm_eval_ponder.reporting.compact import read_samples
     from lm_eval_ponder.reporting.measures import wilson
-    from lm_eval_ponder.reporting.report import read_samples
 
     run = run_dir(root, form, k) / "greedy" / "FR" / task  # suite's layout
     path = samples_file(run, task)
@@ -484,6 +484,8 @@ def plot(path: Path, s: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from lm_eval_ponder.reporting.images import save_figure
+
     tasks = list(s["tasks"])
     # one colour per arm across every panel
     arms = sorted({name.split("/")[0] for t in s["tasks"].values() for name in t["controllers"]})
@@ -516,7 +518,7 @@ def plot(path: Path, s: dict) -> None:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(f"Controllers vs fixed alpha, form {s['form']} (greedy, lm_eval)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)  # a palette PNG: a third the bytes
     plt.close(fig)
 
 
@@ -563,7 +565,7 @@ def controller_samples(out: Path, task: str) -> dict | None:
 
 def samples_by_doc(directory: Path, task: str) -> dict | None:
     """The answers of the run in ``directory`` on ``task`` by document id, or None."""
-    from lm_eval_ponder.reporting.report import read_samples
+    from lm_eval_ponder.reporting.compact import read_samples
 
     path = samples_file(directory, task)
     return None if path is None else {int(r["doc_id"]): r for r in read_samples(path)}
@@ -602,10 +604,10 @@ def verify(args) -> None:
         same_depth = same_text = same_text_own = 0
         for d, r in real.items():
             i, k_real = col[d], round(float(r["ponder_steps"]))
-            text = r["resps"][0][0]
+            answer = answers_digest(r)  # the sweep keeps digests of its answers, not texts
             same_depth += k_real == depth[i]
-            same_text += text == s["texts"][depth[i]][i]
-            same_text_own += text == s["texts"][k_real][i]
+            same_text += answer == s["answers"][depth[i]][i]
+            same_text_own += answer == s["answers"][k_real][i]
         n = len(real)
         n_docs += n
         cols = [col[d] for d in real]
@@ -640,7 +642,7 @@ def fixed_rerun(args, out: Path, task: str, s: dict, depths, col: dict) -> dict:
     rows = samples_by_doc(where / "greedy" / "FR" / task, task)
     if rows is None:
         sys.exit(f"{where}: the fixed re-run left no samples log")
-    same = sum(r["resps"][0][0] == s["texts"][k][col[d]] for d, r in rows.items())
+    same = sum(answers_digest(r) == s["answers"][k][col[d]] for d, r in rows.items())
     return {"depth": k, "documents": len(rows), "text_agrees_with_sweep": same / len(rows),
             "rerun_accuracy": float(np.mean([float(r["exact_match"]) for r in rows.values()])),
             "sweep_accuracy": float(np.mean([s["correct"][k][col[d]] for d in rows]))}

@@ -3,6 +3,7 @@ a wrong helper there would silently print a wrong number."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def test_threshold_rule_is_the_inference_rule(probabilities):
 # ----------------------------------------------------------------------------- testset.py
 import testset  # noqa: E402
 
+from lm_eval_ponder.reporting.compact import answers_digest, compact_tree  # noqa: E402
+
 
 @pytest.fixture
 def sweep():
@@ -79,8 +82,8 @@ def _write_samples(directory, task, docs, correct):
     import json
 
     directory.mkdir(parents=True)
-    # the suite's text-free twin sorts after the full log and must not be read for it
-    (directory / f"samples_{task}_ponder_2026.stripped.jsonl").write_text('{"doc_id": 0}\n')
+    # an older run's text-free twin must not be read for the newer run's full log
+    (directory / f"samples_{task}_ponder_2025.stripped.jsonl").write_text('{"doc_id": 0}\n')
     with open(directory / f"samples_{task}_ponder_2026.jsonl", "w") as f:
         for d, c in zip(docs, correct):
             f.write(json.dumps({
@@ -97,11 +100,29 @@ def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
     s = testset.load_sweep(str(tmp_path), "ours", "arith", 1)
     assert s["correct"].tolist() == [[1, 0, 1], [0, 0, 1]]
     assert s["contexts"] == ["question 0", "question 1", "question 2"]
-    assert s["level"].tolist() == [1, 2, 1] and s["texts"][1][2] == "answer 2"
+    assert s["level"].tolist() == [1, 2, 1]
+    assert s["answers"][1][2] == answers_digest({"resps": [["answer 2"]]})
     _write_samples(testset.run_dir(str(tmp_path), "ours", 2) / "greedy" / "FR" / "arith",
                    "arith", [0, 1], [1, 1])
     with pytest.raises(SystemExit, match="different documents"):
         testset.load_sweep(str(tmp_path), "ours", "arith", 2)
+
+
+def test_a_committed_sweep_reads_as_the_full_one(tmp_path):
+    """A clone has the sweep's compact logs only (reporting.compact): the same figures,
+    prompts and answer digests."""
+    for k, correct in enumerate(([1, 0, 1], [0, 0, 1])):
+        _write_samples(testset.run_dir(str(tmp_path / "full"), "ours", k) / "greedy" / "FR" /
+                       "arith", "arith", [0, 1, 2], correct)
+    full = testset.load_sweep(str(tmp_path / "full"), "ours", "arith", 1)
+    compact_tree(tmp_path / "full")
+    for log in (tmp_path / "full").rglob("samples_*.jsonl"):
+        log.unlink()
+    kept = testset.load_sweep(str(tmp_path / "full"), "ours", "arith", 1)
+    for key in ("docs", "answers", "contexts", "wall_s"):
+        assert kept[key] == full[key], key
+    for key in ("correct", "gen_tokens", "flops", "level"):
+        assert np.array_equal(kept[key], full[key]), key
 
 
 def test_verify_measures_the_noise_floor_at_the_controllers_modal_depth(tmp_path, monkeypatch):
@@ -324,3 +345,37 @@ def test_headroom_blocks_read_as_a_slice_and_refuse_nonsense():
     for bad in ("6", "8:6", "a:b", "-1:3"):
         with pytest.raises(argparse.ArgumentTypeError):
             headroom.block_range(bad)
+
+
+# ----------------------------------------------------------------------------- heldout.py
+import heldout  # noqa: E402
+
+
+def test_a_packed_sweep_reads_bit_for_bit_as_its_runs_files(tmp_path):
+    """A clone has one pack per sweep instead of 105 heldout.json files: every record comes
+    back exactly (the float32 probabilities too), and ``load_runs`` finds the same runs."""
+    keys = [f"k{i}" for i in range(10)]
+    p = torch.rand(10, 5, generator=torch.Generator().manual_seed(3))  # float32, like a run's
+    written = {}
+    for seed in (0, 1):
+        for fold in range(2):
+            rows = list(range(fold, 10, 2))
+            rec = {"arm": "balanced", "seed": seed, "fold": fold, "val_keys": [keys[i] for i in rows],
+                   "val_p_continue": (p[rows] ** (seed + 1)).tolist(), "val_depths": [1] * 5,
+                   "log": [{"stage": 3, "accuracy": 1 / 3}], "train_wall_s": 1.5}
+            run = tmp_path / "balanced" / f"seed{seed}" / f"fold{fold}"
+            run.mkdir(parents=True)
+            (run / heldout.RECORD).write_text(json.dumps(rec) + "\n")
+            written[f"balanced/seed{seed}/fold{fold}"] = rec
+    (tmp_path / "flops0" / "seed0" / "fold0").mkdir(parents=True)  # unfinished: no record
+    loose = adaptation.load_runs(tmp_path, keys, 2)
+    heldout.pack(tmp_path)
+    for own in tmp_path.rglob(heldout.RECORD):
+        own.unlink()
+    assert heldout.records(tmp_path) == written
+    packed = adaptation.load_runs(tmp_path, keys, 2)
+    assert packed.keys() == loose.keys() == {("balanced", 0), ("balanced", 1)}
+    for key in loose:
+        assert np.array_equal(packed[key]["p"], loose[key]["p"])
+        assert packed[key]["records"] == loose[key]["records"]
+    assert heldout.record(tmp_path, tmp_path / "flops0" / "seed0" / "fold0") is None

@@ -1,10 +1,11 @@
-"""A PNG of the report's HTML page as a browser draws it, to check that the page renders and to
-put a picture of it in the docs.
+"""A picture of the report's HTML page as a browser draws it, to check that the page renders and
+to put a picture of it in the docs.
 
 Headless Chromium from the OS packages (``apt install chromium``) draws the page; nothing is
-fetched from the network because the page is self-contained. Chromium's ``--screenshot`` takes
-the window, not the page, so the window is made tall and the blank band below the page is cut
-off afterwards.
+fetched from the network (the page and its figures are local files). Chromium's
+``--screenshot`` takes the window, not the page, so the window is made tall and the blank band
+below the page is cut off afterwards. A ``.png`` target keeps that drawing; ``.webp`` (what
+the docs keep) or ``.jpg`` gets it compressed (``images.save_page``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.reporting.images import save_page
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome-headless-shell",
             "headless_shell")
@@ -33,27 +35,31 @@ def find_browser() -> str:
                       "`apt install chromium`) or set LM_EVAL_PONDER_BROWSER")
 
 
-def screenshot(page: str | Path, png: str | Path, width: int = 1280, height: int = 12000,
+def screenshot(page: str | Path, target: str | Path, width: int = 1280, height: int = 12000,
                timeout: float = 120.0) -> Path:
-    """Draw ``page`` (a local HTML file) into ``png``, cropped to the page's content."""
-    page, png = Path(page).resolve(), Path(png)
+    """Draw ``page`` (a local HTML file) into ``target``, cropped to the page's content and,
+    unless ``target`` is a PNG, compressed (see the module docstring)."""
+    page, target = Path(page).resolve(), Path(target)
     if not page.is_file():
         raise PonderError(f"no such page: {page}")
-    png.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as profile:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        png = target if target.suffix.lower() == ".png" else Path(scratch) / "page.png"
         cmd = [find_browser(), "--headless", "--no-sandbox", "--disable-gpu",
-               "--hide-scrollbars", f"--user-data-dir={profile}",
+               "--hide-scrollbars", f"--user-data-dir={Path(scratch) / 'profile'}",
                f"--window-size={width},{height}", f"--screenshot={png.resolve()}",
                page.as_uri()]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             raise PonderError(f"the browser did not finish drawing {page} in {timeout:.0f} s") from e
-    if done.returncode != 0 or not png.is_file():
-        raise PonderError(f"the browser could not draw {page} (exit {done.returncode}): "
-                          f"{done.stderr.strip()[-500:]}")
-    crop_blank_bottom(png)
-    return png
+        if done.returncode != 0 or not png.is_file():
+            raise PonderError(f"the browser could not draw {page} (exit {done.returncode}): "
+                              f"{done.stderr.strip()[-500:]}")
+        crop_blank_bottom(png)
+        if png != target:
+            save_page(png, target)
+    return target
 
 
 def crop_blank_bottom(png: Path, margin: int = 16) -> None:

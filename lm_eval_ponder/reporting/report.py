@@ -47,9 +47,8 @@ from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
 from lm_eval_ponder.reporting.measures import by_level, figures, spearman
+from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.plots import plots, table_rank
-from lm_eval_ponder.reporting.strip import SUFFIX as STRIPPED
-from lm_eval_ponder.reporting.strip import answers_digest, stripped_path
 
 BASES = {"cot": "CoT", "bon": "BoN"}
 
@@ -110,16 +109,6 @@ def _marker(path: Path, roots: list[Path]) -> dict | None:
     return None
 
 
-def read_samples(path: Path) -> list[dict]:
-    """A samples log, one entry per question (lm-eval logs one per filter)."""
-    samples: dict = {}
-    with open(path) as f:
-        for line in f:
-            sample = json.loads(line)
-            samples.setdefault(sample["doc_id"], sample)
-    return list(samples.values())
-
-
 def pool(kept: Run, other: Run) -> None:
     """Add ``other``'s questions to ``kept``: the same label, dataset and identity, so the same
     configuration; refused when the two disagree on a question both answered."""
@@ -150,23 +139,21 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         data = json.loads(result.read_text())
         config = data.get("config", {})
         model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
-        stamp = result.stem[len("results_"):]
         marker = _marker(result.parent, roots)
         for task in data.get("results", {}):
             if "_ponder" not in task:
                 continue
-            samples_file = result.parent / f"samples_{task}_{stamp}.jsonl"
-            if not samples_file.is_file():  # a committed run keeps only the text-free log
-                samples_file = stripped_path(samples_file)
-            if not samples_file.is_file():
+            # the full log, else the compact one a committed run keeps (reporting.compact)
+            samples_file = run_log(result, task)
+            if samples_file is None:
                 continue
             backbone, method = _label(task, model, args, marker,
                                       config.get("ponder_fingerprint"))
             samples = read_samples(samples_file)
-            if not samples_file.name.endswith(STRIPPED):
+            if is_full(samples_file):
                 note = estimators.fill(samples, model, args) or ""
-            else:  # no answers to re-count: say so rather than guess
-                note = ("tokens and FLOPs not estimated: only the text-free log was kept"
+            else:  # no prompts and answers to re-count: say so rather than guess
+                note = ("tokens and FLOPs not estimated: only the compact log was kept"
                         if needs_estimate(samples) else "")
             run = Run(backbone, method, task.partition("_ponder")[0], samples, str(result),
                       Identity.of(data, task), note=note)
@@ -367,7 +354,7 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
         for s in fp.samples:
             others = [idx[m].get(s["doc_id"]) for m in ("CoT", "Direct")]
             if None in others or any("resps" not in x for x in (s, *others)):
-                continue  # a text-free log (reporting.strip) has nothing to quote
+                continue  # a compact log without its answers file has nothing to quote
             if s["exact_match"] and any(not o["exact_match"] for o in others):
                 good.append((s, others))
             elif not s["exact_match"] and any(o["exact_match"] for o in others) and not bad:
@@ -382,9 +369,11 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
 
 def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
                images: list[tuple[Path, str]], cases: list[dict], spearmans: list,
-               out: Path) -> None:
+               out: Path, link_figures: bool = False) -> None:
     """One self-contained page (figures inlined as data URIs): it opens from disk, or from an
-    e-mail attachment, with nothing beside it."""
+    e-mail attachment, with nothing beside it. With ``link_figures`` the page names the figure
+    files beside it instead: a page of a few kB rather than 0.1-1 MB, for a directory that
+    keeps the figures anyway (docs/leaderboard, which every clone carries)."""
     def cell(f):
         if not f:
             return "<td>-</td><td>-</td><td>-</td>"
@@ -418,8 +407,9 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
             f"<li>{html.escape(spearman_text(*row))}</li>" for row in spearmans) + "</ul>")
     parts.append("<h2>Figures</h2>")
     for img, caption in images:
-        data = base64.b64encode(img.read_bytes()).decode()
-        parts.append(f"<figure><img alt='{img.name}' src='data:image/png;base64,{data}'>"
+        src = html.escape(img.name) if link_figures else \
+            "data:image/png;base64," + base64.b64encode(img.read_bytes()).decode()
+        parts.append(f"<figure><img alt='{img.name}' src='{src}'>"
                      f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     parts.append("<h2>Cases</h2><p>Rule: per dataset, the first two questions (document order)"
                  " where FP is right and CoT or Direct is wrong, and the first where FP is wrong"
@@ -441,7 +431,7 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
     (out / "leaderboard.html").write_text("\n".join(parts))
 
 
-def report(paths: list[str | Path], out: str | Path) -> str:
+def report(paths: list[str | Path], out: str | Path, link_figures: bool = False) -> str:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = load_runs(paths)
@@ -459,7 +449,7 @@ def report(paths: list[str | Path], out: str | Path) -> str:
         with open(out / "leaderboard.md", "a") as f:
             f.write("\nPonder depth against difficulty:\n\n" + "".join(
                 f"- {spearman_text(*row)}\n" for row in spear))
-    write_html(rows, datasets, notes, images, case_studies(common), spear, out)
+    write_html(rows, datasets, notes, images, case_studies(common), spear, out, link_figures)
     return "\n".join([md] + [spearman_text(*row) for row in spear])
 
 
@@ -470,12 +460,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="lm-eval --output_path directories")
     parser.add_argument("--output", default=None, help="report directory (default: the first "
                         "path)")
-    parser.add_argument("--screenshot", default=None, metavar="PNG",
-                        help="also draw leaderboard.html with headless Chromium into PNG, to "
-                        "check that the page renders")
+    parser.add_argument("--screenshot", default=None, metavar="IMAGE",
+                        help="also draw leaderboard.html with headless Chromium into IMAGE, to "
+                        "check that the page renders: a .png as drawn, a .webp (what the docs "
+                        "keep) or .jpg 800 px wide and compressed")
+    parser.add_argument("--link-figures", action="store_true",
+                        help="leaderboard.html names the figure files beside it instead of "
+                        "inlining them (a page of kB instead of MB; it then needs its directory)")
     a = parser.parse_args(argv)
     out = Path(a.output or a.paths[0])
-    print(report(a.paths, out))
+    print(report(a.paths, out, a.link_figures))
     if a.screenshot:
         from lm_eval_ponder.reporting.render import screenshot
 

@@ -11,9 +11,9 @@ A run whose directory already holds results is skipped, so an interrupted suite 
 where it stopped; with ``--resume_within`` a run also keeps its answers as they come (lm-eval's
 ``--use_cache``, stamped with the model's settings; sampled answers too, ``evaluation.resume``),
 so a long run resumes mid-dataset.
-Every finished run also gets a text-free twin of its samples log (``reporting.strip``): that,
-its ``results_*.json`` and ``ponder_run.json`` are what a repository can keep of a run on a
-public benchmark, and all the report needs.
+Every finished run also gets a compact log of its samples (``reporting.compact``: one small xz
+file, no benchmark text): that, its ``results_*.json`` and ``ponder_run.json`` are what a
+repository keeps of a run, and all the report needs.
 Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct, FP-CoT,
 FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
 message, when there is none).
@@ -40,7 +40,7 @@ from lm_eval_ponder.files import atomic_write_text
 from lm_eval_ponder.evaluation.resume import (
     KEPT_SUFFIX, export_kept, kept_answers, kept_path, restore_kept,
 )
-from lm_eval_ponder.reporting.strip import strip_tree
+from lm_eval_ponder.reporting.compact import compact_tree
 
 LOGGER = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ def run_suite(a: argparse.Namespace) -> Path:
         print(snapshot(runs, out))
         return out
     if out.is_dir():
-        strip_tree(out)  # runs finished before text-free logs existed
+        compact_tree(out)  # runs finished before compact logs existed
     for i, r in enumerate(runs, 1):
         target = run_dir(out, r)
         if list(target.rglob("results_*.json")):
@@ -328,7 +328,7 @@ def run_suite(a: argparse.Namespace) -> Path:
              "attempts": attempts, "ran_s_all_attempts": total,
              "unclocked_attempts": unclocked, "command": cmd[1:],
              "preload": env.get("LD_PRELOAD", "")}, indent=1))
-        strip_tree(target)
+        compact_tree(target)
         for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
             twin.unlink()  # the run's summary replaces its unfinished answers
     if a.report:

@@ -17,10 +17,18 @@ Choices where the paper is silent or inconsistent (documented, so they can be ar
   correctness, so by default only w_flops adapts, toward ``balance_ratio`` x mean |R_acc|: the
   middle of the paper's validated band 0.1 <= E|R_flops| / E[R_acc] <= 1.
 - Completeness "stages" are detected by the regular expressions in ``STAGE_PATTERNS``.
+
+The two text-based components read an answer through a few numbers only (``text_features``:
+which stages it shows, its whitespace words, its repeated n-grams), so a rollout cache kept
+without its texts (``rollouts.py``) keeps those and scores exactly as with the text, for any
+stage weights and betas; ``TEXT_FEATURES`` names the patterns they were taken with.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import math
 import re
 from collections.abc import Callable
@@ -36,6 +44,11 @@ STAGE_PATTERNS: dict[str, str] = {
     "verification": r"\b(check|verif(y|ied|ying)|indeed|double-check|confirm|substitut)",
     "conclusion": r"(\bthe (final )?answer is\b|\btherefore\b|\bthus\b|\bso,? the\b|\\boxed)",
 }
+# n of the repeated n-grams R_rep counts (one beta each)
+REPEAT_ORDERS = (1, 2, 3)
+# What a text's features were taken with: features kept under another value are stale.
+TEXT_FEATURES = hashlib.sha256(json.dumps(
+    [STAGE_PATTERNS, REPEAT_ORDERS, "re.IGNORECASE", "str.split"]).encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -112,10 +125,28 @@ def flops_reward(flops: float, mean_hist: float, std_hist: float, cfg: RewardCon
     return -cfg.lambda_flops * (flops - mean_hist) / (std + cfg.eps)
 
 
+def text_features(text: str) -> dict:
+    """All that R_comp and R_rep read of an answer: the stages it shows, its number of
+    whitespace words and its repeated n-grams of each order in ``REPEAT_ORDERS``."""
+    words = text.split()
+    return {"stages": [stage for stage, pattern in STAGE_PATTERNS.items()
+                       if re.search(pattern, text, flags=re.IGNORECASE)],
+            "words": len(words), "repeated": [repeated_ngrams(words, n) for n in REPEAT_ORDERS]}
+
+
+def record_features(record: dict) -> dict:
+    """An outcome's text features: from its text, else the ones its cache kept."""
+    return text_features(record["text"]) if "text" in record else record["text_features"]
+
+
 def completeness_reward(text: str, cfg: RewardConfig) -> float:
     """Reasoning completeness, eq. (completeness_reward): sum of w_s over detected stages."""
-    return sum(w for stage, w in cfg.stage_weights.items()
-               if re.search(STAGE_PATTERNS[stage], text, flags=re.IGNORECASE))
+    return completeness_of(text_features(text), cfg)
+
+
+def completeness_of(features: dict, cfg: RewardConfig) -> float:
+    """``completeness_reward`` from an answer's ``text_features``."""
+    return sum(w for stage, w in cfg.stage_weights.items() if stage in features["stages"])
 
 
 def quality_reward(n_tokens: int, ppl: float | None, ppl_baseline: float, sigma_ppl: float,
@@ -139,11 +170,15 @@ def repeated_ngrams(words: list[str], n: int) -> int:
 def repetition_reward(text: str, cfg: RewardConfig) -> float:
     """Anti-repetition, eq. (antirepetition_reward): -sum_n beta_n |repeated_n| / |y|, n=1..3,
     over whitespace words."""
-    words = text.split()
-    if not words:
+    return repetition_of(text_features(text), cfg)
+
+
+def repetition_of(features: dict, cfg: RewardConfig) -> float:
+    """``repetition_reward`` from an answer's ``text_features``."""
+    if not features["words"]:
         return 0.0
-    return -sum(beta * repeated_ngrams(words, n) / len(words)
-                for n, beta in zip((1, 2, 3), cfg.rep_betas))
+    return -sum(beta * repeated / features["words"]
+                for repeated, beta in zip(features["repeated"], cfg.rep_betas))
 
 
 def total_reward(components: dict[str, float], weights: dict[str, float]) -> float:
@@ -239,15 +274,20 @@ class RewardContext:
     ppl_ref: tuple[float, float]
     cfg: RewardConfig
 
+    @functools.cached_property
+    def features(self) -> dict:
+        """The record's text features, taken once for both text-based components."""
+        return record_features(self.record)
+
 
 # The reward as a list of named functions (TRL's ``reward_funcs`` shape): each component is
 # computed, logged (``R_<name>`` in train_log.jsonl) and weighted under its name.
 REWARD_FUNCTIONS: list[tuple[str, Callable[[RewardContext], float]]] = [
     ("acc", lambda c: accuracy_reward(c.record["correct"], c.record.get("rel_error"), c.cfg)),
     ("flops", lambda c: flops_reward(c.flops, c.flops_mean, c.flops_std, c.cfg)),
-    ("comp", lambda c: completeness_reward(c.record["text"], c.cfg)),
+    ("comp", lambda c: completeness_of(c.features, c.cfg)),
     ("qual", lambda c: quality_reward(c.record["gen_tokens"], c.record.get("ppl"), *c.ppl_ref,
                                       c.cfg)),
-    ("rep", lambda c: repetition_reward(c.record["text"], c.cfg)),
+    ("rep", lambda c: repetition_of(c.features, c.cfg)),
 ]
 assert tuple(name for name, _ in REWARD_FUNCTIONS) == COMPONENTS

@@ -21,6 +21,14 @@ What is stored, in one directory:
   unsteered backbone). Lines are appended and fsynced per batch; on restart finished lines are
   skipped and a torn last line is ignored, so an interruption loses at most one batch. Under
   ``accelerate launch`` each rank generates its share of the prompts into its own file.
+- ``rollouts.rank<r>[.part<b>].outcomes.json.xz``: the same outcomes without their texts, what
+  a repository keeps (issue 35: a cache's texts are 15-20 MB, its outcomes 0.4 MB). Columns
+  of the fields training and the analyses read (key, depth, sample, grade, tokens, FLOPs,
+  relative error, perplexity) and, for the text, the features the reward reads of it
+  (``rewards.text_features``), tagged with the patterns they were taken with. Rewritten
+  (atomically) after every append with every record of its part, so it never holds less than
+  its plain file. A record is read from the plain file where that has it (texts and all),
+  else from the compact twin (a clone, where only the twins are).
 """
 
 from __future__ import annotations
@@ -38,11 +46,17 @@ from safetensors.torch import load_file, save_file
 
 from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import atomic_write, atomic_write_text
+from lm_eval_ponder.files import (atomic_write, atomic_write_text, atomic_write_xz,
+                                  exact_float32, read_text, short_float32)
+from lm_eval_ponder.training.rewards import TEXT_FEATURES, text_features
 
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.jsonl"
 STATES = "states.safetensors"
+OUTCOMES = ".outcomes.json.xz"
+OUTCOMES_FORMAT = "lm-eval-ponder rollout outcomes, columns, v1"
+# The columns a compact part keeps: every field that training and the analyses read.
+OUTCOME_FIELDS = ("key", "depth", "sample", "correct", "gen_tokens", "flops", "rel_error", "ppl")
 TASK_KINDS = {"arith": "numeric", "gsm8k": "numeric", "math500": "math", "gpqa": "choice"}
 
 
@@ -275,14 +289,12 @@ class RolloutCache:
 
     # ----------------------------------------------------------- outcomes
     def records(self) -> Iterator[dict]:
-        """Every complete record of every rank's file; a torn last line is skipped."""
-        for path in sorted(self.dir.glob("rollouts.rank*.jsonl")):
-            with open(path) as f:
-                for line in f:
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
+        """Every complete record of every rank's file (a torn last line is skipped): from the
+        plain file where it has the record, else from its compact twin."""
+        stems = {p.name[:-len(".jsonl")] for p in self.dir.glob("rollouts.rank*.jsonl")} | \
+            {p.name[:-len(OUTCOMES)] for p in self.dir.glob("rollouts.rank*" + OUTCOMES)}
+        for stem in sorted(stems):
+            yield from part_records(self.dir / f"{stem}.jsonl")
 
     def done(self) -> set[tuple[str, int, int]]:
         return {(r["key"], r["depth"], r["sample"]) for r in self.records()}
@@ -303,6 +315,7 @@ class RolloutCache:
                 f.write(json.dumps(r, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        write_outcomes(path)
 
     def table(self) -> dict[tuple[str, int], list[dict]]:
         """(prompt key, depth) -> its samples, sorted by sample index."""
@@ -312,6 +325,81 @@ class RolloutCache:
         for v in out.values():
             v.sort(key=lambda r: r["sample"])
         return out
+
+
+def outcomes_path(plain: Path) -> Path:
+    return plain.with_name(plain.name[:-len(".jsonl")] + OUTCOMES)
+
+
+def plain_records(plain: Path) -> list[dict]:
+    """The complete lines of a plain outcomes file (none if it is absent)."""
+    rows = []
+    if plain.is_file():
+        with open(plain) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a torn last line: its batch is generated again
+    return rows
+
+
+def part_records(plain: Path) -> list[dict]:
+    """One part's records: its plain file's, and those of its compact twin that the plain file
+    lacks (a part begun in a clone that had only the compact twin)."""
+    rows = plain_records(plain)
+    compact = outcomes_path(plain)
+    if compact.is_file():
+        have = {(r["key"], r["depth"], r["sample"]) for r in rows}
+        rows = [r for r in read_outcomes(compact)
+                if (r["key"], r["depth"], r["sample"]) not in have] + rows
+    return rows
+
+
+def write_outcomes(plain: Path) -> Path:
+    """Rewrite the compact twin of a plain outcomes file (see the module docstring) with every
+    record of the part."""
+    rows = part_records(plain)
+    keys = sorted({r["key"] for r in rows})
+    index = {k: i for i, k in enumerate(keys)}
+    columns: dict[str, list] = {name: [r.get(name) for r in rows] for name in OUTCOME_FIELDS}
+    columns["key"] = [index[r["key"]] for r in rows]
+    features = [text_features(r["text"]) if "text" in r else r["text_features"] for r in rows]
+    for name in ("stages", "words", "repeated"):
+        columns[name] = [f[name] for f in features]
+    float32 = []
+    ppl = short_float32(columns["ppl"])  # perplexities are float32: 8 digits, not 17
+    if ppl is not None:
+        columns["ppl"], float32 = ppl, ["ppl"]
+    target = outcomes_path(plain)
+    atomic_write_xz(target, json.dumps({"format": OUTCOMES_FORMAT, "text_features": TEXT_FEATURES,
+                                        "float32": float32, "keys": keys, "columns": columns}))
+    return target
+
+
+def read_outcomes(path: Path) -> list[dict]:
+    """The records of a compact outcomes file, with ``text_features`` in place of ``text``."""
+    try:
+        data = json.loads(read_text(path))
+        columns = data["columns"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise PonderError(f"{path}: not a compact rollout outcomes file ({error})") from error
+    if data.get("text_features") != TEXT_FEATURES:
+        raise PonderError(
+            f"{path} keeps the text features of other completeness patterns "
+            f"({data.get('text_features')}, these are {TEXT_FEATURES}): the texts are needed "
+            "to score it; restore the plain part from git history (its .jsonl, e.g. `git log "
+            "--all -- PATH` then `git show COMMIT:PATH > PATH`) and it is read instead")
+    for name in data.get("float32", []):
+        columns[name] = exact_float32(columns[name])
+    keys, out = data["keys"], []
+    for i in range(len(columns["key"])):
+        record = {name: columns[name][i] for name in OUTCOME_FIELDS}
+        record["key"] = keys[record["key"]]
+        record["text_features"] = {name: columns[name][i]
+                                   for name in ("stages", "words", "repeated")}
+        out.append(record)
+    return out
 
 
 def cache_identity(lm, cfg: RolloutConfig, offsets: list[float], prompts: list[Prompt]) -> dict:

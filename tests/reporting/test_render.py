@@ -40,3 +40,29 @@ def test_a_page_is_drawn_and_cropped(tmp_path):
         rgb = np.asarray(img.convert("RGB"))
     assert rgb.shape[1] == 400 and 200 <= rgb.shape[0] < 400
     assert tuple(rgb[100, 200]) == (204, 0, 0)
+
+
+def test_a_webp_target_gets_the_drawing_compressed(tmp_path, monkeypatch):
+    """What the docs keep: the browser's PNG cropped, resized to 800 px and saved as WebP.
+    A stand-in browser draws a page of a red band on white."""
+    import sys
+
+    fake = tmp_path / "fake-browser"
+    fake.write_text(f"#!{sys.executable}\n" + "\n".join([
+        "import sys, numpy as np",
+        "from PIL import Image",
+        "args = dict(a[2:].split('=', 1) for a in sys.argv[1:] if '=' in a)",
+        "w, h = map(int, args['window-size'].split(','))",
+        "px = np.full((h, w, 3), 255, dtype=np.uint8)",
+        "px[:1000] = (204, 0, 0)",
+        "Image.fromarray(px).save(args['screenshot'])"]) + "\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("LM_EVAL_PONDER_BROWSER", str(fake))
+    page = tmp_path / "page.html"
+    page.write_text("<!doctype html>")
+    out = render.screenshot(page, tmp_path / "docs" / "page.webp", width=1600, height=3000)
+    assert [p.name for p in out.parent.iterdir()] == ["page.webp"]  # no PNG left beside it
+    with Image.open(out) as img:
+        assert img.format == "WEBP" and img.size == (800, round(1016 * 800 / 1600))
+        r, g, b = img.convert("RGB").getpixel((400, 100))
+    assert r > 180 and g < 40 and b < 40

@@ -68,6 +68,18 @@ def test_report_files_bold_and_spearman(runs, tmp_path):
     assert "data:image/png;base64" in html and "Rule:" in html
 
 
+def test_linked_figures_make_a_small_page_of_the_same_report(runs, tmp_path):
+    """``--link-figures`` (what docs/leaderboard keeps): the page names the PNGs beside it;
+    tables and figures are the report's own."""
+    rp.main([str(runs), "--output", str(tmp_path / "inline")])
+    assert rp.main([str(runs), "--output", str(tmp_path / "linked"), "--link-figures"]) == 0
+    inline, linked = ((tmp_path / d / "leaderboard.html").read_text() for d in ("inline", "linked"))
+    assert "base64" not in linked and "src='pareto_arith.png'" in linked
+    assert len(linked) < len(inline) / 5
+    for name in ("leaderboard.md", "leaderboard.csv"):
+        assert (tmp_path / "linked" / name).read_text() == (tmp_path / "inline" / name).read_text()
+
+
 def test_a_controller_with_one_depth_is_reported_not_dropped():
     """A controller that halts at the same depth everywhere has no depth-difficulty
     correlation: the report says so instead of leaving the run out of the list."""

@@ -79,12 +79,13 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
             "--no_chat_template", "--resume_within", "--no_report"]
     suite.main(argv)
     target = tmp_path / "s" / "greedy" / "FR" / "arith"
-    logs = [p for p in target.rglob("samples_*.jsonl") if not p.name.endswith(".stripped.jsonl")]
+    logs = list(target.rglob("samples_*.jsonl"))
     first = [p.read_text() for p in logs]
     assert list(target.glob("answers*")) and not (tmp_path / "s" / "report").exists()
-    assert [p.name for p in target.rglob("samples_*.stripped.jsonl")] == \
-        [p.name.replace(".jsonl", ".stripped.jsonl") for p in logs]  # the committable twin
-    for p in [*target.rglob("results_*.json"), *target.rglob("samples_*.jsonl")]:
+    assert sorted(p.name for p in target.rglob("samples_*.xz")) == sorted(
+        p.name.replace(".jsonl", suffix) for p in logs
+        for suffix in (".compact.jsonl.xz", ".answers.jsonl.xz"))  # what a commit keeps
+    for p in [*target.rglob("results_*.json"), *target.rglob("samples_*")]:
         p.unlink()  # as if killed before lm-eval wrote its files
     # ... then snapshotted to text for a commit, and the machine (with its store) lost
     assert suite.main(argv + ["--snapshot"]) == 0
@@ -96,8 +97,7 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
     assert "3 kept answers restored from answers_rank0.kept.jsonl.gz" in err
     assert "Cached requests: 3, Requests remaining: 0" in err
     assert not list(target.glob("*.kept.jsonl.gz"))  # the finished run's summary replaces it
-    again = [p.read_text() for p in target.rglob("samples_*.jsonl")
-             if not p.name.endswith(".stripped.jsonl")]
+    again = [p.read_text() for p in target.rglob("samples_*.jsonl")]
     assert [s.split('"resps"')[1][:200] for s in again] == \
         [s.split('"resps"')[1][:200] for s in first]
     # the run says that its wall time is the second attempt's only

@@ -13,9 +13,11 @@ from lm_eval_ponder.pondering.controller import PonderController, save_controlle
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
+from lm_eval_ponder.files import atomic_write_xz, read_text
+from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.training.rollouts import (
-    RolloutCache, RolloutConfig, build_cache, generate_missing, generation_kwargs,
-    prepare_cache, train_documents)
+    OUTCOME_FIELDS, OUTCOMES, RolloutCache, RolloutConfig, build_cache, generate_missing,
+    generation_kwargs, prepare_cache, train_documents)
 
 OFFSETS = cumulative_offsets(PonderConfig(k_max=2, alpha0=0.5, alpha_start=-0.5)).tolist()
 CFG = RolloutConfig(prompts={"arith_ponder": 4, "gsm8k_ponder": 1}, max_completion_length=6,
@@ -123,13 +125,9 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_pat
 
 def test_cache_kept_without_its_prompts_says_how_to_restore_them_and_restores_exactly(
         lm, cache, tmp_path):
-    # What a committed cache holds: the manifest and the outcomes, not the prompts (benchmark
-    # questions) or z_0.
-    kept = tmp_path / "kept"
-    kept.mkdir()
-    (kept / "manifest.json").write_bytes((cache.dir / "manifest.json").read_bytes())
-    for path in cache.dir.glob("rollouts.rank*.jsonl"):
-        (kept / path.name).write_bytes(path.read_bytes())
+    # What a committed cache holds: the manifest and the compact outcomes, not the prompts
+    # (benchmark questions), z_0 or the texts.
+    kept = committed_copy(cache.dir, tmp_path / "kept")
     with pytest.raises(PonderError, match="--restore-only"):
         RolloutCache(kept).prompts()
     with pytest.raises(PonderError, match="not its prompts and z_0"):
@@ -138,6 +136,63 @@ def test_cache_kept_without_its_prompts_says_how_to_restore_them_and_restores_ex
     assert restored.prompts() == cache.prompts() == prompts
     torch.testing.assert_close(restored.states(), cache.states())
     assert restored.done() == cache.done()  # the outcomes are untouched: nothing to generate
+
+
+def committed_copy(directory, kept):
+    """What git keeps of a cache: its manifest and the compact twins of its outcome files."""
+    kept.mkdir()
+    (kept / "manifest.json").write_bytes((directory / "manifest.json").read_bytes())
+    for path in directory.glob("rollouts.rank*" + OUTCOMES):
+        (kept / path.name).write_bytes(path.read_bytes())
+    return kept
+
+
+def test_compact_outcomes_score_exactly_as_the_texts(cache, tmp_path):
+    """A clone trains and analyses on the compact twins: every field the trainer reads comes
+    back bit for bit, and every reward component equals the one computed from the text."""
+    kept = RolloutCache(committed_copy(cache.dir, tmp_path / "kept"))
+    assert not list(kept.dir.glob("*.jsonl"))
+    full = {(r["key"], r["depth"], r["sample"]): r for r in cache.records()}
+    compact = {(r["key"], r["depth"], r["sample"]): r for r in kept.records()}
+    assert compact.keys() == full.keys()
+    stats = R.RunningStats(0.99)
+    stats.update([1e9, 2e9])
+    cfg = R.RewardConfig(stage_weights={"setup": 0.1, "computation": 0.2, "verification": 0.3,
+                                        "conclusion": 0.4}, rep_betas=(0.01, 0.2, 0.3))
+    for k, r in full.items():
+        c = compact[k]
+        assert "text" not in c and all(c[f] == r[f] for f in OUTCOME_FIELDS)
+        for config in (cfg, R.RewardConfig()):
+            assert R.reward_components(c, 1.5e9, stats, (3.0, 1.0), config) == \
+                R.reward_components(r, 1.5e9, stats, (3.0, 1.0), config)
+
+
+def test_a_part_begun_in_a_clone_keeps_its_committed_outcomes(cache, tmp_path):
+    """A session that finishes a part only its compact twin came with appends to a new plain
+    file: the twin's records stay, and the rewritten twin holds them all."""
+    kept = RolloutCache(committed_copy(cache.dir, tmp_path / "kept"))
+    records = list(cache.records())
+    [twin] = kept.dir.glob("rollouts.rank*" + OUTCOMES)
+    plain = twin.with_name(twin.name[:-len(OUTCOMES)] + ".jsonl")
+    # as if the committed twin had all but the last two outcomes of the part
+    atomic_write_xz(twin, json.dumps({**json.loads(read_text(twin)), "columns": {
+        name: values[:-2] for name, values in json.loads(read_text(twin))["columns"].items()}}))
+    assert len(list(kept.records())) == len(records) - 2
+    kept.append(0, records[-2:], part=None if "part" not in plain.name else
+                int(plain.name.split("part")[1][:3]))
+    assert len(list(kept.records())) == len(records)
+    plain.unlink()  # the next clone has the rewritten twin alone
+    assert sorted((r["key"], r["depth"], r["sample"]) for r in kept.records()) == \
+        sorted((r["key"], r["depth"], r["sample"]) for r in records)
+
+
+def test_outcomes_kept_under_other_patterns_are_refused(cache, tmp_path, monkeypatch):
+    from lm_eval_ponder.training import rollouts
+
+    kept = RolloutCache(committed_copy(cache.dir, tmp_path / "kept"))
+    monkeypatch.setattr(rollouts, "TEXT_FEATURES", "other")
+    with pytest.raises(PonderError, match="other completeness patterns.*git show"):
+        list(kept.records())
 
 
 def test_cache_refuses_other_settings(lm, cache):

@@ -1,0 +1,202 @@
+"""Per-sample logs in the form the repository keeps: one small xz file per run, holding what
+the reports read and no benchmark text, so finished runs can be committed and a leaderboard
+can span sessions and machines while the tracked tree stays small (issue 35).
+
+lm-eval's ``--log_samples`` file holds per question the document, the prompt, the answers
+(twice: ``resps`` and ``filtered_resps``) and three SHA-256 hashes: 1-3 MB per 500 questions.
+GPQA text must never enter the repository, and GSM8K/MATH500 text has no business there
+either. The reports need little of it: per question the scores, the accounting, the level,
+and (to refuse pooling two runs that disagree, and for ``testset.py verify``) whether two
+answers are the same. The compact log (``COMPACT``) keeps, per line of the full log:
+
+- ``doc_id``, the document's labels (``DOC_KEEP``: level, subject, identifiers), ``filter``
+  and every numeric metric (exact_match, gen_tokens, flops, ponder_steps, ...);
+- ``resps_sha256``: the first 16 hex digits of the SHA-256 of the answers (64 bits: a chance
+  collision between two different answers is out of reach; the full hash cost 32
+  incompressible bytes per question);
+- for our own synthetic data (``TEXT_KEPT``: the arith ladder) also the whole document, the
+  target and the prompt (``arguments``): the case studies quote the question and target, and
+  ``testset.py`` computes z_0 from the prompts.
+
+The answers of a ``TEXT_KEPT`` run go to a second file beside it (``ANSWERS``); the repository
+keeps only those a report quotes (see ``.gitignore``), and ``read_samples`` merges them back
+when present. Dropped: lm-eval's doc/prompt/target hashes (no reader uses them; ``doc_id``
+identifies a question within a task), ``metrics`` (the names of the numeric keys) and
+``filtered_resps`` where it is what lm-eval's "none" filter makes of ``resps``.
+
+The readers take every form a run may have: the full log (preferred: it has everything), the
+compact log, and the older text-free twin (``STRIPPED``, full hash), which the first committed
+runs had. Case studies, which quote text, skip runs whose answers are not at hand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import read_jsonl, write_jsonl_xz
+
+FULL = ".jsonl"
+COMPACT = ".compact.jsonl.xz"
+ANSWERS = ".answers.jsonl.xz"
+STRIPPED = ".stripped.jsonl"  # the text-free twin of earlier versions: read, no longer written
+# The order a run's logs are read in: the first present wins.
+PREFERENCE = (FULL, COMPACT, STRIPPED)
+# Datasets that are our own synthetic data: their documents, prompts and answers may be kept.
+TEXT_KEPT = frozenset({"arith"})
+# Document fields that are labels, never text (level, subject, identifiers).
+DOC_KEEP = ("id", "level", "n_ops", "subject", "unique_id", "high-level domain", "subdomain")
+DIGEST_HEX = 16
+
+
+def answers_digest(sample: dict) -> str:
+    """One value per distinct set of answers: what pooling compares when the text is gone."""
+    if "resps_sha256" in sample:
+        return sample["resps_sha256"][:DIGEST_HEX]
+    blob = json.dumps(sample.get("resps"), sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:DIGEST_HEX]
+
+
+def default_filtered(resps: list) -> list:
+    """What lm-eval's "none" filter logs as ``filtered_resps``: each request's one answer, or
+    all of a request's answers when it has several (Best-of-N)."""
+    return [r[0] if isinstance(r, list) and len(r) == 1 else r for r in resps]
+
+
+def compact_sample(sample: dict, keep_text: bool) -> tuple[dict, dict | None]:
+    """A sample as the reports need it, and (``keep_text``, when it has answers) its answers."""
+    out: dict = {"doc_id": sample["doc_id"]}
+    doc = sample.get("doc") or {}
+    out["doc"] = dict(doc) if keep_text else {
+        k: doc[k] for k in DOC_KEEP if k in doc
+        and isinstance(doc[k], (int, float, str)) and len(str(doc[k])) <= 64}
+    if keep_text:
+        for key in ("target", "arguments"):
+            if key in sample:
+                out[key] = sample[key]
+    if "filter" in sample:
+        out["filter"] = sample["filter"]
+    for key, value in sample.items():  # the metrics: numbers only
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "doc_id":
+            out[key] = value if math.isfinite(value) else None
+    out["resps_sha256"] = answers_digest(sample)
+    if not keep_text or "resps" not in sample:
+        return out, None
+    answers = {"doc_id": sample["doc_id"], "resps": sample["resps"]}
+    if sample.get("filtered_resps") != default_filtered(sample["resps"]):
+        answers["filtered_resps"] = sample.get("filtered_resps")
+    return out, answers
+
+
+def dataset_of(log: Path) -> str:
+    """The dataset of a samples log from its name: samples_arith_ponder_cot_<stamp>... -> arith."""
+    return log.name[len("samples_"):].partition("_ponder")[0]
+
+
+def form_of(log: Path) -> str | None:
+    """Which form of a samples log a file is (``COMPACT``, ``ANSWERS``, ``STRIPPED`` or
+    ``FULL``), None for any other file."""
+    if not log.name.startswith("samples_"):
+        return None
+    return next((s for s in (COMPACT, ANSWERS, STRIPPED, FULL) if log.name.endswith(s)), None)
+
+
+def base_of(log: Path) -> str:
+    """A log's name without its form's suffix: samples_<task>_<stamp>."""
+    form = form_of(log)
+    if form is None:
+        raise PonderError(f"not an lm-eval samples log: {log}")
+    return log.name[:-len(form)]
+
+
+def compact_path(log: Path) -> Path:
+    return log.with_name(base_of(log) + COMPACT)
+
+
+def answers_path(log: Path) -> Path:
+    return log.with_name(base_of(log) + ANSWERS)
+
+
+def compact_file(log: Path) -> Path:
+    """Write the compact log of a full samples log (or of an older text-free twin) beside it,
+    with its answers file for a ``TEXT_KEPT`` dataset, and return the compact log's path."""
+    if form_of(log) not in (FULL, STRIPPED):
+        raise PonderError(f"not an lm-eval samples log: {log}")
+    keep_text = dataset_of(log) in TEXT_KEPT
+    pairs = [compact_sample(s, keep_text) for s in read_jsonl(log)]
+    answers = [a for _, a in pairs if a is not None]
+    # the answers first: a compact log never names answers that are not beside it yet. Each
+    # file is written under a temporary name of this writer's own, since two suites started
+    # side by side both compact the finished runs
+    if answers:
+        write_jsonl_xz(answers_path(log), answers)
+    target = compact_path(log)
+    write_jsonl_xz(target, [s for s, _ in pairs])
+    return target
+
+
+def compact_tree(root: Path) -> list[Path]:
+    """Compact logs for every samples log under ``root`` that lacks an up-to-date one: full
+    logs, and the text-free twins of runs whose full log is gone."""
+    made = []
+    for log in sorted(Path(root).rglob("samples_*")):
+        form = form_of(log)
+        if form not in (FULL, STRIPPED) or \
+                (form == STRIPPED and log.with_name(base_of(log) + FULL).is_file()):
+            continue  # not a source, or a twin whose full log is the better source
+        target = compact_path(log)
+        if not target.is_file() or target.stat().st_mtime < log.stat().st_mtime:
+            made.append(compact_file(log))
+    return made
+
+
+# ----------------------------------------------------------------------------- reading
+def run_log(results: Path, task: str) -> Path | None:
+    """The samples log of ``task`` beside one lm-eval results file, in ``PREFERENCE`` order."""
+    stamp = results.stem[len("results_"):]
+    for suffix in PREFERENCE:
+        candidate = results.parent / f"samples_{task}_{stamp}{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def latest_log(directory: Path, task: str) -> Path | None:
+    """The samples log of the newest run of ``task`` (the lm-eval task name) under
+    ``directory``, in ``PREFERENCE`` order among that run's forms."""
+    runs: dict[str, dict[str, Path]] = {}
+    for log in directory.rglob(f"samples_{task}_*"):
+        form = form_of(log)
+        stamp = log.name[len(f"samples_{task}_"):-len(form)] if form else ""
+        if form in PREFERENCE and stamp[:1].isdigit():  # not samples_<task>_cot_...
+            runs.setdefault(stamp, {})[form] = log
+    if not runs:
+        return None
+    forms = runs[max(runs)]
+    return next(forms[f] for f in PREFERENCE if f in forms)
+
+
+def is_full(log: Path) -> bool:
+    """Whether ``log`` is lm-eval's own samples log (answers and prompts all there)."""
+    return form_of(log) == FULL
+
+
+def read_samples(path: Path) -> list[dict]:
+    """A samples log of any form, one entry per question (lm-eval logs one per filter); a
+    compact log gets its answers back when its answers file is beside it."""
+    rows = read_jsonl(path)
+    if path.name.endswith(COMPACT) and answers_path(path).is_file():
+        answers = read_jsonl(answers_path(path))
+        if [a["doc_id"] for a in answers] != [r["doc_id"] for r in rows]:
+            raise PonderError(f"{answers_path(path)} does not answer the questions of {path}, "
+                              "line by line; rebuild both from the full log")
+        for r, a in zip(rows, answers):
+            r["resps"] = a["resps"]
+            r["filtered_resps"] = a.get("filtered_resps", default_filtered(a["resps"]))
+    samples: dict = {}
+    for sample in rows:
+        samples.setdefault(sample["doc_id"], sample)
+    return list(samples.values())

@@ -3,7 +3,8 @@
     python benchmarks/gpu_check.py                         # on a GPU: about 6 minutes on an H200
     python benchmarks/gpu_check.py --device cpu --limit 4  # the same steps, small, on a CPU (CI)
 
-Steps (each timed; a failing step is reported and the others still run):
+Steps (each timed; a failing step is reported and the others still run; they run in the
+order 2, 1 with the controller, 1 without, 3, then the two ``--model hf`` runs):
   1. the full arith ladder (``arith_ponder``, 500 documents, 500 new tokens, greedy, chat
      template) through lm-eval with ``--model ponder controller=none``, ``--model ponder`` (the
      shipped controller: FP-Direct) and ``--model hf`` at batch 64 and 256, all in the device's
@@ -300,16 +301,18 @@ def main(argv: list[str] | None = None) -> int:
         return run
 
     work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    # quick and decisive first (the H200 crash was pondering on CUDA), the longest last: a
+    # lease that runs out skips the tail (``--budget-s``), not the checks that matter most
     steps: list[tuple[str, str, Callable[[], dict[str, Any]]]] = [
-        ("ponder-none", "ponder controller=none",
-         evaluation(lambda: PonderLM(controller="none", device=args.device))),
-        ("ponder", "ponder (shipped controller)", evaluation(lambda: PonderLM(device=args.device))),
-        *[(f"hf-{b}", f"hf batch {b}", evaluation(lambda b=b: HFLM(
-            pretrained=path, dtype=dtype, batch_size=b, device=args.device))) for b in (64, 256)],
         *[(f"sync-{g}", f"steering hook, no host sync ({g})",
            lambda g=g: sync_free_steering(args, g)) for g in ("prompt", "token")],
+        ("ponder", "ponder (shipped controller)", evaluation(lambda: PonderLM(device=args.device))),
+        ("ponder-none", "ponder controller=none",
+         evaluation(lambda: PonderLM(controller="none", device=args.device))),
         *[(f"train-{g}", f"train {g} level", lambda g=g: train(args, g, work))
           for g in ("prompt", "token")],
+        *[(f"hf-{b}", f"hf batch {b}", evaluation(lambda b=b: HFLM(
+            pretrained=path, dtype=dtype, batch_size=b, device=args.device))) for b in (256, 64)],
     ]
     unknown = (args.skip | args.fail) - {key for key, _, _ in steps}
     if unknown:

@@ -170,15 +170,18 @@ def test_compact_outcomes_score_exactly_as_the_texts(cache, tmp_path):
 def test_a_part_begun_in_a_clone_keeps_its_committed_outcomes(cache, tmp_path):
     """A session that finishes a part only its compact twin came with appends to a new plain
     file: the twin's records stay, and the rewritten twin holds them all."""
+    from lm_eval_ponder.training.rollouts import part_records
+
     kept = RolloutCache(committed_copy(cache.dir, tmp_path / "kept"))
     records = list(cache.records())
-    [twin] = kept.dir.glob("rollouts.rank*" + OUTCOMES)
+    twin = sorted(kept.dir.glob("rollouts.rank*" + OUTCOMES))[-1]  # one block's part
     plain = twin.with_name(twin.name[:-len(OUTCOMES)] + ".jsonl")
+    last_two = part_records(cache.dir / plain.name)[-2:]
     # as if the committed twin had all but the last two outcomes of the part
     atomic_write_xz(twin, json.dumps({**json.loads(read_text(twin)), "columns": {
         name: values[:-2] for name, values in json.loads(read_text(twin))["columns"].items()}}))
     assert len(list(kept.records())) == len(records) - 2
-    kept.append(0, records[-2:], part=None if "part" not in plain.name else
+    kept.append(0, last_two, part=None if "part" not in plain.name else
                 int(plain.name.split("part")[1][:3]))
     assert len(list(kept.records())) == len(records)
     plain.unlink()  # the next clone has the rewritten twin alone

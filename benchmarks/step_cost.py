@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> float:
     path = bb.resolve_backbone(None).path
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
+    if tok.pad_token is None:  # as HFLM does
+        tok.pad_token = tok.eos_token
     stop = [tok.decode([tok.eos_token_id])]  # lm-eval's until: the EOS text
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
           f"{args.max_new_tokens} new tokens, until {stop}, medians of {args.pairs} pairs")

@@ -54,11 +54,12 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from lm_eval_ponder.errors import UnsupportedGeneration
@@ -139,6 +140,24 @@ class StepTimer:
 @contextmanager
 def no_timer(name: str, device: torch.device) -> Iterator[None]:
     yield
+
+
+# SDPA backends for the loop's forwards on CUDA: every one but cuDNN's. cuDNN attention builds
+# an execution plan per (batch, key length, strides) and caches it; the loop's batch changes
+# as rows finish and join, so nearly every decode step is a new combination. Measured on an
+# H200 (2026-11-26, benchmarks/profile_step.py): 1.1 ms of host time per attention call on
+# the embedded model (516 ms in 16 steps of 64 rows, 30 layers), against 49 us for a cached
+# plan, and a first pass at 256 rows of the tiny model 50 ms per step for a 3 ms forward. The
+# other kernels (flash, memory-efficient, math) have no plans to build.
+LOOP_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH]
+
+
+def attention_backends(device: torch.device):
+    """The SDPA backends the loop's forwards may use on ``device`` (a no-op off CUDA)."""
+    if device.type != "cuda":
+        return nullcontext()
+    return sdpa_kernel(LOOP_SDPA_BACKENDS)
 
 
 def prefill_parts(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
@@ -287,7 +306,7 @@ class RowLoop:
             mask = self.mask.index_select(0, index)[:, self.width - span:]
             position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
             cache = DynamicCache(config=self.text_config)
-        with self.phase("prefill", device):
+        with self.phase("prefill", device), attention_backends(device):
             if self.steering is not None:
                 self.steering.begin_forward(index, True)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
@@ -311,7 +330,7 @@ class RowLoop:
             mask = batch.decode_mask()
             # the new token's position is the row's count of real tokens already cached
             position_ids = (batch.length - batch.lead_t)[:, None]
-        with self.phase("forward", device):
+        with self.phase("forward", device), attention_backends(device):
             if self.steering is not None:
                 self.steering.begin_forward(batch.rows_t, False)
             out = self.model(input_ids=batch.last[:, None], attention_mask=mask,

@@ -400,3 +400,20 @@ def test_the_cache_is_passed_under_the_name_the_forward_takes():
     with pytest.raises(UnsupportedGeneration, match="no KV cache argument"):
         cache_keyword(Neither())
     assert cache_keyword(build_tiny_llama(100)) == BASE_CACHE_KEYWORD
+
+
+def test_the_loop_keeps_cudnn_attention_out_of_its_cuda_forwards():
+    """cuDNN attention builds a plan per new (batch, length) and the loop's batch changes at
+    most steps (measured on an H200: 1.1 ms of host time per call). The loop's forwards on
+    CUDA may use every SDPA backend but cuDNN's; elsewhere nothing changes. (Flags only: no
+    GPU needed.)"""
+    from lm_eval_ponder.evaluation.generation import attention_backends
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_backends(torch.device("cuda")):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_backends(torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before

@@ -180,8 +180,16 @@ def response_perplexities(lm, contexts: list[str], texts: list[str],
 
     Memory stays bounded whatever the number of texts: rows are scored in chunks, left-padded
     so every row's response sits at the end, and only the response positions' logits are
-    computed (``logits_to_keep``), at most ``logits_budget`` bytes of them per chunk.
+    computed (``logits_to_keep``), at most ``logits_budget`` bytes of them per chunk. A
+    (context, text) pair that occurs more than once (greedy answers of nearby depths often
+    agree) is scored once.
     """
+    pairs = list(zip(contexts, texts))
+    unique = list(dict.fromkeys(pairs))
+    if len(unique) < len(pairs):
+        scored = dict(zip(unique, response_perplexities(
+            lm, [c for c, _ in unique], [t for _, t in unique], logits_budget)))
+        return [scored[pair] for pair in pairs]
     import inspect
 
     rows, spans = [], []

@@ -283,3 +283,21 @@ def test_two_builds_of_disjoint_blocks_draw_what_one_build_draws(lm, tmp_path):
     assert {key(r): r["text"] for r in shared.records()} == \
         {key(r): r["text"] for r in full.records()}
     assert len(list(shared.records())) == len(list(full.records()))
+
+
+def test_repeated_answers_are_scored_once(tiny_model_dir, tiny_vector_dir, monkeypatch):
+    """Greedy answers of nearby depths often agree: a repeated (context, text) pair takes no
+    second forward, and every row still gets its perplexity."""
+    from lm_eval_ponder.training import rollouts
+
+    lm = make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0], dtype="float32")
+    contexts = ["What is 2+2?", "What is 2+2?", "Add 1 and 2.", "What is 2+2?"]
+    texts = ["4", "4", "3", "four"]
+    rows = []
+    forward = lm.model.forward
+    monkeypatch.setattr(lm.model, "forward",
+                        lambda *a, **k: rows.append(k["input_ids"].shape[0]) or forward(*a, **k))
+    got = rollouts.response_perplexities(lm, contexts, texts)
+    assert sum(rows) == 3 and got[0] == got[1] and None not in got
+    alone = rollouts.response_perplexities(lm, contexts[2:], texts[2:])
+    assert got[2:] == pytest.approx(alone, rel=1e-5)

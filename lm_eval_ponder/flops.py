@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -108,6 +109,8 @@ class FlopsSpec:
 
     ``decoder_params`` is the ``N`` of the usual ``2 * N`` FLOPs-per-token rule: weights of the
     decoder matmuls every token passes through (no embeddings, head, norms or biases).
+    ``kv_dim`` is the width of one layer's key (and of its value) projection, key/value heads
+    times head size: what an early exit still computes in the layers it skips.
     """
 
     n_layers: int
@@ -116,6 +119,7 @@ class FlopsSpec:
     hidden: int
     vocab: int
     decoder_params: int
+    kv_dim: int
 
     @classmethod
     def from_config(cls, config: Any) -> FlopsSpec:
@@ -196,6 +200,7 @@ def spec_from_shape(shape: DecoderShape) -> FlopsSpec:
         hidden=shape.hidden,
         vocab=shape.vocab,
         decoder_params=shape_matmul_params(shape),
+        kv_dim=shape.n_kv_heads * shape.head_dim,
     )
 
 
@@ -251,13 +256,16 @@ def spec_from_modules(model: torch.nn.Module) -> FlopsSpec:
     decoder_params = linear_weights(decoder)
     if decoder is model:  # the wrapper itself: its LM head is not a decoder matmul
         decoder_params -= linear_weights(head)
+    head_dim = config_head_dim(config, getattr(config, "hidden_size", None) or hidden, n_heads)
+    n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
     return FlopsSpec(
         n_layers=int(n_layers),
         n_heads=int(n_heads),
-        head_dim=config_head_dim(config, getattr(config, "hidden_size", None) or hidden, n_heads),
+        head_dim=head_dim,
         hidden=int(hidden),
         vocab=int(vocab),
         decoder_params=decoder_params,
+        kv_dim=int(n_kv_heads) * head_dim,
     )
 
 
@@ -321,6 +329,50 @@ def generation_flops(spec: FlopsSpec, prompt_len: int, gen_tokens: int) -> int:
     _check_non_negative(prompt_len=prompt_len, gen_tokens=gen_tokens)
     decode_steps = max(gen_tokens - 1, 0)
     return forward_flops(spec, prompt_len) + forward_flops(spec, decode_steps, n_past=prompt_len)
+
+
+def layers_flops(spec: FlopsSpec, n_run: int, n_new: int, n_past: int = 0) -> int:
+    """The decoder matmuls and attention of the first ``n_run`` layers (no LM head): an early
+    exit runs only those. Layers are priced alike (one layer is ``1 / n_layers`` of the
+    decoder), exact for every family of the table; ``n_run == n_layers`` is exactly
+    ``forward_flops`` less the LM head."""
+    _check_non_negative(n_run=n_run)
+    if n_run > spec.n_layers:
+        raise ValueError(f"n_run must be <= {spec.n_layers} layers, got {n_run}")
+    whole = flops_floor(spec, n_new) + attention_flops(spec, n_new, n_past)
+    return whole * n_run // spec.n_layers
+
+
+def kv_projection_flops(spec: FlopsSpec, n_new: int) -> int:
+    """The key and value projections of one layer for ``n_new`` tokens: all that an early exit
+    computes in a layer it skips (CALM fills the skipped layers' cache from the exit state;
+    their queries, attention, output projection and MLP never run)."""
+    _check_non_negative(n_new=n_new)
+    return 2 * spec.hidden * 2 * spec.kv_dim * n_new
+
+
+def early_exit_step_flops(spec: FlopsSpec, n_past: int, exit_layer: int, n_tests: int) -> int:
+    """One decode token under early exit, as an early-exit implementation runs it: the first
+    ``exit_layer`` layers, the key/value projections of the layers after it, and ``n_tests``
+    exit tests, each one final norm + LM head on the token's state (the norm is elementwise,
+    not counted, as everywhere here). The test at the exit layer yields the token's logits, so
+    the LM head runs once more only when no test exited (``exit_layer == n_layers``)."""
+    _check_non_negative(n_past=n_past, n_tests=n_tests)
+    skipped = spec.n_layers - exit_layer
+    return (layers_flops(spec, exit_layer, 1, n_past) + skipped * kv_projection_flops(spec, 1)
+            + lm_head_flops(spec, n_tests + (1 if skipped == 0 else 0)))
+
+
+def early_exit_generation_flops(spec: FlopsSpec, prompt_len: int,
+                                steps: Sequence[tuple[int, int]]) -> int:
+    """Cached generation of one sequence under early exit: the prefill runs every layer (the
+    prompt's cache must be complete; it yields the first token), then one decode step per
+    ``(exit_layer, n_tests)`` in ``steps`` (``early_exit_step_flops``). With every step at
+    ``(n_layers, 0)`` this is ``generation_flops`` exactly."""
+    _check_non_negative(prompt_len=prompt_len)
+    return forward_flops(spec, prompt_len) + sum(
+        early_exit_step_flops(spec, prompt_len + k, exit_layer, n_tests)
+        for k, (exit_layer, n_tests) in enumerate(steps))
 
 
 def _linear_flops(n_in: int, n_out: int) -> int:

@@ -27,9 +27,13 @@ from lm_eval_ponder.flops import (
     FlopsSpec,
     attention_flops,
     controller_flops,
+    early_exit_generation_flops,
+    early_exit_step_flops,
     flops_floor,
     forward_flops,
     generation_flops,
+    kv_projection_flops,
+    layers_flops,
     lm_head_flops,
     non_embedding_params,
     spec_from_modules,
@@ -227,3 +231,70 @@ def test_controller_matmuls_match_flop_counter() -> None:
         net(torch.zeros(1, d))
     elementwise = 5 * d + 8 * 2 * h
     assert controller_flops(d, h) - elementwise == counter.get_total_flops()
+
+
+# ----------------------------------------------------------------------------- early exit
+FOUR_LAYERS = dict(SHAPE, num_hidden_layers=4)
+
+
+def _early_exit_decode(model: transformers.PreTrainedModel, exit_layer: int,
+                       tests: set[int]) -> int:
+    """FLOPs the tracer sees for one decode token after a PROMPT-token prefill, run as an
+    early-exit implementation runs it: the layers up to the exit (with a test, final norm + LM
+    head, after each layer in ``tests``), then only the key and value projections of every
+    later layer (fed the exit state), and the LM head at the end only when nothing exited."""
+    ids = torch.randint(0, SHAPE["vocab_size"], (1, PROMPT + 1))
+    layers, decoder = model.model.layers, model.model
+    with torch.no_grad():
+        cache = model(ids[:, :PROMPT], use_cache=True).past_key_values
+        pos = torch.tensor([[PROMPT]])
+        with FlopCounterMode(display=False) as counter:
+            h = decoder.embed_tokens(ids[:, PROMPT:])
+            emb = decoder.rotary_emb(h, position_ids=pos)
+            for k, layer in enumerate(layers, 1):
+                if k <= exit_layer:
+                    h = layer(h, position_ids=pos, position_embeddings=emb, use_cache=True,
+                              **{cache_keyword(model): cache})
+                    if k in tests:
+                        model.lm_head(decoder.norm(h))
+                else:
+                    x = layer.input_layernorm(h)
+                    layer.self_attn.k_proj(x), layer.self_attn.v_proj(x)
+            if exit_layer == len(layers):
+                model.lm_head(decoder.norm(h))
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("config_cls", [transformers.LlamaConfig, transformers.Qwen2Config])
+@pytest.mark.parametrize("exit_layer, tests", [(1, {1}), (2, {1, 2}), (3, {2, 3}), (4, {1, 3}),
+                                               (4, set())])
+def test_early_exit_step_matches_flop_counter(config_cls: type, exit_layer: int,
+                                              tests: set[int]) -> None:
+    model = _tiny_model(config_cls, **FOUR_LAYERS)
+    spec = FlopsSpec.from_config(model.config)
+    predicted = early_exit_step_flops(spec, PROMPT, exit_layer, len(tests))
+    assert predicted == _early_exit_decode(model, exit_layer, tests)
+    if exit_layer == 4 and not tests:
+        assert predicted == forward_flops(spec, 1, n_past=PROMPT)
+    # each term bites: the skipped layers' key/value projections and the tests
+    if exit_layer < 4:
+        assert kv_projection_flops(spec, 1) > 0
+    assert lm_head_flops(spec, 1) > 0
+
+
+def test_early_exit_generation_is_direct_without_exits() -> None:
+    spec = FlopsSpec.from_config(transformers.LlamaConfig(**SHAPE))
+    for prompt_len, gen_tokens in [(32, 0), (32, 1), (7, 50)]:
+        steps = [(spec.n_layers, 0)] * max(gen_tokens - 1, 0)
+        assert early_exit_generation_flops(spec, prompt_len, steps) == \
+            generation_flops(spec, prompt_len, gen_tokens)
+    assert layers_flops(spec, spec.n_layers, 5, 3) + lm_head_flops(spec, 5) == \
+        forward_flops(spec, 5, 3)
+    with pytest.raises(ValueError, match="n_run"):
+        layers_flops(spec, spec.n_layers + 1, 1)
+
+
+def test_kv_width_follows_grouped_query_attention() -> None:
+    spec = FlopsSpec.from_config(transformers.LlamaConfig(**SHAPE))
+    assert spec.kv_dim == 2 * 16  # 2 key/value heads of 16
+    assert FlopsSpec.from_config(transformers.GPT2Config(**GPT2_SHAPE)).kv_dim == 64

@@ -177,6 +177,30 @@ def decoder_layers(model):
     raise PonderError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
+# the final norm's name in the decoder stack: Llama/Qwen/Mistral/Gemma/OLMo, Phi, GPT-2, NeoX
+FINAL_NORM_NAMES = ("norm", "final_layernorm", "ln_f", "final_layer_norm")
+
+
+def final_norm(model):
+    """The norm that the decoder stack applies after its last block, before the LM head.
+
+    Reading an intermediate layer the way the model reads its last one (an early exit's test)
+    needs this module; it is looked up on the model's decoder (``get_decoder``) by the names
+    the supported families give it.
+    """
+    import torch.nn as nn
+
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    for holder in (decoder, getattr(model, "model", None), getattr(model, "transformer", None),
+                   getattr(model, "gpt_neox", None)):
+        for name in FINAL_NORM_NAMES:
+            module = getattr(holder, name, None) if holder is not None else None
+            if isinstance(module, nn.Module):
+                return module
+    raise PonderError(f"cannot find the final norm of {type(model).__name__} (looked for "
+                      f"{', '.join(FINAL_NORM_NAMES)} on its decoder)")
+
+
 def native_dtype(device: str) -> str:
     """The default dtype for ``device``: bfloat16 where the hardware computes it natively, else
     float32 (measured, docs/results.md: on a CPU without native bf16, bf16 matmuls run two

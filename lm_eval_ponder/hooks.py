@@ -21,6 +21,24 @@ def block_hidden(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
+def regroup_by_row(values: list[torch.Tensor], rows: list[torch.Tensor | None],
+                   n_rows: int) -> list[torch.Tensor]:
+    """One-tensor-per-forward records regrouped by original row: row r's values in forward
+    order. ``rows[i]``: the original rows of ``values[i]``, in batch order (None: rows 0..B-1,
+    as under ``model.generate``). Hooks that follow rows through the generation loop (steering
+    decisions, early-exit layers) record this way, on the device; this is their one read-back,
+    after generation."""
+    if len(values) != len(rows):
+        raise RuntimeError("internal: records do not match the rows they cover")
+    out: list[list[torch.Tensor]] = [[] for _ in range(n_rows)]
+    for value, covered in zip(values, rows):
+        value = value.detach().cpu()
+        covered = range(len(value)) if covered is None else covered.cpu().tolist()
+        for v, r in zip(value, covered):
+            out[r].append(v)
+    return [torch.stack(v) if v else torch.zeros(0) for v in out]
+
+
 def with_block_hidden(output: Any, hidden: torch.Tensor) -> Any:
     """``output`` with its hidden states replaced, in the same container shape."""
     if isinstance(output, (tuple, list)):

@@ -52,3 +52,19 @@ def test_dtype_names_are_checked_in_one_line():
     assert bb.check_dtype(None) is None and bb.check_dtype("torch.bfloat16") == "bfloat16"
     with pytest.raises(PonderError, match="dtype must be one of"):
         bb.check_dtype("int8")
+
+
+@pytest.mark.parametrize("family, norm", [("llama", "model.norm"), ("gpt2", "transformer.ln_f"),
+                                          ("gpt_neox", "gpt_neox.final_layer_norm")])
+def test_final_norm_is_the_one_before_the_lm_head(family, norm):
+    """What an early exit reads an intermediate layer through: the decoder stack's last norm."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(
+        family, vocab_size=64, hidden_size=32, n_embd=32, num_hidden_layers=2, n_layer=2,
+        num_attention_heads=4, n_head=4, intermediate_size=64)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert bb.final_norm(model) is model.get_submodule(norm)
+    with pytest.raises(PonderError, match="cannot find the final norm"):
+        bb.final_norm(torch.nn.Linear(2, 2))

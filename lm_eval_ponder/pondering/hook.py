@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from lm_eval_ponder.backbone import decoder_layers
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.hooks import block_hidden, with_block_hidden
+from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
 from lm_eval_ponder.pondering.dynamics import GRANULARITIES
 
 
@@ -95,13 +95,7 @@ class SteeringHook:
         values in decision order. Call after generation (it moves the records to the CPU)."""
         if len(values) != len(self.decision_rows):
             raise RuntimeError("internal: records do not match the hook's decisions")
-        out: list[list[torch.Tensor]] = [[] for _ in range(n_rows)]
-        for value, rows in zip(values, self.decision_rows):
-            value = value.detach().cpu()
-            rows = range(len(value)) if rows is None else rows.cpu().tolist()
-            for v, r in zip(value, rows):
-                out[r].append(v)
-        return [torch.stack(v) if v else torch.zeros(0) for v in out]
+        return regroup_by_row(values, self.decision_rows, n_rows)
 
     # ------------------------------------------------------------------ the forward hook
     def _decide(self, z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:

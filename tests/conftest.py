@@ -82,6 +82,23 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def sharp_model_dir(tmp_path_factory) -> Path:
+    """The tiny Llama with its LM head scaled 30-fold, saved like ``tiny_model_dir``: read
+    through the final norm and head, its intermediate layers give top-1 probabilities of
+    0.3-0.95, so an early exit at 0.6 takes some tokens and not others."""
+    import torch
+
+    directory = tmp_path_factory.mktemp("sharp-llama")
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_llama(len(tokenizer))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"benchmark data not found at {SHARED_DATA}")

@@ -133,6 +133,45 @@ def test_steering_decisions_never_wait_for_the_host(tiny_model_dir, tiny_vector_
         assert guard.syncs
 
 
+# ----------------------------------------------------------------------------- early exit
+def early_exit_lm(model_dir, device, **kwargs):
+    return PonderLM(pretrained=str(model_dir), batch_size=4, device=device, dtype="float32",
+                    controller="none", early_exit=0.6, max_rows=2, **kwargs)
+
+
+@pytest.mark.parametrize("generation", ["loop", "hf"])
+def test_early_exit_generates_on_the_accelerator(sharp_model_dir, monkeypatch, generation):
+    """Early exit on the stand-in device (rows leaving and joining in the loop): the CPU's
+    texts, exit layers and FLOPs."""
+    want = early_exit_lm(sharp_model_dir, "cpu", generation=generation).generate_until(
+        requests(GREEDY))
+    with device_guard(monkeypatch):
+        got = early_exit_lm(sharp_model_dir, "meta", generation=generation).generate_until(
+            requests(GREEDY))
+    assert got == want
+    assert [g.stats for g in got] == [w.stats for w in want]
+    assert len({w.stats["exit_layer"] for w in want}) > 1
+
+
+def test_early_exit_tests_never_wait_for_the_host(sharp_model_dir, monkeypatch):
+    """From the first decoder layer to the final norm (every exit test, the masks, the resets
+    of exited rows) no value of a device tensor is read back."""
+    from lm_eval_ponder.backbone import decoder_layers
+    with device_guard(monkeypatch) as guard:
+        lm = early_exit_lm(sharp_model_dir, "meta")
+        on = decoder_layers(lm.model)[0].register_forward_pre_hook(
+            lambda *a: setattr(guard, "count_syncs", True))
+        off = lm.model.get_decoder().register_forward_hook(
+            lambda *a: setattr(guard, "count_syncs", False))
+        try:
+            texts = lm.generate_until(requests(GREEDY))
+        finally:
+            on.remove(), off.remove()
+        guard.count_syncs = False
+        assert guard.syncs == []
+        assert any(t.stats["exit_layer"] < 4 for t in texts)  # the tests did exit rows
+
+
 # ----------------------------------------------------------------------------- training
 def train_args(model_dir, vector_dir, out, granularity: str) -> list[str]:
     return ["--output", str(out), "--pretrained", str(model_dir), "--steering", str(vector_dir),

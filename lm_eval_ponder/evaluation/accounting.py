@@ -2,10 +2,10 @@
 
 lm-eval hands ``process_results(doc, results)`` only the generated strings. The ``ponder``
 model returns each string as a ``GenerationText``: a ``str`` subclass that also carries
-``.stats`` (``gen_tokens``, ``prompt_tokens``, ``flops``, ``ponder_steps``). Anything that
-treats it as a string (lm-eval's own tasks, filters, JSON sample logs) sees an ordinary string;
-our tasks read the attribute. It pickles with its stats, so lm-eval's ``--use_cache`` returns
-the accounting of the run that produced the text.
+``.stats`` (``gen_tokens``, ``prompt_tokens``, ``flops``, ``ponder_steps``; ``exit_layer`` under
+early exit). Anything that treats it as a string (lm-eval's own tasks, filters, JSON sample
+logs) sees an ordinary string; our tasks read the attribute. It pickles with its stats, so
+lm-eval's ``--use_cache`` returns the accounting of the run that produced the text.
 
 Filters that build new strings (regex extraction) drop the attribute; our tasks therefore do
 their own extraction in ``process_results`` and keep every repeat (Best-of-N) with an identity
@@ -24,6 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 STAT_KEYS = ("gen_tokens", "flops", "ponder_steps")
+# recorded only by early-exit runs (``evaluation.early_exit``), so every other run's samples
+# and results keep exactly their keys; averaged over a document's responses like ponder steps
+EXIT_STAT_KEYS = ("exit_layer",)
 
 
 class GenerationText(str):
@@ -92,17 +95,22 @@ def count_text_tokens(tokenizer, text: str, max_gen_toks: int | None = None) -> 
 
 def response_stats(responses: Sequence[str] | str) -> dict[str, float]:
     """Accounting of one document: sums tokens and FLOPs over all its responses (Best-of-N
-    pays for every sample), averages ponder steps. NaN when any response has no stats."""
+    pays for every sample), averages ponder steps (and the exit layer of an early-exit run).
+    NaN when any response has no stats."""
     if isinstance(responses, str):
         responses = [responses]
     if not responses or not all(isinstance(r, GenerationText) for r in responses):
         return {key: math.nan for key in STAT_KEYS}
     stats = [r.stats for r in responses]  # type: ignore[union-attr]
-    return {
+    out = {
         "gen_tokens": float(sum(s["gen_tokens"] for s in stats)),
         "flops": float(sum(s["flops"] for s in stats)),
         "ponder_steps": float(sum(s.get("ponder_steps", 0.0) for s in stats) / len(stats)),
     }
+    for key in EXIT_STAT_KEYS:
+        if all(key in s for s in stats):
+            out[key] = float(sum(s[key] for s in stats) / len(stats))
+    return out
 
 
 def kwargs_key(gen_kwargs: Any) -> str:

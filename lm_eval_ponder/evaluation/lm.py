@@ -38,7 +38,8 @@ from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.errors import UnsupportedGeneration
-from lm_eval_ponder.evaluation.generation import generate_rows
+from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings, exit_accounting
+from lm_eval_ponder.evaluation.generation import RowObserver, generate_rows
 from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token, check_model_supported
 from lm_eval_ponder.evaluation.sampling import SamplingConfig
 from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
@@ -58,13 +59,15 @@ LOGGER = logging.getLogger(__name__)
 class BatchGeneration:
     """One batch's output: ``sequences`` [B, L + T] as ``generate`` returns them, each row's
     generated tokens (to its EOS or stop string), prompt tokens, ponder depths per decision
-    (None without a controller) and the steering hook that ran (None without steering)."""
+    (None without a controller), the steering hook that ran (None without steering) and each
+    row's exit layer per decode forward (None without early exit)."""
 
     sequences: torch.Tensor
     gen_tokens: list[int]
     prompt_tokens: list[int]
     depths: list[torch.Tensor] | None
     hook: SteeringHook | None
+    exits: list[torch.Tensor] | None = None
 
 
 def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
@@ -152,6 +155,9 @@ class PonderLM(HFLM):
     residual norm. The plain baseline (Direct/CoT/BoN) is ``controller=none``.
     Batching (not part of the configuration): ``max_rows`` (rows in flight) and
     ``max_cache_gib`` (their key/value cache; ``default_cache_gib``, ``none`` for no budget).
+    The early-exit baseline (``evaluation.early_exit``, with ``controller=none``):
+    ``early_exit`` (top-1 probability threshold) and ``exit_layers`` (``start[:stop[:step]]``,
+    the layers that may exit; default every layer).
     """
 
     def __init__(
@@ -171,6 +177,8 @@ class PonderLM(HFLM):
         generation: str = "loop",
         max_rows: int | str | None = None,
         max_cache_gib: float | str | None = None,
+        early_exit: float | str | None = None,
+        exit_layers: str | None = None,
         **kwargs,
     ) -> None:
         install_excepthook()
@@ -181,6 +189,7 @@ class PonderLM(HFLM):
             steering=steering, controller=controller, alpha=alpha, layer=layer, tau=tau,
             k_max=k_max, alpha0=alpha0, beta=beta, alpha_start=alpha_start,
             granularity=granularity)
+        self.early_exit = ExitSettings.from_model_args(early_exit, exit_layers, self.ponder_args)
         if pretrained is None or isinstance(pretrained, str):
             resolved = bb.resolve_backbone(pretrained, gguf_file)
             source = resolved.path
@@ -216,6 +225,8 @@ class PonderLM(HFLM):
             self.ponder_args, resolved.name, self.model.config, self.device,
             resolved.source_sha256)
         self._ponder_override: Pondering | None = None
+        if self.early_exit is not None:  # refuses a layer range or a model it cannot read
+            ExitHook(self.model, self.early_exit)
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
         self._progress: tqdm | None = None  # generate_until's bar, ticked per finished row
@@ -263,13 +274,16 @@ class PonderLM(HFLM):
     # ------------------------------------------------------------------ identity
     def fingerprint(self) -> dict[str, Any]:
         """Everything besides the prompt and generation kwargs that changes what is generated."""
-        return {
+        fingerprint = {
             "backbone": self.backbone_info.path,
             "backbone_sha256": self.backbone_info.source_sha256,
             "dtype": str(self.model.dtype),
             "generation": self.generation,
             "pondering": None if self.ponder is None else self.ponder.fingerprint(),
         }
+        if self.early_exit is not None:  # absent otherwise: earlier runs keep their identity
+            fingerprint["early_exit"] = self.early_exit.fingerprint()
+        return fingerprint
 
     def get_model_info(self) -> dict[str, Any]:
         """HFLM's model info plus our fingerprint: lm-eval writes this into the results JSON
@@ -341,6 +355,8 @@ class PonderLM(HFLM):
         if steering == "model":
             ponder = self._active_ponder()
             hook, decider = ponder.hook(self.model, self.device) if ponder else no_hook()
+            if ponder is None and self.early_exit is not None:
+                hook = ExitHook(self.model, self.early_exit)
         else:
             hook, decider = (steering, None) if steering is not None else no_hook()
         if isinstance(hook, SteeringHook):
@@ -361,7 +377,7 @@ class PonderLM(HFLM):
                         eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id, stop=stop,
                         decode=self.tok_decode, sampling=sampling, max_rows=self.max_rows,
                         max_cache_tokens=self.max_cache_tokens, on_finish=on_finish,
-                        steering=hook if isinstance(hook, SteeringHook) else None)
+                        steering=hook if isinstance(hook, RowObserver) else None)
                 sequences, gen_tokens = result.sequences, list(result.gen_tokens)
         if result is None:
             with hook:
@@ -381,7 +397,8 @@ class PonderLM(HFLM):
         if decider is not None and isinstance(hook, SteeringHook):
             depths = hook.per_row(decider.depths, n_rows)
         return BatchGeneration(sequences, gen_tokens, attention_mask.sum(dim=1).tolist(),
-                               depths, hook if isinstance(hook, SteeringHook) else None)
+                               depths, hook if isinstance(hook, SteeringHook) else None,
+                               hook.per_row(n_rows) if isinstance(hook, ExitHook) else None)
 
     def generate_rendered(self, contexts: list[str], gen_kwargs: dict, *,
                           offsets: list[float] | None = None,
@@ -427,12 +444,7 @@ class PonderLM(HFLM):
             text = postprocess_generated_text(
                 generation=text.lstrip() if isinstance(think, int) else text, stop=until,
                 think_end_token=think if isinstance(think, str) else None)
-            steps, evals = ponder.row_stats(None if out.depths is None else out.depths[row],
-                                            out.gen_tokens[row]) if ponder else (0.0, 0)
-            texts.append(self.row_text(text, {
-                "prompt_tokens": int(out.prompt_tokens[row]),
-                "gen_tokens": int(out.gen_tokens[row]), "ponder_steps": steps,
-                "controller_evals": evals}))
+            texts.append(self.row_text(text, self.row_stats(out, row, ponder)))
         return texts
 
     def offset_hook(self, offsets: list[float]) -> SteeringHook:
@@ -487,20 +499,33 @@ class PonderLM(HFLM):
                                   max_new_tokens=max_length - context.shape[1], stop=stop,
                                   **generation_kwargs)
         ponder = self._active_ponder()
-        for row, (prompt_len, n) in enumerate(zip(out.prompt_tokens, out.gen_tokens)):
-            steps, evals = ponder.row_stats(None if out.depths is None else out.depths[row], n) \
-                if ponder else (0.0, 0)
-            self._pending_rows.append(
-                {"prompt_tokens": int(prompt_len), "gen_tokens": int(n), "ponder_steps": steps,
-                 "controller_evals": evals}
-            )
+        for row in range(len(out.gen_tokens)):
+            self._pending_rows.append(self.row_stats(out, row, ponder))
         return out.sequences
 
     def _finish_row(self, text: str, gen_kwargs: Any) -> GenerationText:
         return self.row_text(text, self._pending_rows.popleft())
 
+    def row_stats(self, out: BatchGeneration, row: int,
+                  ponder: Pondering | None) -> dict[str, float]:
+        """One row's accounting: prompt and generated tokens, ponder steps and controller
+        evaluations, and under early exit its mean exit layer and FLOPs (which depend on the
+        layer of every token, not on the counts alone)."""
+        prompt, n = int(out.prompt_tokens[row]), int(out.gen_tokens[row])
+        steps, evals = ponder.row_stats(None if out.depths is None else out.depths[row], n) \
+            if ponder else (0.0, 0)
+        stats = {"prompt_tokens": prompt, "gen_tokens": n, "ponder_steps": steps,
+                 "controller_evals": evals}
+        if out.exits is not None and self.early_exit is not None:
+            stats.update(exit_accounting(self.flops_spec, self.early_exit, out.exits[row],
+                                         prompt, n))
+        return stats
+
     def row_text(self, text: str, row: dict[str, float]) -> GenerationText:
-        """A generated text with its row's accounting, FLOPs priced from its counts."""
+        """A generated text with its row's accounting, FLOPs priced from its counts (unless
+        the row priced its own: early exit)."""
+        if "flops" in row:
+            return GenerationText(text, dict(row))
         flops = generation_flops(self.flops_spec, row["prompt_tokens"], row["gen_tokens"])
         if row["controller_evals"]:
             flops += self.controller.evaluation_flops(row["controller_evals"])
@@ -558,6 +583,11 @@ class PonderLM(HFLM):
         return super().loglikelihood_rolling(requests, disable_tqdm=disable_tqdm)
 
     def _refuse_scoring(self, kind: str) -> None:
+        if self.early_exit is not None:
+            raise PonderError(
+                f"early_exit= applies to generated tokens only, and this task asks for {kind} "
+                "(multiple-choice or perplexity scoring), which would run every layer. Run "
+                "such tasks without early_exit=.")
         if self.pondering:
             raise PonderError(
                 f"--model ponder steers generation only, and this task asks for {kind} "

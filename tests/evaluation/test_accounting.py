@@ -43,6 +43,19 @@ def test_generation_text_pickles_and_stats_aggregate():
     assert math.isnan(response_stats(["plain string"])["flops"])
 
 
+def test_exit_layer_reaches_the_samples_of_early_exit_runs_only():
+    """Early-exit rows carry ``exit_layer`` (averaged over a document's responses); any other
+    run's samples keep exactly their keys."""
+    a = GenerationText("1", {"gen_tokens": 3, "flops": 1.0, "ponder_steps": 0.0,
+                             "exit_layer": 20.0})
+    b = GenerationText("2", {"gen_tokens": 1, "flops": 1.0, "ponder_steps": 0.0,
+                             "exit_layer": 30.0})
+    assert response_stats([a, b])["exit_layer"] == 25.0
+    plain = GenerationText("3", {"gen_tokens": 1, "flops": 1.0, "ponder_steps": 0.0})
+    assert set(response_stats([plain])) == {"gen_tokens", "flops", "ponder_steps"}
+    assert "exit_layer" not in response_stats([a, plain])
+
+
 def test_old_use_cache_pickles_still_open():
     """lm-eval's --use_cache pickles our texts; files written before the layout move name the
     class ``lm_eval_ponder.stats.GenerationText`` and must still unpickle with their stats."""

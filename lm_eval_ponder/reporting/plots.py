@@ -8,7 +8,8 @@ figures.
 - Accuracy is drawn with its Wilson 95% interval, on a 0..1 axis that every panel shares, so
   levels and datasets read on the same scale.
 - Fixed-alpha runs (FR at several alphas) are one curve through their points in order of cost:
-  a controller helps only where it lies above that curve beyond its interval.
+  a controller helps only where it lies above that curve beyond its interval. Early-exit runs
+  (EE at several thresholds) are one curve the same way.
 - Every figure comes with a caption that says which differences its intervals resolve and which
   they do not. Overlapping unpaired 95% intervals are read as "not distinguishable": a
   conservative reading (a paired test on the same questions can separate more).
@@ -29,11 +30,13 @@ from lm_eval_ponder.reporting.measures import (
 
 FAMILY_COLOURS = {
     "Direct": "#1f77b4", "CoT": "#ff7f0e", "BoN": "#2ca02c", "FR": "#555555",
-    "FP-Direct": "#d62728", "FP-CoT": "#9467bd", "FP-BoN": "#8c564b",
+    "FP-Direct": "#d62728", "FP-CoT": "#9467bd", "FP-BoN": "#8c564b", "EE": "#17becf",
 }
 # Table 1's row order, baselines first, then the FP variants (FAMILY_COLOURS follows it)
 TABLE_ORDER = tuple(FAMILY_COLOURS)
 SPARE_COLOURS = ("#17becf", "#bcbd22", "#e377c2", "#000000", "#aec7e8", "#98df8a")
+# families drawn as one curve through their points: the parameter the points differ in
+CURVES = {"FR": ("alpha", "="), "EE": ("p", ">=")}
 DECODING_MARKERS = {"greedy": "o", "t0.7": "s", "top_p0.95": "^", "top_k40": "D"}
 CI_NOTE = ("Error bars: Wilson 95% intervals. Overlapping intervals are read as not "
            "distinguishable (conservative for unpaired intervals).")
@@ -65,7 +68,7 @@ def style(label: str) -> Style:
     such as ``FR (alpha=-0.2) [t0.7]`` or ``FP-Direct [dtype=bfloat16]``."""
     variants = re.findall(r" \[([^\]]+)\]", label)
     name = re.sub(r" \[[^\]]+\]", "", label)
-    family = re.sub(r" \((?:alpha=[^)]*|default args)\)$", "", name).strip()
+    family = re.sub(r" \((?:alpha=[^)]*|p>=[^)]*|default args)\)$", "", name).strip()
     decoding = next((v for v in variants if v in DECODING_MARKERS), "greedy")
     colour = FAMILY_COLOURS.get(family) or \
         SPARE_COLOURS[zlib.crc32(family.encode()) % len(SPARE_COLOURS)]
@@ -80,12 +83,24 @@ def table_rank(label: str) -> tuple[int, str]:
     return (TABLE_ORDER.index(family) if family in TABLE_ORDER else len(TABLE_ORDER), label)
 
 
+def curve_parameter(label: str) -> tuple[str, str, str] | None:
+    """(name, relation, value) of the parameter a curve's points differ in, or None."""
+    for family, (name, relation) in CURVES.items():
+        match = re.match(rf"{family} \({name}{re.escape(relation)}([^,)]*)", label)
+        if match:
+            return name, relation, match.group(1)
+    return None
+
+
 def curve_key(label: str) -> str | None:
-    """Runs with the same key are points of one fixed-alpha curve: FR runs that differ only in
-    alpha. None for any other method."""
-    if not re.match(r"FR \(alpha=", label):
+    """Runs with the same key are points of one curve: FR runs that differ only in alpha,
+    early-exit runs that differ only in threshold (their candidate layers stay in the key).
+    None for any other method."""
+    parameter = curve_parameter(label)
+    if parameter is None:
         return None
-    return re.sub(r"\(alpha=[^)]*\)", "(alpha)", label)
+    name, relation, value = parameter
+    return label.replace(f"({name}{relation}{value}", f"({name}", 1)
 
 
 def distinguishability(stats: dict[str, dict], subject: str) -> str:
@@ -163,7 +178,7 @@ def _errorbar(ax, f: dict, x: float, st: Style, label: str | None, **extra) -> N
 
 def draw_accuracy_cost(ax, runs: list[tuple[str, dict]], cost: str = "flops",
                        legend: bool = True) -> None:
-    """Accuracy (with intervals) against mean cost; FR runs joined into their curve."""
+    """Accuracy (with intervals) against mean cost; FR and EE runs joined into their curves."""
     curves: dict[str, list[tuple[str, dict]]] = {}
     for label, f in runs:
         key = curve_key(label)
@@ -175,8 +190,9 @@ def draw_accuracy_cost(ax, runs: list[tuple[str, dict]], cost: str = "flops",
         points.sort(key=lambda lf: lf[1][cost])
         st = style(points[0][0])
         xs, fs = [f[cost] for _, f in points], [f for _, f in points]
-        alphas = [re.search(r"alpha=([^)]*)", label).group(1) for label, _ in points]
-        name = key.replace("(alpha)", f"(alpha={', '.join(alphas)})")
+        parameter, relation, _ = curve_parameter(points[0][0])
+        values = [curve_parameter(label)[2] for label, _ in points]
+        name = key.replace(f"({parameter}", f"({parameter}{relation}{', '.join(values)}", 1)
         ax.errorbar(xs, [f["acc"] for f in fs],
                     yerr=[[f["acc"] - f["lo"] for f in fs], [f["hi"] - f["acc"] for f in fs]],
                     capsize=3, linestyle="-", label=name if legend else None, **st.kwargs())

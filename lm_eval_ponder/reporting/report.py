@@ -8,11 +8,12 @@ is bolded only when its interval does not overlap the runner-up's (otherwise the
 
 Which method a run is: a ``ponder_run.json`` ({"method": ..., "backbone": ...}) in the run's
 directory or a parent wins (``suite`` writes one); otherwise, for a ``ponder`` run, what its
-fingerprint says the model did (a controller -> FP-<base>, a fixed alpha -> FR (alpha=...), no
-pondering -> <base>, where <base> is Direct/CoT/BoN from the task); ``--model hf`` and other
-models are <base>. Results written before the fingerprint was recorded are read from the model
-args: ``alpha=`` -> FR, ``controller=<dir>`` -> FP-<base>, ``controller=none`` -> <base>, neither
-(the shipped controller, if the backbone has one) -> "<base> (default args)".
+fingerprint says the model did (a controller -> FP-<base>, a fixed alpha -> FR (alpha=...), an
+early exit -> EE (p>=<threshold>), no pondering -> <base>, where <base> is Direct/CoT/BoN from
+the task); ``--model hf`` and other models are <base>. Results written before the fingerprint
+was recorded are read from the model args: ``alpha=`` -> FR, ``early_exit=`` -> EE,
+``controller=<dir>`` -> FP-<base>, ``controller=none`` -> <base>, neither (the shipped
+controller, if the backbone has one) -> "<base> (default args)".
 
 A label is not a configuration: each run also has an identity (``reporting.identity``: the
 model's fingerprint or args and dtype, and the generation kwargs the task used). Runs of one
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
@@ -83,6 +85,8 @@ def _label(task: str, model: str, args: dict, marker: dict | None,
     if model != "ponder":
         return backbone, base
     if isinstance(fingerprint, dict):  # what the model did, whatever the args looked like
+        if isinstance(fingerprint.get("early_exit"), dict):
+            return backbone, exit_label(fingerprint["early_exit"])
         pondering = fingerprint.get("pondering") or {}
         if pondering.get("controller"):
             return backbone, f"FP-{base}"
@@ -90,6 +94,9 @@ def _label(task: str, model: str, args: dict, marker: dict | None,
             return backbone, f"FR (alpha={float(pondering['alpha']):g})"
         return backbone, base
     controller = args.get("controller")
+    if args.get("early_exit") not in (None, "", "none"):
+        settings = ExitSettings.from_model_args(args["early_exit"], args.get("exit_layers"))
+        return backbone, exit_label(settings.fingerprint())
     if args.get("alpha") not in (None, "", "none"):
         return backbone, f"FR (alpha={float(args['alpha']):g})"
     if controller is not None and str(controller).lower() not in ("none", "", "auto"):

@@ -16,7 +16,8 @@ file, no benchmark text): that, its ``results_*.json`` and ``ponder_run.json`` a
 repository keeps of a run, and all the report needs.
 Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct, FP-CoT,
 FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
-message, when there is none).
+message, when there is none). Not run unless named: EE, the early-exit baseline
+(``evaluation.early_exit``) on the Direct prompt, one run per ``--exit_thresholds`` value.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ DATASETS = ("arith", "gsm8k", "math500", "gpqa")
 # committing (``--snapshot``), finished or not.
 UNPUBLISHED = ("gpqa",)
 METHODS = ("Direct", "CoT", "BoN", "FR", "FP-Direct", "FP-CoT", "FP-BoN")
+# known to --methods but not in its default: the early-exit sweep (one run per threshold)
+EXTRA_METHODS = ("EE",)
+EXIT_THRESHOLDS = (0.9, 0.95, 0.99, 0.999)
 SUFFIX = {"Direct": "", "CoT": "_cot", "BoN": "_bon"}
 ATTEMPTS = "ponder_attempts.json"
 HEARTBEAT_S = 60.0
@@ -125,11 +129,36 @@ def attempts_ran_s(attempts: list[dict]) -> tuple[float, int]:
     return round(sum(clocked), 1), len(attempts) - len(clocked)
 
 
+def exit_runs(datasets: list[str], decoding: str, thresholds: tuple[float, ...],
+              layers: str | None) -> list[dict]:
+    """The early-exit sweep: one run per threshold (each its own directory and label), on
+    the Direct prompt with ``controller=none``."""
+    from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
+
+    runs = []
+    for threshold in thresholds:
+        settings = ExitSettings.from_model_args(threshold, layers)
+        args = f"controller=none,early_exit={threshold!r}" + (
+            f",exit_layers={settings.layers}" if layers else "")
+        label = exit_label(settings.fingerprint())
+        tag = f"EE_p{threshold:g}" + (f"_layers{settings.layers.replace(':', '-')}"
+                                      if layers else "")
+        for dataset in datasets:
+            runs.append({"decoding": decoding, "method": "EE", "dir": tag,
+                         "label": label if decoding == "greedy" else f"{label} [{decoding}]",
+                         "dataset": dataset, "task": f"{dataset}_ponder", "model_args": args})
+    return runs
+
+
 def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: float,
-         controller: str | None) -> list[dict]:
+         controller: str | None, exit_thresholds: tuple[float, ...] = EXIT_THRESHOLDS,
+         exit_layers: str | None = None) -> list[dict]:
     runs = []
     for decoding in decodings:
         for method in methods:
+            if method == "EE":
+                runs += exit_runs(datasets, decoding, exit_thresholds, exit_layers)
+                continue
             base = method.removeprefix("FP-") if method != "FR" else "Direct"
             if method.startswith("FP-"):
                 if controller is None:
@@ -149,6 +178,15 @@ def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: f
     return runs
 
 
+def parse_thresholds(text: str) -> tuple[float, ...]:
+    """``--exit_thresholds``: comma-separated numbers."""
+    try:
+        return tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise PonderError(f"--exit_thresholds must be comma-separated numbers, got {text!r}") \
+            from None
+
+
 def launcher(command: str | None) -> list[str]:
     """How each lm_eval run starts: this Python, or e.g. ``accelerate launch --multi_gpu
     --num_processes 8`` (HFLM then splits the requests over the GPUs, one backbone per GPU)."""
@@ -158,7 +196,7 @@ def launcher(command: str | None) -> list[str]:
 
 
 def run_dir(out: Path, r: dict) -> Path:
-    return out / r["decoding"] / r["method"].replace(" ", "_") / r["dataset"]
+    return out / r["decoding"] / r.get("dir", r["method"]).replace(" ", "_") / r["dataset"]
 
 
 def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None) -> str:
@@ -247,7 +285,8 @@ def run_suite(a: argparse.Namespace) -> Path:
     methods = [m.strip() for m in a.methods.split(",")]
     datasets = [d.strip() for d in a.tasks.split(",")]
     decodings = [d.strip() for d in a.decoding.split(",")]
-    for name, given, known in (("method", methods, METHODS), ("dataset", datasets, DATASETS),
+    for name, given, known in (("method", methods, METHODS + EXTRA_METHODS),
+                               ("dataset", datasets, DATASETS),
                                ("decoding", decodings, DECODINGS)):
         bad = [x for x in given if x not in known]
         if bad:
@@ -267,7 +306,8 @@ def run_suite(a: argparse.Namespace) -> Path:
         LOGGER.warning("suite: no controller for this backbone (pass --controller DIR); FP "
                        "methods are skipped")
     backbone = a.pretrained or "smollm2-135m-instruct"
-    runs = plan(methods, datasets, decodings, a.alpha, controller)
+    thresholds = parse_thresholds(a.exit_thresholds)
+    runs = plan(methods, datasets, decodings, a.alpha, controller, thresholds, a.exit_layers)
     preload = allocator.resolve(a.allocator)
     env = allocator.child_environment(preload)
     if a.plan:
@@ -285,7 +325,7 @@ def run_suite(a: argparse.Namespace) -> Path:
             continue
         target.mkdir(parents=True, exist_ok=True)
         model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
-        if a.steering and r["method"] not in ("Direct", "CoT", "BoN"):
+        if a.steering and r["method"] not in ("Direct", "CoT", "BoN", "EE"):
             model_args += f",steering={a.steering}"
         if a.model_args:
             model_args += f",{a.model_args}"
@@ -349,9 +389,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no_chat_template", dest="chat_template", action="store_false",
                    help="do not pass --apply_chat_template (base models)")
     p.add_argument("--tasks", default="arith,gsm8k,math500,gpqa", help="datasets, comma-separated")
-    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated, of {list(METHODS + EXTRA_METHODS)} (default: "
+                        "all but EE, the early-exit sweep)")
     p.add_argument("--decoding", default="greedy", help=f"comma-separated: {list(DECODINGS)}")
     p.add_argument("--alpha", type=float, default=-0.2, help="the FR baseline's fixed alpha")
+    p.add_argument("--exit_thresholds", default=",".join(f"{t:g}" for t in EXIT_THRESHOLDS),
+                   help="EE: the top-1 probability thresholds, one run each")
+    p.add_argument("--exit_layers", default=None,
+                   help="EE: the layers that may exit, start[:stop[:step]] in layers run "
+                        "(default: every layer)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_gen_toks", type=int, default=500)

@@ -199,6 +199,27 @@ def test_label_follows_the_fingerprint_not_the_args(tmp_path):
     assert labels == {"on": "FP-Direct", "off": "Direct", "fr": "FR (alpha=-0.1)"}
 
 
+def test_early_exit_runs_are_labelled_by_threshold(tmp_path):
+    """From the fingerprint (what the model did), from the model args of a run without one,
+    and from the suite's ponder_run.json; two thresholds are two rows, one plot family."""
+    from lm_eval_ponder.reporting.plots import curve_key, style
+
+    rows = [(True, 10, 0, None)] * 5
+    for name, threshold in (("a", 0.9), ("b", 0.99)):
+        write_run(tmp_path, name, "controller=none", "gsm8k_ponder", rows,
+                  config=ponder_config(pondering=None,
+                                       early_exit={"threshold": threshold, "layers": "1:"}))
+    write_run(tmp_path, "c", "controller=none,early_exit=0.95,exit_layers=16:30:2",
+              "gsm8k_ponder", rows)
+    marked = write_run(tmp_path, "d", "controller=none,early_exit=0.5", "gsm8k_ponder", rows)
+    (marked.parent / "ponder_run.json").write_text(json.dumps({"method": "EE (p>=0.5)"}))
+    labels = {r.source.split("/")[-3]: r.label for r in rp.load_runs([tmp_path])}
+    assert labels == {"a": "EE (p>=0.9)", "b": "EE (p>=0.99)",
+                      "c": "EE (p>=0.95, layers 16:30:2)", "d": "EE (p>=0.5)"}
+    assert {style(label).family for label in labels.values()} == {"EE"}
+    assert curve_key(labels["a"]) == curve_key(labels["b"]) != curve_key(labels["c"])
+
+
 def test_same_configuration_on_two_datasets_is_one_row(tmp_path):
     """One lm-eval run per dataset (as suite does): one identity, one row, no suffix, even
     though the tasks' generation kwargs differ."""

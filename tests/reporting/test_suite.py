@@ -19,6 +19,24 @@ def test_plan_covers_methods_and_decodings():
     assert not [r for r in suite.plan(["FP-Direct"], ["arith"], ["greedy"], -0.2, None)]
 
 
+def test_plan_sweeps_early_exit_thresholds_only_when_asked():
+    assert not [r for r in suite.plan(list(suite.METHODS), ["arith"], ["greedy"], -0.2, "/c")
+                if r["method"] == "EE"]
+    runs = suite.plan(["EE"], ["arith", "gsm8k"], ["greedy", "t0.7"], -0.2, None, (0.9, 0.99))
+    assert len(runs) == 8
+    first = runs[0]
+    assert first["label"] == "EE (p>=0.9)" and first["task"] == "arith_ponder"
+    assert first["model_args"] == "controller=none,early_exit=0.9"
+    assert {suite.run_dir(suite.Path("o"), r).as_posix() for r in runs[:4]} == {
+        "o/greedy/EE_p0.9/arith", "o/greedy/EE_p0.9/gsm8k", "o/greedy/EE_p0.99/arith",
+        "o/greedy/EE_p0.99/gsm8k"}
+    assert runs[4]["label"] == "EE (p>=0.9) [t0.7]"
+    narrow = suite.plan(["EE"], ["arith"], ["greedy"], -0.2, None, (0.9,), "16:30:2")[0]
+    assert narrow["label"] == "EE (p>=0.9, layers 16:30:2)"
+    assert narrow["model_args"].endswith(",exit_layers=16:30:2")
+    assert narrow["dir"] == "EE_p0.9_layers16-30-2"
+
+
 def test_unknown_names_are_refused(tmp_path, capsys):
     assert suite.main(["--output", str(tmp_path), "--methods", "Magic"]) == USAGE_ERROR
     assert "lm-eval-ponder error: unknown method" in capsys.readouterr().err
@@ -35,6 +53,29 @@ def test_suite_runs_resumes_and_reports(tiny_model_dir, tiny_vector_dir, tmp_pat
     capsys.readouterr()
     suite.main(argv)
     assert capsys.readouterr().err.count("done, skipped") == 2  # status lines: stderr
+
+
+def test_suite_runs_the_early_exit_sweep_through_lm_eval(tiny_model_dir, tmp_path):
+    """The real CLI takes early_exit=, each threshold is its own run and row, and the samples
+    carry the exit layer."""
+    from lm_eval_ponder.reporting.compact import read_samples, run_log
+    from lm_eval_ponder.reporting.report import load_runs
+
+    out = tmp_path / "s"
+    suite.main(["--output", str(out), "--pretrained", str(tiny_model_dir), "--tasks", "arith",
+                "--methods", "EE", "--exit_thresholds", "0.01,1.5", "--limit", "2",
+                "--max_gen_toks", "4", "--batch_size", "4", "--no_chat_template",
+                "--no_report"])
+    runs = {r.label: r for r in load_runs([out])}
+    assert set(runs) == {"EE (p>=0.01)", "EE (p>=1.5)"}
+    assert [s["exit_layer"] for s in runs["EE (p>=1.5)"].samples] == [4.0, 4.0]
+    assert all(s["exit_layer"] < 4 for s in runs["EE (p>=0.01)"].samples)
+    results = next((out / "greedy" / "EE_p0.01").rglob("results_*.json"))
+    data = json.loads(results.read_text())
+    assert data["config"]["ponder_fingerprint"]["early_exit"]["threshold"] == 0.01
+    assert "exit_layer,none" in data["results"]["arith_ponder"]
+    compact = read_samples(run_log(results, "arith_ponder"))
+    assert all("exit_layer" in s for s in compact)
 
 
 def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):

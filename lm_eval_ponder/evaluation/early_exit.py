@@ -24,9 +24,10 @@ state after each layer: each skipped layer's attention then writes keys and valu
 from the exit state (its input), and the final norm and LM head turn the exit state into the
 exit layer's logits. Wall time therefore does not shrink; FLOPs are charged as an early-exit
 implementation runs them (``flops.early_exit_step_flops``): the layers up to the exit, the key
-and value projections of the layers after it, and the tests a token went through. A test is
-computed for every row and masked for rows that exited already: selecting the others would read
-the mask back to the host at every layer.
+and value projections of the layers after it, and the tests a token went through. On an
+accelerator a test is computed for every row and masked for rows that exited already
+(selecting the others would read the mask back to the host at every layer); on the CPU only
+the running rows are tested (``ExitHook.running_probability``).
 
 The hook follows rows through the generation loop (``begin_forward``, as the steering hook
 does) and through ``model.generate`` (the same rows every forward, the prefill first). It
@@ -229,8 +230,22 @@ class ExitHook:
         logits = self.head(self.norm(state))
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        logits = logits.float()
-        return torch.exp(logits.amax(dim=-1) - torch.logsumexp(logits, dim=-1))
+        # one fused float32 softmax: half the time of a float copy, max and logsumexp (on this
+        # CPU, 74 ms against 142 for 50 rows of SmolLM2's 49,152 logits)
+        return torch.softmax(logits, dim=-1, dtype=torch.float32).amax(dim=-1)
+
+    def running_probability(self, state: torch.Tensor) -> torch.Tensor:
+        """[B] top-1 probability of the rows that have not exited (others: 0). On an
+        accelerator every row is tested and the result masked, since selecting rows would read
+        the mask back to the host at every layer; on the CPU, where that read costs nothing and
+        a test costs 7.5 layers of SmolLM2, only the running rows are tested."""
+        if state.device.type != "cpu":
+            return self.top1_probability(state).masked_fill(self._exited, 0.0)
+        running = (~self._exited).nonzero().squeeze(1)
+        probability = torch.zeros(state.shape[0], dtype=torch.float32)
+        if len(running):
+            probability[running] = self.top1_probability(state.index_select(0, running))
+        return probability
 
     def _after_layer(self, k: int, output: Any) -> Any:
         if not self._decoding:
@@ -247,7 +262,7 @@ class ExitHook:
         if replaced:  # rows that exited at an earlier layer ride on with their exit state
             state = torch.where(self._exited[:, None], self._exit_state, state)
         if k in self.candidates:
-            passed = (self.top1_probability(state) >= self.threshold) & ~self._exited
+            passed = (self.running_probability(state) >= self.threshold) & ~self._exited
             self._exit_state = state if self._exit_state is None else \
                 torch.where(passed[:, None], state, self._exit_state)
             self._exit_layer = torch.where(passed, k, self._exit_layer)

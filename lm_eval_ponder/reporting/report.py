@@ -37,12 +37,12 @@ import html
 import json
 import math
 import re
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.errors import PonderError, command, run_program
+from lm_eval_ponder.files import read_json
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
@@ -103,7 +103,7 @@ def _marker(path: Path, roots: list[Path]) -> dict | None:
     for parent in [path, *path.parents]:
         candidate = parent / "ponder_run.json"
         if candidate.is_file():
-            return json.loads(candidate.read_text())
+            return read_json(candidate)
         if parent in roots:
             break
     return None
@@ -136,7 +136,7 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     runs: dict[tuple[str, str, str, str], Run] = {}
     estimators = Estimators()
     for result in files:
-        data = json.loads(result.read_text())
+        data = read_json(result)
         config = data.get("config", {})
         model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
         marker = _marker(result.parent, roots)
@@ -433,8 +433,8 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
 
 def report(paths: list[str | Path], out: str | Path, link_figures: bool = False) -> str:
     out = Path(out)
+    runs = load_runs(paths)  # first: a run that cannot be read leaves no empty report behind
     out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(paths)
     rows, notes = leaderboard(runs)
     datasets = dataset_order(r.dataset for r in runs)
     notes += decoding_verdicts(rows, datasets)
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also draw leaderboard.html with headless Chromium into IMAGE, to "
                         "check that the page renders: a .png as drawn, a .webp (what the docs "
                         "keep) or .jpg 800 px wide and compressed")
-    parser.add_argument("--link-figures", action="store_true",
+    parser.add_argument("--link-figures", "--link_figures", action="store_true",
                         help="leaderboard.html names the figure files beside it instead of "
                         "inlining them (a page of kB instead of MB; it then needs its directory)")
     a = parser.parse_args(argv)
@@ -478,4 +478,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

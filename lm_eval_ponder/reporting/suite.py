@@ -25,8 +25,10 @@ import argparse
 import functools
 import json
 import logging
+import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -35,8 +37,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lm_eval_ponder import allocator
-from lm_eval_ponder.errors import PonderError, command
-from lm_eval_ponder.files import atomic_write_text
+from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
+from lm_eval_ponder.files import HeldLock, LockHeld, acquire_lock, atomic_write_text, read_json
 from lm_eval_ponder.evaluation.resume import (
     KEPT_SUFFIX, export_kept, kept_answers, kept_path, restore_kept,
 )
@@ -66,7 +68,7 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
     the earlier attempts produced the rest, so the report and the cost model must not read
     ``wall_s`` as the time of every answer."""
     path = target / ATTEMPTS
-    attempts = json.loads(path.read_text()) if path.is_file() else []
+    attempts = read_json(path) if path.is_file() else []
     attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
     atomic_write_text(path, json.dumps(attempts, indent=1))
     return attempts
@@ -99,7 +101,9 @@ def run_clocked(cmd: list[str], target: Path, attempts: list[dict],
     def on_term(signum, frame):  # a scheduler's or `timeout`'s SIGTERM: end like Ctrl-C
         raise SystemExit(128 + signum)
 
-    proc = subprocess.Popen(cmd, env=env)
+    # Ctrl-C reaches the whole foreground process group: the child ignores it (its traceback
+    # would bury the suite's one line) and is ended below, as a SIGTERM ends it
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=ignore_interrupts)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, on_term) if main_thread else None
     try:
@@ -116,6 +120,13 @@ def run_clocked(cmd: list[str], target: Path, attempts: list[dict],
         stamp()
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def ignore_interrupts() -> None:
+    """In the lm_eval child, before it starts: ignore SIGINT. Python keeps an ignored SIGINT
+    ignored (it installs its KeyboardInterrupt handler only over the default), so Ctrl-C in
+    the terminal stops the suite alone, which then ends the child with SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def attempts_ran_s(attempts: list[dict]) -> tuple[float, int]:
@@ -147,6 +158,24 @@ def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: f
                              "dataset": dataset, "task": f"{dataset}_ponder{SUFFIX[base]}",
                              "model_args": args})
     return runs
+
+
+def portable_path(path: str) -> str:
+    """A directory under the working directory as a relative path (the shipped controller is
+    found as an absolute one): the run's command and model args are published with its
+    results, and should not name a directory of the machine that ran it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def portable_name(pretrained: str) -> str:
+    """``--pretrained`` as a name: a Hub id as given, a local directory by its last part."""
+    if pretrained.startswith(("/", "~", ".")) or Path(pretrained).expanduser().is_dir():
+        return Path(pretrained.rstrip("/")).name or pretrained
+    return pretrained
 
 
 def launcher(command: str | None) -> list[str]:
@@ -194,9 +223,9 @@ def run_time(target: Path) -> tuple[float, str]:
     ones; an unfinished one's clocked attempts."""
     info = target / "ponder_run.json"
     attempts_file = target / ATTEMPTS
-    attempts = json.loads(attempts_file.read_text()) if attempts_file.is_file() else []
+    attempts = read_json(attempts_file) if attempts_file.is_file() else []
     if info.is_file():
-        run = json.loads(info.read_text())
+        run = read_json(info)
         earlier, unclocked = attempts_ran_s(run.get("attempts", [])[:-1])
         spent = run["wall_s"] + earlier
     else:
@@ -242,6 +271,60 @@ def snapshot(runs: list[dict], out: Path) -> str:
     return "\n".join(lines) or "no unfinished run holds kept answers"
 
 
+LOCK = "ponder_suite.lock"
+
+
+def resume_command(argv: list[str]) -> str:
+    return shlex.join(["python", "-m", "lm_eval_ponder.suite", *argv])
+
+
+def lock_runs(targets: list[Path], argv: list[str]) -> list[HeldLock]:
+    """Lock every run directory this suite is about to run (``LOCK`` in each), or refuse, naming
+    the live suite that holds one: two suites on one ``--output`` would both run everything (a
+    23-hour suite twice). Suites with disjoint runs (``--methods``/``--tasks``) share an
+    ``--output``. A lock whose process died is taken over, with a line that says so."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": resume_command(argv)}
+    held: list[HeldLock] = []
+    try:
+        for target in targets:
+            target.mkdir(parents=True, exist_ok=True)
+            try:
+                lock = acquire_lock(target / LOCK, holder)
+            except LockHeld as busy:
+                h = busy.holder
+                raise PonderError(
+                    f"{target} is being run by another suite: process {h.get('pid', '?')} on "
+                    f"{h.get('host', '?')}, started {h.get('started', '?')} "
+                    f"(`{h.get('command', '?')}`). Wait for it or stop it; pass --force to run "
+                    "anyway (both would then run the same runs)") from None
+            except OSError as error:  # a file system without flock: run unguarded, say so
+                LOGGER.warning("suite: cannot lock %s (%s); nothing stops a second suite from "
+                               "running the same runs", target, error)
+                continue
+            if lock.previous is not None:
+                LOGGER.warning("suite: %s was locked by process %s, which is no longer running; "
+                               "taken over", target, lock.previous.get("pid", "?"))
+            held.append(lock)
+    except BaseException:
+        for lock in held:
+            lock.release()
+        raise
+    return held
+
+
+def interrupted_in(i: int, n: int, r: dict, target: Path, resume_within: bool,
+                   argv: list[str]) -> Interrupted:
+    """Where Ctrl-C stopped the suite (run ``i`` of ``n``), what it kept, how to resume."""
+    if resume_within:
+        kept = kept_answers(target / "answers_rank0.db")
+        kept_text = f"{kept:,} of its answers kept"
+    else:
+        kept_text = "its answers are not kept (--resume_within keeps them as they come)"
+    return Interrupted(f"run {i}/{n}, {r['label']} on {r['dataset']} ({target}), stopped: "
+                       f"{kept_text}; finished runs are kept. Resume with: {resume_command(argv)}")
+
+
 def run_suite(a: argparse.Namespace) -> Path:
     out = Path(a.output)
     methods = [m.strip() for m in a.methods.split(",")]
@@ -266,7 +349,9 @@ def run_suite(a: argparse.Namespace) -> Path:
     if controller is None and any(m.startswith("FP-") for m in methods):
         LOGGER.warning("suite: no controller for this backbone (pass --controller DIR); FP "
                        "methods are skipped")
-    backbone = a.pretrained or "smollm2-135m-instruct"
+    # the row label the report shows: a name, never a directory of this machine
+    backbone = portable_name(a.pretrained) if a.pretrained else "smollm2-135m-instruct"
+    controller = portable_path(controller) if controller else controller
     runs = plan(methods, datasets, decodings, a.alpha, controller)
     preload = allocator.resolve(a.allocator)
     env = allocator.child_environment(preload)
@@ -276,66 +361,93 @@ def run_suite(a: argparse.Namespace) -> Path:
     if a.snapshot:
         print(snapshot(runs, out))
         return out
+    argv = list(getattr(a, "argv", None) or [])
     if out.is_dir():
         compact_tree(out)  # runs finished before compact logs existed
-    for i, r in enumerate(runs, 1):
-        target = run_dir(out, r)
-        if list(target.rglob("results_*.json")):
-            LOGGER.info("[%d/%d] %s %s: done, skipped", i, len(runs), r["label"], r["dataset"])
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
-        if a.steering and r["method"] not in ("Direct", "CoT", "BoN"):
-            model_args += f",steering={a.steering}"
-        if a.model_args:
-            model_args += f",{a.model_args}"
-        gen = f"max_gen_toks={a.max_gen_toks}," + DECODINGS[r["decoding"]]
-        if r["method"].endswith("BoN") and r["decoding"] == "greedy":
-            gen = f"max_gen_toks={a.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
-        cmd = [*launcher(a.launcher), "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
-               "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
-               "--batch_size", str(a.batch_size),
-               "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
-               "--seed", str(a.seed)]
-        if a.limit:
-            cmd += ["--limit", str(a.limit)]
-        if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
-            cmd += ["--use_cache", str(target / "answers")]
-        LOGGER.info("[%d/%d] %s %s: %s", i, len(runs), r["label"], r["dataset"], " ".join(cmd[2:]))
-        if a.resume_within:
-            for twin in sorted(target.glob("answers_rank*" + KEPT_SUFFIX)):
-                db = twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")
-                restored = restore_kept(db)
-                if restored:
-                    LOGGER.info("%s: %d kept answers restored from %s", r["label"], restored,
-                                twin.name)
-        kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
-        attempts = record_attempt(target, kept)
-        start = time.time()
-        # the kept answers' committable twin stays current, so a session cut off mid-run
-        # leaves on disk all that a commit needs to carry the run to another machine
-        on_beat = functools.partial(refresh_twins, target) \
-            if a.resume_within and r["dataset"] not in UNPUBLISHED else None
-        returncode = run_clocked(cmd, target, attempts, env, on_beat)
-        if returncode != 0:
-            raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
-                              f"{returncode}); fix the error above and re-run: finished "
-                              "runs are kept")
-        total, unclocked = attempts_ran_s(attempts)
-        atomic_write_text(target / "ponder_run.json", json.dumps(
-            {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
-             "wall_s": round(time.time() - start, 1), "kept_answers": kept,
-             "attempts": attempts, "ran_s_all_attempts": total,
-             "unclocked_attempts": unclocked, "command": cmd[1:],
-             "preload": env.get("LD_PRELOAD", "")}, indent=1))
-        compact_tree(target)
-        for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
-            twin.unlink()  # the run's summary replaces its unfinished answers
+    todo = [run_dir(out, r) for r in runs if not list(run_dir(out, r).rglob("results_*.json"))]
+    if a.force:
+        LOGGER.warning("suite: --force: no lock; another suite on %s may run the same runs", out)
+        locks: list[HeldLock] = []
+    else:
+        locks = lock_runs(todo, argv)
+    try:
+        run_all(a, runs, out, backbone, env, argv)
+    finally:
+        for lock in locks:
+            lock.release()
     if a.report:
         from lm_eval_ponder.reporting.report import report
 
         print(report([out], out / "report"))
     return out
+
+
+def run_all(a: argparse.Namespace, runs: list[dict], out: Path, backbone: str,
+            env: dict[str, str], argv: list[str]) -> None:
+    """Each planned run that has no results yet, in order (``run_one``); Ctrl-C becomes
+    ``Interrupted``, naming the run it stopped and the command that resumes the suite."""
+    for i, r in enumerate(runs, 1):
+        target = run_dir(out, r)
+        if list(target.rglob("results_*.json")):
+            LOGGER.info("[%d/%d] %s %s: done, skipped", i, len(runs), r["label"], r["dataset"])
+            continue
+        try:
+            run_one(a, i, len(runs), r, target, backbone, env)
+        except KeyboardInterrupt:
+            raise interrupted_in(i, len(runs), r, target, a.resume_within, argv) from None
+
+
+def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbone: str,
+            env: dict[str, str]) -> None:
+    """One lm_eval run into ``target``, clocked, then its summary and compact log."""
+    target.mkdir(parents=True, exist_ok=True)
+    model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
+    if a.steering and r["method"] not in ("Direct", "CoT", "BoN"):
+        model_args += f",steering={a.steering}"
+    if a.model_args:
+        model_args += f",{a.model_args}"
+    gen = f"max_gen_toks={a.max_gen_toks}," + DECODINGS[r["decoding"]]
+    if r["method"].endswith("BoN") and r["decoding"] == "greedy":
+        gen = f"max_gen_toks={a.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
+    cmd = [*launcher(a.launcher), "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
+           "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
+           "--batch_size", str(a.batch_size),
+           "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
+           "--seed", str(a.seed)]
+    if a.limit:
+        cmd += ["--limit", str(a.limit)]
+    if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
+        cmd += ["--use_cache", str(target / "answers")]
+    LOGGER.info("[%d/%d] %s %s: %s", i, n, r["label"], r["dataset"], " ".join(cmd[2:]))
+    if a.resume_within:
+        for twin in sorted(target.glob("answers_rank*" + KEPT_SUFFIX)):
+            db = twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")
+            restored = restore_kept(db)
+            if restored:
+                LOGGER.info("%s: %d kept answers restored from %s", r["label"], restored,
+                            twin.name)
+    kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
+    attempts = record_attempt(target, kept)
+    start = time.time()
+    # the kept answers' committable twin stays current, so a session cut off mid-run
+    # leaves on disk all that a commit needs to carry the run to another machine
+    on_beat = functools.partial(refresh_twins, target) \
+        if a.resume_within and r["dataset"] not in UNPUBLISHED else None
+    returncode = run_clocked(cmd, target, attempts, env, on_beat)
+    if returncode != 0:
+        raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
+                          f"{returncode}); fix the error above and re-run: finished "
+                          "runs are kept")
+    total, unclocked = attempts_ran_s(attempts)
+    atomic_write_text(target / "ponder_run.json", json.dumps(
+        {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
+         "wall_s": round(time.time() - start, 1), "kept_answers": kept,
+         "attempts": attempts, "ran_s_all_attempts": total,
+         "unclocked_attempts": unclocked, "command": cmd[1:],
+         "preload": env.get("LD_PRELOAD", "")}, indent=1))
+    compact_tree(target)
+    for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
+        twin.unlink()  # the run's summary replaces its unfinished answers
 
 
 @command
@@ -383,9 +495,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launcher", default=None,
                    help="start each run with this, e.g. 'accelerate launch --multi_gpu "
                         "--num_processes 8' (default: this Python, one process)")
-    run_suite(p.parse_args(argv))
+    p.add_argument("--force", action="store_true",
+                   help="run even while another suite runs the same runs in --output (each run "
+                        "directory is locked while a suite has it to do; without --force a "
+                        "second suite is refused)")
+    a = p.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # the command that resumes this one
+    run_suite(a)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

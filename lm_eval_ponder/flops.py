@@ -400,3 +400,46 @@ def controller_flops(
     matmuls = projection + _linear_flops(d_in, h) + _linear_flops(h, h) + _linear_flops(h, 1)
     elementwise = LAYERNORM_FLOPS_PER_ELEMENT * d + GELU_FLOPS_PER_ELEMENT * 2 * h
     return n_evals * (matmuls + elementwise)
+
+
+# ----------------------------------------------------------------------------- showing FLOPs
+SI_PREFIXES = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def readable_flops(value: float) -> str:
+    """``32037787699.2`` as ``32.04 GFLOPs``: four significant digits and an SI prefix, for
+    every place a person reads a FLOPs figure (an 11-digit float reads as noise)."""
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")):
+        return f"{value} FLOPs"
+    for scale, prefix in SI_PREFIXES:
+        if abs(value) >= scale:
+            return f"{value / scale:.4g} {prefix}FLOPs"
+    return f"{value:.4g} FLOPs"
+
+
+class FlopCount(float):
+    """A FLOPs figure that lm-eval's results table shows readably.
+
+    lm-eval prints every metric as ``f"{value:.4f}"``, which turns a generation's FLOPs into
+    ``32037787699.2000``. A ``FlopCount`` is the same float everywhere (arithmetic, JSON,
+    comparisons, ``repr``: results files and figures do not change) except that a fixed-point
+    format (``.4f``) shows ``readable_flops``. Sums and quotients stay ``FlopCount`` so that
+    lm-eval's ``mean`` aggregation of per-document values keeps the type."""
+
+    __slots__ = ()
+
+    def __format__(self, spec: str) -> str:
+        if spec.endswith("f"):
+            return readable_flops(self)
+        return super().__format__(spec)
+
+    def __add__(self, other):
+        result = float.__add__(self, other)
+        return result if result is NotImplemented else FlopCount(result)
+
+    __radd__ = __add__
+
+    def __truediv__(self, other):
+        result = float.__truediv__(self, other)
+        return result if result is NotImplemented else FlopCount(result)

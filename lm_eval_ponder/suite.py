@@ -3,9 +3,8 @@
 The code lives in ``lm_eval_ponder.reporting.suite``; this module keeps the command working.
 """
 
-import sys
-
+from lm_eval_ponder.errors import run_program
 from lm_eval_ponder.reporting.suite import main  # noqa: F401
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

@@ -4,10 +4,9 @@ The code lives in ``lm_eval_ponder.training`` (``cli``, ``config``, ``loop``, ``
 module keeps the command and the imports the README documents working.
 """
 
-import sys
-
+from lm_eval_ponder.errors import run_program
 from lm_eval_ponder.training.cli import main  # noqa: F401
 from lm_eval_ponder.training.config import TrainConfig, parse_args  # noqa: F401
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

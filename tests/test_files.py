@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -58,3 +59,50 @@ def test_short_float32_reads_back_bit_for_bit():
     assert exact_float32(short)[:-1] == values[:-1] and exact_float32(short)[-1] == float("inf")
     assert len(json.dumps(short)) < 0.7 * len(json.dumps(values))
     assert short_float32([0.1]) is None  # a float64 value: not ours to shorten
+
+
+def test_read_json_names_a_cut_off_file(tmp_path):
+    from lm_eval_ponder.files import read_json
+
+    path = tmp_path / "results_x.json"
+    path.write_text('{"results": {"a": 1}}')
+    assert read_json(path) == {"results": {"a": 1}}
+    path.write_text('{"results": {"a"')
+    with pytest.raises(PonderError, match="results_x.json: not JSON"):
+        read_json(path)
+
+
+HOLD = ("import sys, time; from lm_eval_ponder.files import acquire_lock; "
+        "acquire_lock(sys.argv[1], {'pid': 'other'}); print('held', flush=True); time.sleep(60)")
+
+
+def test_a_lock_names_its_live_holder_and_is_taken_over_when_it_dies(tmp_path):
+    """flock: the kernel lets go of a dead process's lock, so a lock file left by a killed
+    process is taken over (and what it said is handed back), while a live holder is named."""
+    import os
+    import subprocess
+    import sys
+
+    from lm_eval_ponder.files import LockHeld, acquire_lock
+
+    path = tmp_path / "run.lock"
+    repo = str(Path(__file__).resolve().parents[1])
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": repo})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeld) as busy:
+            acquire_lock(path, {"pid": "me"})
+        assert busy.value.holder == {"pid": "other"}
+    finally:
+        holder.kill()
+        holder.wait()
+    lock = acquire_lock(path, {"pid": "me"})
+    assert lock.previous == {"pid": "other"} and json.loads(path.read_text()) == {"pid": "me"}
+    with pytest.raises(LockHeld):  # one holder at a time, within a process too
+        acquire_lock(path, {"pid": "again"})
+    lock.release()
+    assert not path.exists()
+    again = acquire_lock(path, {"pid": "me"})
+    assert again.previous is None  # released cleanly: nothing left to take over
+    again.release()

@@ -298,3 +298,13 @@ def test_kv_width_follows_grouped_query_attention() -> None:
     spec = FlopsSpec.from_config(transformers.LlamaConfig(**SHAPE))
     assert spec.kv_dim == 2 * 16  # 2 key/value heads of 16
     assert FlopsSpec.from_config(transformers.GPT2Config(**GPT2_SHAPE)).kv_dim == 64
+def test_flops_read_with_an_si_prefix() -> None:
+    from lm_eval_ponder.flops import FlopCount, readable_flops
+
+    assert [readable_flops(x) for x in (32037787699.2, 1.5e6, 999, 2.5e15, float("nan"))] == [
+        "32.04 GFLOPs", "1.5 MFLOPs", "999 FLOPs", "2.5 PFLOPs", "nan FLOPs"]
+    x = FlopCount(32037787699.2)
+    assert f"{x:.4f}" == "32.04 GFLOPs"
+    assert f"{x}" == str(x) == repr(x) == repr(32037787699.2)  # everything else: a float
+    assert f"{x:.3e}" == "3.204e+10" and x == 32037787699.2 and float(x) + 1 == x + 1
+    assert isinstance(x + x, FlopCount) and isinstance(sum([x, x]) / 2, FlopCount)

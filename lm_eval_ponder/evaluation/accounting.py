@@ -101,10 +101,12 @@ def response_stats(responses: Sequence[str] | str) -> dict[str, float]:
         responses = [responses]
     if not responses or not all(isinstance(r, GenerationText) for r in responses):
         return {key: math.nan for key in STAT_KEYS}
+    from lm_eval_ponder.flops import FlopCount
+
     stats = [r.stats for r in responses]  # type: ignore[union-attr]
     out = {
         "gen_tokens": float(sum(s["gen_tokens"] for s in stats)),
-        "flops": float(sum(s["flops"] for s in stats)),
+        "flops": FlopCount(sum(s["flops"] for s in stats)),  # lm-eval's table: readable
         "ponder_steps": float(sum(s.get("ponder_steps", 0.0) for s in stats) / len(stats)),
     }
     for key in EXIT_STAT_KEYS:

@@ -63,9 +63,20 @@ def _short(exc: BaseException, limit: int = 300) -> str:
 
 
 def _read_jsonl_gz(path: Path) -> list[dict[str, Any]]:
-    """Read gzipped JSON lines, skipping blank lines (a trailing newline is not a row)."""
+    """Read gzipped JSON lines, skipping blank lines (a trailing newline is not a row). A line
+    that is not JSON is reported with its line number in the file (``json.loads`` of one line
+    alone would say "line 1" whatever line it was)."""
+    rows = []
     with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line.strip()))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"line {number} is not JSON: {error.msg} (column "
+                                 f"{error.colno})") from None
+    return rows
 
 
 def _load_local(what: str, raw: str, rel_path: str, hub_id: str) -> datasets.Dataset:

@@ -116,9 +116,12 @@ class GenerationResult:
 
 @dataclass
 class StepTimer:
-    """Seconds spent per phase of the loop (``benchmarks/step_cost.py``). ``sync``: wait for
-    the device at every phase boundary, so a GPU's queued work is charged to the phase that
-    queued it (it also removes any overlap of host and device work: for attribution only)."""
+    """Seconds spent per phase of the loop (``benchmarks/step_cost.py``): ``prefill`` and
+    ``forward`` (the model), ``choose``, ``finish`` (storing tokens, the read-back, stop
+    checks), ``cache`` (masks and positions), ``compact`` (dropping finished rows) and
+    ``join`` (merging a prefilled group). ``sync``: wait for the device at every phase
+    boundary, so a GPU's queued work is charged to the phase that queued it (it also removes
+    any overlap of host and device work: for attribution only)."""
 
     sync: bool = False
     seconds: dict[str, float] = field(default_factory=dict)
@@ -277,12 +280,12 @@ class RowLoop:
     def admit(self, n: int) -> None:
         group = [self.waiting.popleft() for _ in range(n)]
         if self.batch is not None and self.batch.n_dead:
-            with self.phase("cache", self.device):
+            with self.phase("compact", self.device):
                 self.batch.compact(self.device)
                 self.result.compactions += 1
         for part in prefill_parts(group, self.real_len):
             joined = self.prefill(part)
-            with self.phase("cache", self.device):
+            with self.phase("join", self.device):
                 if joined.n_dead:
                     joined.compact(self.device)
                 if not joined.rows:
@@ -346,7 +349,7 @@ class RowLoop:
             self.timer.decode_steps += 1
         self.step(batch, logits)
         if batch.needs_compaction() and not (self.waiting and self.admissible()):
-            with self.phase("cache", device):  # (a join compacts anyway)
+            with self.phase("compact", device):  # (a join compacts anyway)
                 batch.compact(device)
                 self.result.compactions += 1
 

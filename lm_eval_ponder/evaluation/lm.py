@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
 
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
@@ -38,12 +37,15 @@ from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.errors import UnsupportedGeneration
+from lm_eval_ponder.evaluation import lmeval_output
 from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings, exit_accounting
 from lm_eval_ponder.evaluation.generation import RowObserver, generate_rows
+from lm_eval_ponder.evaluation.progress import RowProgress
 from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token, check_model_supported
 from lm_eval_ponder.evaluation.sampling import SamplingConfig
 from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
-from lm_eval_ponder.evaluation.settings import PonderArgs, Pondering, load_pondering, no_hook
+from lm_eval_ponder.evaluation.settings import (PonderArgs, Pondering, load_pondering,
+                                                model_arg_number, no_hook)
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.pondering.hook import SteeringHook
@@ -53,6 +55,8 @@ GENERATION_MODES = ("loop", "hf")
 # replaced by waiting ones instead of leaving the batch to shrink
 REQUESTS_PER_ROW = 4
 LOGGER = logging.getLogger(__name__)
+# results land in a folder named after the backbone, FLOPs read as such in lm-eval's table
+lmeval_output.install()
 
 
 @dataclass
@@ -81,6 +85,18 @@ def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
     if do_sample is False and kwargs["temperature"] == 0.0:
         kwargs.pop("temperature")
     return kwargs
+
+
+def check_model_dtype(dtype: Any) -> None:
+    """Refuse a ``dtype=`` model arg that is no floating-point torch dtype (``int8``, a typo)
+    before transformers does so in a traceback; every value HFLM takes (``auto``, a torch
+    dtype or its name, ``half``) passes."""
+    if isinstance(dtype, torch.dtype) or str(dtype) == "auto":
+        return
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise PonderError(f"model arg dtype={dtype!r} is not a floating-point torch dtype: "
+                          "pass e.g. dtype=float32, bfloat16, float16 or auto")
 
 
 def default_max_rows(device: str) -> int:
@@ -149,7 +165,8 @@ class PonderLM(HFLM):
     ``controller`` (controller directory; ``none`` for no pondering; default: the controller
     shipped for the backbone, if any), ``alpha`` (fixed offset, no controller: the Fractional
     Reasoning baseline), ``tau``, ``k_max``, ``alpha0``, ``beta``, ``alpha_start``,
-    ``granularity`` (``prompt``|``token``), ``layer``. Unset ponder settings come from the
+    ``granularity`` (``prompt``|``token``), ``layer``, ``allow_backbone_mismatch`` (use a
+    controller whose config records another backbone). Unset ponder settings come from the
     controller's config.json (what it was trained with), else from ``PonderConfig``.
     ``alpha``, ``alpha0`` and ``alpha_start`` are fractions of the steering layer's mean
     residual norm. The plain baseline (Direct/CoT/BoN) is ``controller=none``.
@@ -177,6 +194,7 @@ class PonderLM(HFLM):
         generation: str = "loop",
         max_rows: int | str | None = None,
         max_cache_gib: float | str | None = None,
+        allow_backbone_mismatch: bool | str = False,
         early_exit: float | str | None = None,
         exit_layers: str | None = None,
         **kwargs,
@@ -188,7 +206,7 @@ class PonderLM(HFLM):
         self.ponder_args = PonderArgs.from_model_args(
             steering=steering, controller=controller, alpha=alpha, layer=layer, tau=tau,
             k_max=k_max, alpha0=alpha0, beta=beta, alpha_start=alpha_start,
-            granularity=granularity)
+            granularity=granularity, allow_backbone_mismatch=allow_backbone_mismatch)
         self.early_exit = ExitSettings.from_model_args(early_exit, exit_layers, self.ponder_args)
         if pretrained is None or isinstance(pretrained, str):
             resolved = bb.resolve_backbone(pretrained, gguf_file)
@@ -201,8 +219,10 @@ class PonderLM(HFLM):
         device = kwargs["device"]
         if kwargs.get("dtype") is None:  # HFLM's own default, "auto", is the checkpoint's dtype
             kwargs["dtype"] = bb.native_dtype(device)
+        else:
+            check_model_dtype(kwargs["dtype"])
         self.max_rows = default_max_rows(device) if max_rows in (None, "", "auto") \
-            else int(max_rows)
+            else model_arg_number("max_rows", max_rows, int)
         if self.max_rows < 1:
             raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
         self.max_cache_gib = parse_cache_gib(max_cache_gib, device)
@@ -229,7 +249,7 @@ class PonderLM(HFLM):
             ExitHook(self.model, self.early_exit)
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
-        self._progress: tqdm | None = None  # generate_until's bar, ticked per finished row
+        self._progress: RowProgress | None = None  # generate_until's bar, per finished row
 
     @property
     def requests_per_call(self) -> int:
@@ -349,7 +369,7 @@ class PonderLM(HFLM):
         """
         n_rows, width = input_ids.shape
         if on_finish is None and self._progress is not None:
-            on_finish = lambda _row: self._progress.update(1)  # noqa: E731
+            on_finish = self._progress.finish
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if steering == "model":
@@ -555,11 +575,13 @@ class PonderLM(HFLM):
             self.batch_size_per_gpu = max(saved, self.requests_per_call)
         fresh = [requests[i] for i in todo]
         # HFLM's bar moves once per batch of 512 requests: a GPQA run would sit at 0% for its
-        # whole length. This one moves as each row finishes.
-        self._progress = tqdm(total=len(fresh), desc="Running generate_until requests",
-                              disable=disable_tqdm or self.rank != 0 or not fresh)
+        # whole length. This one moves as each row finishes, and says what is in flight
+        # (evaluation.progress).
+        self._progress = RowProgress(len(fresh), "Running generate_until requests",
+                                     disable=disable_tqdm or self.rank != 0 or not fresh)
         try:
-            texts = super().generate_until(fresh, disable_tqdm=True) if fresh else []
+            with self._progress.watch(self.model):
+                texts = super().generate_until(fresh, disable_tqdm=True) if fresh else []
         finally:
             self.cache_hook = inner
             self.batch_size_per_gpu = saved

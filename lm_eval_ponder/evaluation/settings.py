@@ -10,6 +10,7 @@ controller trained on another vector, alpha and controller together, a vector wi
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,76 @@ def absent(value: Any) -> bool:
     return value is None or str(value).strip().lower() in ("", "none", "null")
 
 
+def model_arg_number(key: str, value: Any, kind: type[int] | type[float]) -> int | float:
+    """A numeric model arg as ``kind``, or a ``PonderError`` naming the key and the value.
+
+    lm-eval hands over what it could not read as a number as the string itself (``alpha=abc``
+    arrives as ``"abc"``), and Python's own ``float("abc")`` error names neither the key nor
+    the fix. An integer setting refuses a fraction (``k_max=2.5`` would silently be 2) and a
+    boolean (lm-eval reads ``True`` as a bool, which ``int`` would turn into 1)."""
+    what = "an integer" if kind is int else "a finite number"
+    example = "8" if kind is int else "0.2"
+    try:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(value)
+        if kind is int:
+            if not number.is_integer():
+                raise ValueError(value)
+            return int(number)
+        return number
+    except (TypeError, ValueError, OverflowError):
+        raise PonderError(f"model arg {key}={value!r} is not {what}: pass e.g. "
+                          f"--model_args {key}={example}") from None
+
+
 def short_sha(path: Path) -> str:
     """The first 16 hex digits of a file's SHA-256, or "missing": artefact identities."""
     return file_sha256(path)[:16] if path.is_file() else "missing"
+
+
+def model_arg_flag(key: str, value: Any) -> bool:
+    """A boolean model arg: lm-eval reads ``true``/``false`` (any case) as bools already; a
+    missing one is False; anything else is refused by name."""
+    if absent(value) or value is False:
+        return False
+    if value is True or str(value).strip().lower() in ("true", "1", "yes"):
+        return True
+    if str(value).strip().lower() in ("false", "0", "no"):
+        return False
+    raise PonderError(f"model arg {key}={value!r} is not true or false: pass e.g. "
+                      f"--model_args {key}=true")
+
+
+def check_controller_backbone(directory: Path, recorded: dict, backbone_name: str,
+                              backbone_sha256: str | None) -> None:
+    """Refuse a controller whose config.json records another backbone than the one loaded.
+
+    Hidden size and steering vector are checked elsewhere, but two backbones can share both
+    (a fine-tune of the same base, a vector copied across), and a controller's depths are only
+    meaningful for the states it was trained on. Same source file (GGUF SHA-256) where both
+    are known, else the same name (``backbone.resolve_backbone``'s, case-insensitive). A
+    controller that records no backbone (hand-made) is not checked."""
+    name, sha = recorded.get("backbone_name"), recorded.get("backbone_sha256")
+    if sha and backbone_sha256:
+        same = sha == backbone_sha256
+    elif name:
+        same = str(name).lower() == str(backbone_name).lower()
+    else:
+        return
+    if same:
+        return
+
+    def described(n, h) -> str:
+        return f"{n!r}" + (f" (sha256 {h[:16]})" if h else "")
+
+    raise PonderError(
+        f"controller {directory} was trained for backbone {described(name, sha)}, but this "
+        f"run's backbone is {described(backbone_name, backbone_sha256)}: pass the pretrained= "
+        "it was trained for, train a controller for this backbone, or add "
+        "allow_backbone_mismatch=true to use it anyway")
 
 
 @dataclass
@@ -46,10 +114,11 @@ class PonderArgs:
     alpha: float | None = None
     layer: int | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # tau, k_max, ... given explicitly
+    allow_backbone_mismatch: bool = False  # use a controller recorded for another backbone
 
     @classmethod
     def from_model_args(cls, steering=None, controller="auto", alpha=None, layer=None,
-                        **ponder) -> PonderArgs:
+                        allow_backbone_mismatch=False, **ponder) -> PonderArgs:
         # lm-eval parses ``controller=none`` into None before we see it, so None is an explicit
         # "no controller"; only the default "auto" means "the one shipped for the backbone"
         explicit = controller is None or str(controller).strip().lower() != "auto"
@@ -57,9 +126,13 @@ class PonderArgs:
             steering=None if absent(steering) else str(steering),
             controller=(None if absent(controller) else str(controller)) if explicit else None,
             controller_auto=not explicit and absent(alpha),
-            alpha=None if absent(alpha) else float(alpha),
-            layer=None if absent(layer) else int(layer),
-            overrides={k: v for k, v in ponder.items() if not absent(v)},
+            alpha=None if absent(alpha) else model_arg_number("alpha", alpha, float),
+            layer=None if absent(layer) else model_arg_number("layer", layer, int),
+            overrides={k: v if PONDER_TYPES.get(k, str) is str
+                       else model_arg_number(k, v, PONDER_TYPES[k])
+                       for k, v in ponder.items() if not absent(v)},
+            allow_backbone_mismatch=model_arg_flag("allow_backbone_mismatch",
+                                                   allow_backbone_mismatch),
         )
         if args.alpha is not None and args.controller is not None:
             raise PonderError("pass either alpha= (fixed offset) or controller=, not both")
@@ -171,6 +244,9 @@ def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,
         controller, config = load_controller(controller_dir,
                                              expected_hidden_size=model_config.hidden_size)
         controller.to(device)
+        if not args.allow_backbone_mismatch:
+            check_controller_backbone(controller_dir, config.get("backbone") or {},
+                                      backbone_name, backbone_sha256)
         trained = config.get("ponder") or {}
         if layer is None and config.get("layer") is not None:
             layer = int(config["layer"])

@@ -15,11 +15,11 @@ its seconds per token, and the estimate, err long.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.files import read_json, read_jsonl
 
 # Test-set sizes of the suite's datasets (tests check them against the loaders).
 DATASET_SIZES = {"arith": 500, "gsm8k": 1319, "math500": 500, "gpqa": 198}
@@ -60,16 +60,14 @@ def read_pilot(root: str | Path) -> list[PilotRun]:
         raise PonderError(f"no such pilot directory: {root}")
     runs = []
     for marker in sorted(root.rglob("ponder_run.json")):
-        info = json.loads(marker.read_text())
+        info = read_json(marker)
         samples = sorted(marker.parent.rglob("samples_*.jsonl"))
         if "wall_s" not in info or not samples or info.get("kept_answers", 0):
             continue  # a resumed run's wall_s is its last attempt's, not its answers' time
         tokens: dict = {}
         for path in samples:
-            with open(path) as f:
-                for line in f:
-                    s = json.loads(line)
-                    tokens.setdefault(s["doc_id"], float(s.get("gen_tokens", float("nan"))))
+            for s in read_jsonl(path):
+                tokens.setdefault(s["doc_id"], float(s.get("gen_tokens", float("nan"))))
         runs.append(PilotRun(info["method"], info.get("decoding", "greedy"), marker.parent.name,
                              len(tokens), sum(tokens.values()), float(info["wall_s"])))
     if not runs:

@@ -28,15 +28,24 @@ def spearman(x: list[float], y: list[float]) -> float:
 
 
 def figures(samples: list[dict]) -> dict[str, float]:
-    """A run's cell of the leaderboard: accuracy, its Wilson 95% interval, n and mean costs."""
+    """A run's cell of the leaderboard: accuracy, its 95% interval, n and mean costs. One seed:
+    the Wilson interval of k/n; several (``n_seeds`` on the merged samples): a bootstrap over
+    questions of the per-question means (``reporting.seeds``)."""
+    from lm_eval_ponder.reporting.seeds import bootstrap_interval
+
     n = len(samples)
     k = sum(float(s["exact_match"]) for s in samples)
-    lo, hi = wilson(k, n)
+    seeds = max((int(s.get("n_seeds", 1)) for s in samples), default=1)
+    if seeds > 1:
+        lo, hi = bootstrap_interval([float(s["exact_match"]) for s in samples])
+    else:
+        lo, hi = wilson(k, n)
     mean = lambda key: sum(float(s.get(key, math.nan)) for s in samples) / n  # noqa: E731
     flops = mean("flops")
     return {"n": n, "acc": k / n, "lo": lo, "hi": hi, "tokens": mean("gen_tokens"),
             "flops": flops, "log10_flops": math.log10(flops) if flops > 0 else math.nan,
-            "depth": mean("ponder_steps"), "estimated": any(s.get("estimated") for s in samples)}
+            "depth": mean("ponder_steps"), "estimated": any(s.get("estimated") for s in samples),
+            "seeds": seeds}
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:

@@ -328,6 +328,108 @@ def _overall_win_figure(dataset: str, pairs: list, out: Path) -> tuple[Path, str
     return save(fig, out / f"win_rate_{slug(dataset)}.png"), caption
 
 
+# the paired comparisons of the paper's per-level figures: each method against its own base
+BASE_OF = {"FP-Direct": "Direct", "FP-CoT": "CoT", "FP-BoN": "BoN", "FR": "Direct"}
+
+
+def paired_levels(run: LabelledRun, base: LabelledRun) -> dict[int, dict[str, float]]:
+    """Per level, ``run`` against ``base`` on the questions both answered: the accuracy
+    difference with a bootstrap 95% interval over questions (paired: each question's
+    difference, so the interval is the comparison's, not two runs' side by side), and the
+    FLOPs saved (1 - mean FLOPs of ``run`` / mean FLOPs of ``base``)."""
+    from lm_eval_ponder.reporting.seeds import bootstrap_interval
+
+    other = {s["doc_id"]: s for s in base.samples}
+    out = {}
+    for level, samples in by_level(run.samples).items():
+        pairs = [(s, other[s["doc_id"]]) for s in samples if s["doc_id"] in other]
+        if not pairs:
+            continue
+        diffs = [float(a["exact_match"]) - float(b["exact_match"]) for a, b in pairs]
+        lo, hi = bootstrap_interval(diffs)
+        flops_a = sum(float(a["flops"]) for a, _ in pairs)
+        flops_b = sum(float(b["flops"]) for _, b in pairs)
+        out[level] = {"gain": sum(diffs) / len(diffs), "lo": lo, "hi": hi, "n": len(pairs),
+                      "saved": 1 - flops_a / flops_b if flops_b > 0 else math.nan}
+    return out
+
+
+def family(label: str) -> str:
+    return style(label).family
+
+
+def savings_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Path, str] | None:
+    """The paper's "FLOPs saved against accuracy gained" per difficulty level: each FP run
+    (and FR) against its base, one point per level."""
+    import matplotlib.pyplot as plt
+
+    by_family = {family(r.label): r for r in group}
+    pairs = [(r, by_family[BASE_OF[family(r.label)]]) for r in group
+             if family(r.label) in BASE_OF and BASE_OF[family(r.label)] in by_family]
+    stats = [(r, b, paired_levels(r, b)) for r, b in pairs]
+    stats = [(r, b, lv) for r, b, lv in stats if lv]
+    if not stats:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    lines = []
+    for r, b, lv in stats:
+        st = style(r.label)
+        xs, ys = [lv[k]["saved"] for k in lv], [lv[k]["gain"] for k in lv]
+        ax.errorbar(xs, ys, yerr=[[y - lv[k]["lo"] for k, y in zip(lv, ys)],
+                                  [lv[k]["hi"] - y for k, y in zip(lv, ys)]],
+                    capsize=2, lw=0.8, label=f"{r.label} vs {b.label}", **st.kwargs())
+        for k, x, y in zip(lv, xs, ys):
+            ax.annotate(str(k), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        lines.append(f"{r.label} vs {b.label}: " + ", ".join(
+            f"L{k} {lv[k]['saved']:+.0%} FLOPs saved, {lv[k]['gain']:+.3f} "
+            f"[{lv[k]['lo']:+.3f}, {lv[k]['hi']:+.3f}]" for k in lv))
+    ax.axhline(0, color="black", lw=0.6)
+    ax.axvline(0, color="black", lw=0.6)
+    ax.set(xlabel="FLOPs saved against the base (fraction)",
+           ylabel="accuracy gained (paired difference)", title=f"{dataset}: savings by level")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    caption = (f"{dataset}: per difficulty level (numbers at the points), the FLOPs a method "
+               "saves against its base and the accuracy it gains, with bootstrap 95% intervals "
+               "of the paired per-question difference. " + "; ".join(lines) + ".")
+    return save(fig, out / f"savings_by_level_{slug(dataset)}.png"), caption
+
+
+def relative_to_cot_figure(dataset: str, group: list[LabelledRun],
+                           out: Path) -> tuple[Path, str] | None:
+    """The paper's "performance relative to CoT" per difficulty level: every method's accuracy
+    minus CoT's on the same questions, with a paired bootstrap interval."""
+    import matplotlib.pyplot as plt
+
+    cot = next((r for r in group if family(r.label) == "CoT"), None)
+    if cot is None:
+        return None
+    others = [(r, paired_levels(r, cot)) for r in group if r is not cot]
+    others = [(r, lv) for r, lv in others if lv]
+    if not others:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    width = 0.8 / len(others)
+    lines = []
+    for j, (r, lv) in enumerate(others):
+        xs = [k + (j - (len(others) - 1) / 2) * width for k in lv]
+        ys = [lv[k]["gain"] for k in lv]
+        ax.errorbar(xs, ys, yerr=[[y - lv[k]["lo"] for k, y in zip(lv, ys)],
+                                  [lv[k]["hi"] - y for k, y in zip(lv, ys)]],
+                    capsize=2, lw=0.8, label=r.label, **style(r.label).kwargs())
+        beyond = [k for k in lv if lv[k]["lo"] > 0 or lv[k]["hi"] < 0]
+        lines.append(f"{r.label}: " + (f"beyond its interval at level(s) "
+                                       f"{', '.join(map(str, beyond))}" if beyond
+                                       else "within its interval of CoT at every level"))
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set(xlabel="level", ylabel=f"accuracy minus {cot.label}'s",
+           title=f"{dataset}: relative to CoT", xticks=sorted({k for _, lv in others for k in lv}))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    caption = (f"{dataset}: each method's accuracy minus {cot.label}'s on the same questions, "
+               "per level, with bootstrap 95% intervals of the paired difference. "
+               + "; ".join(lines) + ".")
+    return save(fig, out / f"relative_to_cot_{slug(dataset)}.png"), caption
+
+
 def plots(common: dict[str, list[LabelledRun]], out: Path) -> list[tuple[Path, str]]:
     """Every figure of the report, each with its caption, for runs restricted per dataset to
     the questions all of them answered."""
@@ -339,9 +441,10 @@ def plots(common: dict[str, list[LabelledRun]], out: Path) -> list[tuple[Path, s
         for name, runs in by_decoding(dataset, [r for r in group if r.samples]).items():
             written.append(pareto_figure(name, runs, out))
             written += level_figures(name, runs, out)
-            win = win_rate_figure(name, runs, out)
-            if win is not None:
-                written.append(win)
+            for extra in (win_rate_figure, savings_figure, relative_to_cot_figure):
+                figure = extra(name, runs, out)
+                if figure is not None:
+                    written.append(figure)
     return written
 
 

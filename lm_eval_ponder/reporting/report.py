@@ -22,8 +22,10 @@ label with different identities are separate rows, the label extended by what di
 with the same label, dataset and identity are one configuration run twice: their samples are
 pooled when they agree on every question both answered (the same directory passed twice, a
 re-run of a deterministic setting, disjoint ``--limit`` slices), and refused, naming both
-files, when they disagree (e.g. sampling with another seed): a row must not silently show one
-of two different results.
+files, when they disagree: a row must not silently show one of two different results. Runs
+that differ only in their seed (lm-eval's ``--seed``, recorded in the results JSON) are one
+configuration drawn several times: one row, the mean over the seeds, with a bootstrap interval
+over questions (``reporting.seeds``).
 
 Runs whose model kept no token accounting (``--model hf``, ``vllm``) get their tokens and FLOPs
 estimated from the responses (``reporting.estimate``); such cells carry a ``*``.
@@ -38,19 +40,21 @@ import html
 import json
 import math
 import re
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.backbone import EMBEDDED_DESCRIPTION, EMBEDDED_NAME
+from lm_eval_ponder.errors import PonderError, command, run_program
 from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
+from lm_eval_ponder.files import read_json
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
                                                render)
 from lm_eval_ponder.reporting.measures import by_level, figures, spearman
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.plots import plots, table_rank
+from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
 
 BASES = {"cot": "CoT", "bon": "BoN"}
 
@@ -67,7 +71,8 @@ class Run:
     source: str = ""
     identity: Identity = field(default_factory=Identity)
     variant: str = ""
-    note: str = ""  # why accounting is missing, if it is
+    note: str = ""  # why accounting is missing, if it is; which seeds were averaged
+    seeds: list[int | None] = field(default_factory=lambda: [None])
 
     @property
     def label(self) -> str:
@@ -78,8 +83,7 @@ def _label(task: str, model: str, args: dict, marker: dict | None,
            fingerprint: dict | None = None) -> tuple[str, str]:
     dataset, _, suffix = task.partition("_ponder")
     base = BASES.get(suffix.lstrip("_"), "Direct")
-    backbone = (marker or {}).get("backbone") or str(args.get("pretrained") or
-                                                     "smollm2-135m-instruct")
+    backbone = (marker or {}).get("backbone") or str(args.get("pretrained") or EMBEDDED_NAME)
     if marker and marker.get("method"):
         return backbone, marker["method"].replace("{base}", base)
     if model != "ponder":
@@ -110,7 +114,7 @@ def _marker(path: Path, roots: list[Path]) -> dict | None:
     for parent in [path, *path.parents]:
         candidate = parent / "ponder_run.json"
         if candidate.is_file():
-            return json.loads(candidate.read_text())
+            return read_json(candidate)
         if parent in roots:
             break
     return None
@@ -143,7 +147,7 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     runs: dict[tuple[str, str, str, str], Run] = {}
     estimators = Estimators()
     for result in files:
-        data = json.loads(result.read_text())
+        data = read_json(result)
         config = data.get("config", {})
         model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
         marker = _marker(result.parent, roots)
@@ -163,14 +167,15 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
                 note = ("tokens and FLOPs not estimated: only the compact log was kept"
                         if needs_estimate(samples) else "")
             run = Run(backbone, method, task.partition("_ponder")[0], samples, str(result),
-                      Identity.of(data, task), note=note)
-            key = (backbone, method, run.dataset, run.identity.digest)
+                      Identity.of(data, task), note=note, seeds=[run_seed(data)])
+            key = (backbone, method, run.dataset, run.identity.digest, run.seeds[0])
             if key in runs:
                 pool(runs[key], run)
             else:
                 runs[key] = run
     if not runs:
         raise PonderError(f"no lm-eval results with --log_samples under {', '.join(map(str, paths))}")
+    runs = merge_seed_runs(runs)
     by_method: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for run in runs.values():
         by_method[(run.backbone, run.method)].append(run)
@@ -178,6 +183,29 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         for run, variant in zip(group, distinguish([(r.dataset, r.identity) for r in group])):
             run.variant = variant
     return sorted(runs.values(), key=lambda r: (r.backbone, r.dataset, r.label))
+
+
+def merge_seed_runs(runs: dict[tuple, Run]) -> dict[tuple, Run]:
+    """Runs of one configuration under several seeds become one: per-question means over the
+    seeds (``reporting.seeds``), the note saying which seeds."""
+    groups: dict[tuple, list[Run]] = defaultdict(list)
+    for key, run in runs.items():
+        groups[key[:4]].append(run)
+    out = {}
+    for key, group in groups.items():
+        if len(group) == 1:
+            out[key] = group[0]
+            continue
+        group.sort(key=lambda r: (r.seeds[0] is None, r.seeds[0]))
+        first = group[0]
+        seeds = [r.seeds[0] for r in group]
+        merged = merge_seeds({r.seeds[0]: r.samples for r in group})
+        note = f"mean of {len(seeds)} seeds ({', '.join(map(str, seeds))}) over the " \
+            f"{len(merged)} questions all of them answered; 95% CI: bootstrap over questions"
+        out[key] = replace(first, samples=merged, seeds=seeds,
+                           source=", ".join(r.source for r in group),
+                           note="; ".join(x for x in (first.note, note) if x))
+    return out
 
 
 def _common(runs: list[Run]) -> dict[str, list[Run]]:
@@ -228,6 +256,8 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     if any(f.get("estimated") for row in rows.values() for f in row.values()
            if isinstance(f, dict) and "n" in f):
         notes.append(ESTIMATED_NOTE)
+    if any(key[0] == EMBEDDED_NAME for key in rows):
+        notes.append(f"backbone {EMBEDDED_NAME}: {EMBEDDED_DESCRIPTION}")
     ordered = sorted(rows.values(), key=lambda r: (r["backbone"], table_rank(r["label"])))
     return ordered, notes
 
@@ -274,7 +304,8 @@ def cost_cells(f: dict) -> tuple[str, str]:
 def _md_cell(f: dict | None) -> str:
     if not f:
         return "- | - | -"
-    acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']})"
+    seeds = f", {f['seeds']} seeds" if f.get("seeds", 1) > 1 else ""
+    acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']}{seeds})"
     if f["win"]:
         acc = f"**{acc}**"
     return " | ".join((acc, *cost_cells(f)))
@@ -384,7 +415,8 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
     def cell(f):
         if not f:
             return "<td>-</td><td>-</td><td>-</td>"
-        acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']})"
+        seeds = f", {f['seeds']} seeds" if f.get("seeds", 1) > 1 else ""
+        acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']}{seeds})"
         acc = f"<b>{acc}</b>" if f["win"] else acc
         return f"<td>{acc}</td>" + "".join(f"<td>{c}</td>" for c in cost_cells(f))
 
@@ -440,8 +472,8 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
 
 def report(paths: list[str | Path], out: str | Path, link_figures: bool = False) -> str:
     out = Path(out)
+    runs = load_runs(paths)  # first: a run that cannot be read leaves no empty report behind
     out.mkdir(parents=True, exist_ok=True)
-    runs = load_runs(paths)
     rows, notes = leaderboard(runs)
     datasets = dataset_order(r.dataset for r in runs)
     notes += decoding_verdicts(rows, datasets)
@@ -471,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also draw leaderboard.html with headless Chromium into IMAGE, to "
                         "check that the page renders: a .png as drawn, a .webp (what the docs "
                         "keep) or .jpg 800 px wide and compressed")
-    parser.add_argument("--link-figures", action="store_true",
+    parser.add_argument("--link-figures", "--link_figures", action="store_true",
                         help="leaderboard.html names the figure files beside it instead of "
                         "inlining them (a page of kB instead of MB; it then needs its directory)")
     a = parser.parse_args(argv)
@@ -485,4 +517,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

@@ -18,6 +18,11 @@ Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct
 FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
 message, when there is none). Not run unless named: EE, the early-exit baseline
 (``evaluation.early_exit``) on the Direct prompt, one run per ``--exit_thresholds`` value.
+
+Protocols: ``--protocol greedy`` (default; our documented variant) decodes greedily, one seed;
+``--protocol paper`` samples every method at T = 0.7 with 500 new tokens over seeds 0, 1, 2,
+as the paper's experimental setup states. Seeds are recorded (``ponder_run.json``, and lm-eval's
+results JSON) and the report averages a configuration's seeds (``reporting.seeds``).
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ import argparse
 import functools
 import json
 import logging
+import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,8 +43,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lm_eval_ponder import allocator
-from lm_eval_ponder.errors import PonderError, command
-from lm_eval_ponder.files import atomic_write_text
+from lm_eval_ponder.backbone import EMBEDDED_NAME
+from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
+from lm_eval_ponder.files import HeldLock, LockHeld, acquire_lock, atomic_write_text, read_json
 from lm_eval_ponder.evaluation.resume import (
     KEPT_SUFFIX, export_kept, kept_answers, kept_path, restore_kept,
 )
@@ -62,6 +70,14 @@ DECODINGS = {
     "top_p0.95": "do_sample=True,temperature=0.7,top_p=0.95",
     "top_k40": "do_sample=True,temperature=0.7,top_k=40",
 }
+# A protocol names the decoding of every method and the seeds it is run with. ``paper`` is
+# the paper's one sentence ("The maximum generation length is fixed at 500 newly generated
+# tokens ... Decoding employs a temperature of 0.7"), for every method, over three seeds;
+# ``greedy`` is our documented variant (one seed: greedy decoding draws nothing).
+PROTOCOLS = {"greedy": ("greedy", (0,)), "paper": ("t0.7", (0, 1, 2))}
+# Best-of-N samples by definition (its tasks decode at T = 0.7 with N = 5 repeats): one
+# configuration under every decoding, planned once, in the greedy layout where its runs live
+SAMPLES_ALWAYS = ("BoN", "FP-BoN")
 
 
 def record_attempt(target: Path, kept: int) -> list[dict]:
@@ -70,7 +86,7 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
     the earlier attempts produced the rest, so the report and the cost model must not read
     ``wall_s`` as the time of every answer."""
     path = target / ATTEMPTS
-    attempts = json.loads(path.read_text()) if path.is_file() else []
+    attempts = read_json(path) if path.is_file() else []
     attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
     atomic_write_text(path, json.dumps(attempts, indent=1))
     return attempts
@@ -103,7 +119,9 @@ def run_clocked(cmd: list[str], target: Path, attempts: list[dict],
     def on_term(signum, frame):  # a scheduler's or `timeout`'s SIGTERM: end like Ctrl-C
         raise SystemExit(128 + signum)
 
-    proc = subprocess.Popen(cmd, env=env)
+    # Ctrl-C reaches the whole foreground process group: the child ignores it (its traceback
+    # would bury the suite's one line) and is ended below, as a SIGTERM ends it
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=ignore_interrupts)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, on_term) if main_thread else None
     try:
@@ -122,6 +140,13 @@ def run_clocked(cmd: list[str], target: Path, attempts: list[dict],
             signal.signal(signal.SIGTERM, previous)
 
 
+def ignore_interrupts() -> None:
+    """In the lm_eval child, before it starts: ignore SIGINT. Python keeps an ignored SIGINT
+    ignored (it installs its KeyboardInterrupt handler only over the default), so Ctrl-C in
+    the terminal stops the suite alone, which then ends the child with SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def attempts_ran_s(attempts: list[dict]) -> tuple[float, int]:
     """Seconds all clocked attempts ran, and how many attempts were not clocked (started
     before ``ran_s`` was stamped), so a total is never silently short."""
@@ -130,7 +155,7 @@ def attempts_ran_s(attempts: list[dict]) -> tuple[float, int]:
 
 
 def exit_runs(datasets: list[str], decoding: str, thresholds: tuple[float, ...],
-              layers: str | None) -> list[dict]:
+              layers: str | None, seed: int = 0) -> list[dict]:
     """The early-exit sweep: one run per threshold (each its own directory and label), on
     the Direct prompt with ``controller=none``."""
     from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
@@ -146,36 +171,74 @@ def exit_runs(datasets: list[str], decoding: str, thresholds: tuple[float, ...],
         for dataset in datasets:
             runs.append({"decoding": decoding, "method": "EE", "dir": tag,
                          "label": label if decoding == "greedy" else f"{label} [{decoding}]",
-                         "dataset": dataset, "task": f"{dataset}_ponder", "model_args": args})
+                         "dataset": dataset, "task": f"{dataset}_ponder", "model_args": args,
+                         "seed": seed})
     return runs
 
 
 def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: float,
-         controller: str | None, exit_thresholds: tuple[float, ...] = EXIT_THRESHOLDS,
+         controller: str | None, seeds: tuple[int, ...] = (0,),
+         exit_thresholds: tuple[float, ...] = EXIT_THRESHOLDS,
          exit_layers: str | None = None) -> list[dict]:
+    """Every run: (decoding, seed, method, dataset). A Best-of-N method is one configuration
+    under every decoding and is planned once, with the first seed (``SAMPLES_ALWAYS``); EE is
+    one run per threshold (``exit_runs``)."""
     runs = []
     for decoding in decodings:
-        for method in methods:
-            if method == "EE":
-                runs += exit_runs(datasets, decoding, exit_thresholds, exit_layers)
-                continue
-            base = method.removeprefix("FP-") if method != "FR" else "Direct"
-            if method.startswith("FP-"):
-                if controller is None:
-                    continue
-                args = f"controller={controller}"
-            elif method == "FR":
-                args = f"alpha={alpha}"
-            else:
-                args = "controller=none"
-            for dataset in datasets:
-                label = f"FR (alpha={alpha:g})" if method == "FR" else method
-                if decoding != "greedy":
-                    label += f" [{decoding}]"
-                runs.append({"decoding": decoding, "method": method, "label": label,
-                             "dataset": dataset, "task": f"{dataset}_ponder{SUFFIX[base]}",
-                             "model_args": args})
+        for seed in seeds:
+            runs += [r for r in plan_one(methods, datasets, decoding, alpha, controller, seed,
+                                         exit_thresholds, exit_layers)
+                     if not (r["method"] in SAMPLES_ALWAYS and (seed != seeds[0] or any(
+                         x["method"] == r["method"] and x["dataset"] == r["dataset"]
+                         for x in runs)))]
     return runs
+
+
+def plan_one(methods: list[str], datasets: list[str], decoding: str, alpha: float,
+             controller: str | None, seed: int,
+             exit_thresholds: tuple[float, ...] = EXIT_THRESHOLDS,
+             exit_layers: str | None = None) -> list[dict]:
+    runs = []
+    for method in methods:
+        if method == "EE":
+            runs += exit_runs(datasets, decoding, exit_thresholds, exit_layers, seed)
+            continue
+        base = method.removeprefix("FP-") if method != "FR" else "Direct"
+        if method.startswith("FP-"):
+            if controller is None:
+                continue
+            args = f"controller={controller}"
+        elif method == "FR":
+            args = f"alpha={alpha}"
+        else:
+            args = "controller=none"
+        for dataset in datasets:
+            label = f"FR (alpha={alpha:g})" if method == "FR" else method
+            layout = "greedy" if method in SAMPLES_ALWAYS else decoding
+            if layout != "greedy":
+                label += f" [{decoding}]"
+            runs.append({"decoding": layout, "method": method, "label": label,
+                         "dataset": dataset, "task": f"{dataset}_ponder{SUFFIX[base]}",
+                         "model_args": args, "seed": seed})
+    return runs
+
+
+def portable_path(path: str) -> str:
+    """A directory under the working directory as a relative path (the shipped controller is
+    found as an absolute one): the run's command and model args are published with its
+    results, and should not name a directory of the machine that ran it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if relative.startswith("..") else relative
+
+
+def portable_name(pretrained: str) -> str:
+    """``--pretrained`` as a name: a Hub id as given, a local directory by its last part."""
+    if pretrained.startswith(("/", "~", ".")) or Path(pretrained).expanduser().is_dir():
+        return Path(pretrained.rstrip("/")).name or pretrained
+    return pretrained
 
 
 def parse_thresholds(text: str) -> tuple[float, ...]:
@@ -196,7 +259,11 @@ def launcher(command: str | None) -> list[str]:
 
 
 def run_dir(out: Path, r: dict) -> Path:
-    return out / r["decoding"] / r.get("dir", r["method"]).replace(" ", "_") / r["dataset"]
+    """``OUT/<decoding>/<method>/<dataset>`` (an EE run: its threshold's folder); a seed other
+    than 0 gets its own decoding folder (``t0.7-seed1``), so a run's folder never holds another
+    seed's results."""
+    decoding = r["decoding"] + (f"-seed{r['seed']}" if r.get("seed", 0) else "")
+    return out / decoding / r.get("dir", r["method"]).replace(" ", "_") / r["dataset"]
 
 
 def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None) -> str:
@@ -204,7 +271,7 @@ def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None)
     from lm_eval_ponder.reporting.budget import (estimate, questions, read_pilot,
                                                  render_estimate)
 
-    done = {(r["label"], r["decoding"], r["dataset"]) for r in runs
+    done = {(r["label"], r["decoding"], r["dataset"], r.get("seed", 0)) for r in runs
             if list(run_dir(out, r).rglob("results_*.json"))}
     if pilot:
         rows, model = estimate(runs, read_pilot(pilot), limit, done)
@@ -212,12 +279,14 @@ def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None)
     lines, took = [f"{len(runs)} runs ({len(done)} done):"], 0.0
     for r in runs:
         n, target = questions(r["dataset"], limit), run_dir(out, r)
-        state = "done" if (r["label"], r["decoding"], r["dataset"]) in done else "to run"
+        state = "done" if (r["label"], r["decoding"], r["dataset"], r.get("seed", 0)) in done \
+            else "to run"
         spent, note = run_time(target)
         took += spent
         if state == "to run" and (kept := kept_answers(target / "answers_rank0.db")):
             state += f" ({kept:,} answers kept)"
-        lines.append(f"  {r['label']} on {r['dataset']}: {n} questions, {state}"
+        seed = f", seed {r['seed']}" if r.get("seed", 0) else ""
+        lines.append(f"  {r['label']} on {r['dataset']}{seed}: {n} questions, {state}"
                      + (f"; ran {spent:,.0f} s{note}" if spent or note else ""))
     lines.append(f"Run time so far: {took / 3600:.2f} h, summed over runs (runs side by side "
                  "overlap in wall-clock time).")
@@ -232,9 +301,9 @@ def run_time(target: Path) -> tuple[float, str]:
     ones; an unfinished one's clocked attempts."""
     info = target / "ponder_run.json"
     attempts_file = target / ATTEMPTS
-    attempts = json.loads(attempts_file.read_text()) if attempts_file.is_file() else []
+    attempts = read_json(attempts_file) if attempts_file.is_file() else []
     if info.is_file():
-        run = json.loads(info.read_text())
+        run = read_json(info)
         earlier, unclocked = attempts_ran_s(run.get("attempts", [])[:-1])
         spent = run["wall_s"] + earlier
     else:
@@ -280,11 +349,79 @@ def snapshot(runs: list[dict], out: Path) -> str:
     return "\n".join(lines) or "no unfinished run holds kept answers"
 
 
+LOCK = "ponder_suite.lock"
+
+
+def resume_command(argv: list[str]) -> str:
+    return shlex.join(["python", "-m", "lm_eval_ponder.suite", *argv])
+
+
+def lock_runs(targets: list[Path], argv: list[str]) -> list[HeldLock]:
+    """Lock every run directory this suite is about to run (``LOCK`` in each), or refuse, naming
+    the live suite that holds one: two suites on one ``--output`` would both run everything (a
+    23-hour suite twice). Suites with disjoint runs (``--methods``/``--tasks``) share an
+    ``--output``. A lock whose process died is taken over, with a line that says so."""
+    holder = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": resume_command(argv)}
+    held: list[HeldLock] = []
+    try:
+        for target in targets:
+            target.mkdir(parents=True, exist_ok=True)
+            try:
+                lock = acquire_lock(target / LOCK, holder)
+            except LockHeld as busy:
+                h = busy.holder
+                raise PonderError(
+                    f"{target} is being run by another suite: process {h.get('pid', '?')} on "
+                    f"{h.get('host', '?')}, started {h.get('started', '?')} "
+                    f"(`{h.get('command', '?')}`). Wait for it or stop it; pass --force to run "
+                    "anyway (both would then run the same runs)") from None
+            except OSError as error:  # a file system without flock: run unguarded, say so
+                LOGGER.warning("suite: cannot lock %s (%s); nothing stops a second suite from "
+                               "running the same runs", target, error)
+                continue
+            if lock.previous is not None:
+                LOGGER.warning("suite: %s was locked by process %s, which is no longer running; "
+                               "taken over", target, lock.previous.get("pid", "?"))
+            held.append(lock)
+    except BaseException:
+        for lock in held:
+            lock.release()
+        raise
+    return held
+
+
+def interrupted_in(i: int, n: int, r: dict, target: Path, resume_within: bool,
+                   argv: list[str]) -> Interrupted:
+    """Where Ctrl-C stopped the suite (run ``i`` of ``n``), what it kept, how to resume."""
+    if resume_within:
+        kept = kept_answers(target / "answers_rank0.db")
+        kept_text = f"{kept:,} of its answers kept"
+    else:
+        kept_text = "its answers are not kept (--resume_within keeps them as they come)"
+    return Interrupted(f"run {i}/{n}, {r['label']} on {r['dataset']} ({target}), stopped: "
+                       f"{kept_text}; finished runs are kept. Resume with: {resume_command(argv)}")
+
+
 def run_suite(a: argparse.Namespace) -> Path:
     out = Path(a.output)
     methods = [m.strip() for m in a.methods.split(",")]
     datasets = [d.strip() for d in a.tasks.split(",")]
-    decodings = [d.strip() for d in a.decoding.split(",")]
+    if a.protocol not in PROTOCOLS:
+        raise PonderError(f"unknown protocol {a.protocol!r}; choose from {list(PROTOCOLS)}")
+    decoding, seeds = PROTOCOLS[a.protocol]
+    if a.decoding is not None:  # an explicit decoding list overrides the protocol's
+        decodings = [d.strip() for d in a.decoding.split(",")]
+    else:
+        decodings = [decoding]
+    if a.seeds is not None:
+        try:
+            seeds = tuple(int(x) for x in a.seeds.split(","))
+        except ValueError:
+            raise PonderError(f"--seeds takes comma-separated integers, got {a.seeds!r}") \
+                from None
+    elif a.seed is not None:
+        seeds = (a.seed,)
     for name, given, known in (("method", methods, METHODS + EXTRA_METHODS),
                                ("dataset", datasets, DATASETS),
                                ("decoding", decodings, DECODINGS)):
@@ -305,9 +442,12 @@ def run_suite(a: argparse.Namespace) -> Path:
     if controller is None and any(m.startswith("FP-") for m in methods):
         LOGGER.warning("suite: no controller for this backbone (pass --controller DIR); FP "
                        "methods are skipped")
-    backbone = a.pretrained or "smollm2-135m-instruct"
+    # the row label the report shows: a name, never a directory of this machine
+    backbone = portable_name(a.pretrained) if a.pretrained else EMBEDDED_NAME
+    controller = portable_path(controller) if controller else controller
     thresholds = parse_thresholds(a.exit_thresholds)
-    runs = plan(methods, datasets, decodings, a.alpha, controller, thresholds, a.exit_layers)
+    runs = plan(methods, datasets, decodings, a.alpha, controller, seeds, thresholds,
+                a.exit_layers)
     preload = allocator.resolve(a.allocator)
     env = allocator.child_environment(preload)
     if a.plan:
@@ -316,66 +456,95 @@ def run_suite(a: argparse.Namespace) -> Path:
     if a.snapshot:
         print(snapshot(runs, out))
         return out
+    argv = list(getattr(a, "argv", None) or [])
     if out.is_dir():
         compact_tree(out)  # runs finished before compact logs existed
-    for i, r in enumerate(runs, 1):
-        target = run_dir(out, r)
-        if list(target.rglob("results_*.json")):
-            LOGGER.info("[%d/%d] %s %s: done, skipped", i, len(runs), r["label"], r["dataset"])
-            continue
-        target.mkdir(parents=True, exist_ok=True)
-        model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
-        if a.steering and r["method"] not in ("Direct", "CoT", "BoN", "EE"):
-            model_args += f",steering={a.steering}"
-        if a.model_args:
-            model_args += f",{a.model_args}"
-        gen = f"max_gen_toks={a.max_gen_toks}," + DECODINGS[r["decoding"]]
-        if r["method"].endswith("BoN") and r["decoding"] == "greedy":
-            gen = f"max_gen_toks={a.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
-        cmd = [*launcher(a.launcher), "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
-               "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
-               "--batch_size", str(a.batch_size),
-               "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
-               "--seed", str(a.seed)]
-        if a.limit:
-            cmd += ["--limit", str(a.limit)]
-        if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
-            cmd += ["--use_cache", str(target / "answers")]
-        LOGGER.info("[%d/%d] %s %s: %s", i, len(runs), r["label"], r["dataset"], " ".join(cmd[2:]))
-        if a.resume_within:
-            for twin in sorted(target.glob("answers_rank*" + KEPT_SUFFIX)):
-                db = twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")
-                restored = restore_kept(db)
-                if restored:
-                    LOGGER.info("%s: %d kept answers restored from %s", r["label"], restored,
-                                twin.name)
-        kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
-        attempts = record_attempt(target, kept)
-        start = time.time()
-        # the kept answers' committable twin stays current, so a session cut off mid-run
-        # leaves on disk all that a commit needs to carry the run to another machine
-        on_beat = functools.partial(refresh_twins, target) \
-            if a.resume_within and r["dataset"] not in UNPUBLISHED else None
-        returncode = run_clocked(cmd, target, attempts, env, on_beat)
-        if returncode != 0:
-            raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
-                              f"{returncode}); fix the error above and re-run: finished "
-                              "runs are kept")
-        total, unclocked = attempts_ran_s(attempts)
-        atomic_write_text(target / "ponder_run.json", json.dumps(
-            {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
-             "wall_s": round(time.time() - start, 1), "kept_answers": kept,
-             "attempts": attempts, "ran_s_all_attempts": total,
-             "unclocked_attempts": unclocked, "command": cmd[1:],
-             "preload": env.get("LD_PRELOAD", "")}, indent=1))
-        compact_tree(target)
-        for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
-            twin.unlink()  # the run's summary replaces its unfinished answers
+    todo = [run_dir(out, r) for r in runs if not list(run_dir(out, r).rglob("results_*.json"))]
+    if a.force:
+        LOGGER.warning("suite: --force: no lock; another suite on %s may run the same runs", out)
+        locks: list[HeldLock] = []
+    else:
+        locks = lock_runs(todo, argv)
+    try:
+        run_all(a, runs, out, backbone, env, argv)
+    finally:
+        for lock in locks:
+            lock.release()
     if a.report:
         from lm_eval_ponder.reporting.report import report
 
         print(report([out], out / "report"))
     return out
+
+
+def run_all(a: argparse.Namespace, runs: list[dict], out: Path, backbone: str,
+            env: dict[str, str], argv: list[str]) -> None:
+    """Each planned run that has no results yet, in order (``run_one``); Ctrl-C becomes
+    ``Interrupted``, naming the run it stopped and the command that resumes the suite."""
+    for i, r in enumerate(runs, 1):
+        target = run_dir(out, r)
+        if list(target.rglob("results_*.json")):
+            LOGGER.info("[%d/%d] %s %s: done, skipped", i, len(runs), r["label"], r["dataset"])
+            continue
+        try:
+            run_one(a, i, len(runs), r, target, backbone, env)
+        except KeyboardInterrupt:
+            raise interrupted_in(i, len(runs), r, target, a.resume_within, argv) from None
+
+
+def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbone: str,
+            env: dict[str, str]) -> None:
+    """One lm_eval run into ``target``, clocked, then its summary and compact log."""
+    target.mkdir(parents=True, exist_ok=True)
+    model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
+    if a.steering and r["method"] not in ("Direct", "CoT", "BoN", "EE"):
+        model_args += f",steering={a.steering}"
+    if a.model_args:
+        model_args += f",{a.model_args}"
+    gen = f"max_gen_toks={a.max_gen_toks}," + DECODINGS[r["decoding"]]
+    if r["method"].endswith("BoN") and r["decoding"] == "greedy":
+        gen = f"max_gen_toks={a.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
+    cmd = [*launcher(a.launcher), "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
+           "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
+           "--batch_size", str(a.batch_size),
+           "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
+           "--seed", str(r["seed"])]
+    if a.limit:
+        cmd += ["--limit", str(a.limit)]
+    if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
+        cmd += ["--use_cache", str(target / "answers")]
+    LOGGER.info("[%d/%d] %s %s seed %d: %s", i, n, r["label"], r["dataset"], r["seed"],
+                " ".join(cmd[2:]))
+    if a.resume_within:
+        for twin in sorted(target.glob("answers_rank*" + KEPT_SUFFIX)):
+            db = twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")
+            restored = restore_kept(db)
+            if restored:
+                LOGGER.info("%s: %d kept answers restored from %s", r["label"], restored,
+                            twin.name)
+    kept = kept_answers(target / "answers_rank0.db") if a.resume_within else 0
+    attempts = record_attempt(target, kept)
+    start = time.time()
+    # the kept answers' committable twin stays current, so a session cut off mid-run
+    # leaves on disk all that a commit needs to carry the run to another machine
+    on_beat = functools.partial(refresh_twins, target) \
+        if a.resume_within and r["dataset"] not in UNPUBLISHED else None
+    returncode = run_clocked(cmd, target, attempts, env, on_beat)
+    if returncode != 0:
+        raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
+                          f"{returncode}); fix the error above and re-run: finished "
+                          "runs are kept")
+    total, unclocked = attempts_ran_s(attempts)
+    atomic_write_text(target / "ponder_run.json", json.dumps(
+        {"method": r["label"], "backbone": backbone, "decoding": r["decoding"],
+         "seed": r["seed"], "protocol": a.protocol,
+         "wall_s": round(time.time() - start, 1), "kept_answers": kept,
+         "attempts": attempts, "ran_s_all_attempts": total,
+         "unclocked_attempts": unclocked, "command": cmd[1:],
+         "preload": env.get("LD_PRELOAD", "")}, indent=1))
+    compact_tree(target)
+    for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
+        twin.unlink()  # the run's summary replaces its unfinished answers
 
 
 @command
@@ -392,7 +561,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, of {list(METHODS + EXTRA_METHODS)} (default: "
                         "all but EE, the early-exit sweep)")
-    p.add_argument("--decoding", default="greedy", help=f"comma-separated: {list(DECODINGS)}")
+    p.add_argument("--protocol", default="greedy",
+                   help="paper: every method samples at T = 0.7, 500 new tokens, seeds 0,1,2 "
+                        "(the paper's setting); greedy: greedy decoding, one seed (our "
+                        "variant, the default)")
+    p.add_argument("--decoding", default=None,
+                   help=f"comma-separated, overrides the protocol's: {list(DECODINGS)}")
+    p.add_argument("--seeds", default=None,
+                   help="comma-separated seeds, overrides the protocol's (a seed s > 0 runs in "
+                        "OUT/<decoding>-seed<s>/...)")
     p.add_argument("--alpha", type=float, default=-0.2, help="the FR baseline's fixed alpha")
     p.add_argument("--exit_thresholds", default=",".join(f"{t:g}" for t in EXIT_THRESHOLDS),
                    help="EE: the top-1 probability thresholds, one run each")
@@ -402,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--max_gen_toks", type=int, default=500)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None, help="one seed (same as --seeds S)")
     p.add_argument("--model_args", default="",
                    help="extra model args for every run, e.g. dtype=bfloat16,parallelize=True")
     p.add_argument("--resume_within", action="store_true",
@@ -430,9 +607,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launcher", default=None,
                    help="start each run with this, e.g. 'accelerate launch --multi_gpu "
                         "--num_processes 8' (default: this Python, one process)")
-    run_suite(p.parse_args(argv))
+    p.add_argument("--force", action="store_true",
+                   help="run even while another suite runs the same runs in --output (each run "
+                        "directory is locked while a suite has it to do; without --force a "
+                        "second suite is refused)")
+    a = p.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # the command that resumes this one
+    run_suite(a)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

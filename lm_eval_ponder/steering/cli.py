@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from lm_eval_ponder.backbone import DTYPES
-from lm_eval_ponder.errors import PonderError, command
+from lm_eval_ponder.errors import PonderError, command, run_program
 
 DEFAULT_N_QUESTIONS = 256
 TRAIN_SPLITS = ("train",)  # extraction never reads test questions
@@ -47,20 +47,20 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="default steering layer recorded in the vector (0-based decoder block); "
                          "default: int(DEFAULT_LAYER_FRACTION * n_layers), see "
                          "lm_eval_ponder.steering (15 of 30 on SmolLM2-135M). All layers are stored.")  # fmt: skip
-    ex.add_argument("--n-questions", type=int, default=DEFAULT_N_QUESTIONS,
+    ex.add_argument(*spellings("--n-questions"), type=int, default=DEFAULT_N_QUESTIONS,
                     help=f"number of GSM8K questions (default {DEFAULT_N_QUESTIONS})")
     ex.add_argument("--split", choices=TRAIN_SPLITS, default="train",
                     help="GSM8K split; only train is allowed (test questions are for evaluation)")
-    ex.add_argument("--batch-size", type=int, default=8)
+    ex.add_argument(*spellings("--batch-size"), type=int, default=8)
     ex.add_argument("--seed", type=int, default=None,
                     help="sample the questions at random with this seed (default: the first N, "
                          "as Fractional Reasoning does)")  # fmt: skip
-    ex.add_argument("--no-chat-template", action="store_true",
+    ex.add_argument(*spellings("--no-chat-template"), action="store_true",
                     help="tokenise the plain prompt instead of a one-turn chat")
     ex.add_argument("--output", default=None,
                     help="output directory (default controllers/<backbone name>)")
     ex.add_argument("--overwrite", action="store_true", help="replace an existing vector")
-    ex.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ex.add_argument(*spellings("--no-progress"), action="store_true", help="no progress bar")
 
     ins = sub.add_parser(
         "inspect",
@@ -69,9 +69,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     ins.add_argument("vector", help="directory holding steering.safetensors + steering.json")
     _backbone_args(ins, inspect=True)
-    ins.add_argument("--top-k", type=int, default=15)
+    ins.add_argument(*spellings("--top-k"), type=int, default=15)
     ins.add_argument("--output", default=None, help="also write the report to this file")
     return parser
+
+
+def spellings(flag: str) -> tuple[str, ...]:
+    """A dashed flag and its underscore twin (``--n-questions``, ``--n_questions``): ``train``
+    and ``suite`` spell their flags with underscores, and a user who learnt one command should
+    not be refused by the next. The dashed form stays the one ``--help`` shows first."""
+    twin = "--" + flag[2:].replace("-", "_")
+    return (flag,) if twin == flag else (flag, twin)
 
 
 def _backbone_args(parser: argparse.ArgumentParser, inspect: bool = False) -> None:
@@ -81,7 +89,8 @@ def _backbone_args(parser: argparse.ArgumentParser, inspect: bool = False) -> No
     )
     parser.add_argument("--pretrained", default=None,
                         help=f"Hub id or local model directory (default: {default})")
-    parser.add_argument("--gguf-file", default=None, help="a GGUF file (converted once, cached)")
+    parser.add_argument(*spellings("--gguf-file"), default=None,
+                        help="a GGUF file (converted once, cached)")
     parser.add_argument("--dtype", default=None, choices=DTYPES,
                         help="default: bfloat16 where the device computes it natively, else "
                              "float32 (as --model ponder); hidden states are averaged in float32")
@@ -208,4 +217,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

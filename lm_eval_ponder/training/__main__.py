@@ -1,7 +1,6 @@
 """``python -m lm_eval_ponder.training``, the same command as ``python -m lm_eval_ponder.train``."""
 
-import sys
-
+from lm_eval_ponder.errors import run_program
 from lm_eval_ponder.training.cli import main
 
-sys.exit(main())
+run_program(main)

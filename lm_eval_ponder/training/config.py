@@ -20,6 +20,8 @@ import argparse
 import dataclasses
 import json
 import logging
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +115,86 @@ def _convert(value: Any, current: Any) -> Any:
     return parsed
 
 
+def describe(hint: Any) -> str:
+    """A field's type in words, for the error that names it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else describe(a) for a in args)
+    if origin is dict:
+        return f"a mapping of {describe(args[0])} to {describe(args[1])}" if args else "a mapping"
+    if origin is tuple:
+        count = "" if len(args) == 2 and args[1] is Ellipsis else f"{len(args)} "
+        return f"a list of {count}values, each {describe(args[0])}"
+    return {bool: "true or false", int: "an integer", float: "a number",
+            str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def typed(key: str, value: Any, hint: Any, raw: Any = None) -> Any:
+    """``value`` (YAML-converted) as the field's type ``hint``, or a ``PonderError`` naming the
+    key, the value and the type: a string where a number belongs would otherwise travel to the
+    first comparison that uses it (``'>' not supported between 'str' and 'int'``, deep in the
+    trainer). ``raw``: the string the user typed, kept as is for a string field (``--output
+    2024`` is the directory "2024", not the number YAML reads)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+
+    def refuse() -> PonderError:
+        return PonderError(f"config key {key!r} must be {describe(hint)}, got {value!r}")
+
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return typed(key, value, option, raw)
+            except PonderError:
+                continue
+        raise refuse()
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(raw, str):
+            return raw
+        raise refuse()
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise refuse()
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise refuse()
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string, Python a number
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise refuse()
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise refuse()
+        if not args:
+            return value
+        return {typed(key, k, args[0]): typed(f"{key}.{k}", v, args[1]) for k, v in value.items()}
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise refuse()
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(typed(key, v, args[0]) for v in value)
+        if len(value) != len(args):
+            raise refuse()
+        return tuple(typed(key, v, a) for v, a in zip(value, args))
+    return value  # a type this checker does not know: as given
+
+
+def field_hint(obj: Any, name: str) -> Any:
+    """The type annotation of dataclass ``obj``'s field ``name`` (resolved: the modules use
+    ``from __future__ import annotations``)."""
+    return typing.get_type_hints(type(obj))[name]
+
+
 # Keys renamed to TRL's GRPOConfig vocabulary; the old spellings still work, with a warning.
 RENAMED_KEYS = {
     "grpo.steps": "grpo.max_steps", "grpo.lr": "grpo.learning_rate",
@@ -122,7 +204,8 @@ RENAMED_KEYS = {
 
 
 def set_key(cfg: Any, dotted: str, value: Any, prefix: str = "") -> None:
-    """Set ``a.b.c`` on nested dataclasses (and dicts), converting strings like YAML does.
+    """Set ``a.b.c`` on nested dataclasses (and dicts), converting strings like YAML does and
+    checking the result against the field's type (``typed``).
 
     ``prefix`` is the path of ``cfg`` inside the root config (for renamed keys in nested YAML).
     """
@@ -132,15 +215,20 @@ def set_key(cfg: Any, dotted: str, value: Any, prefix: str = "") -> None:
         LOGGER.warning("config key %r is now %r (TRL's name); please update", full,
                        RENAMED_KEYS[full])
         dotted = RENAMED_KEYS[full][len(prefix):]
+        full = prefix + dotted
     parts = dotted.split(".")
-    obj = cfg
+    obj, hint = cfg, None
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
         if isinstance(obj, dict):
+            # a mapping field (rollout.prompts, reward.weights): its values' type
+            args = typing.get_args(hint)
+            inner = args[1] if len(args) == 2 else None
             if last:
-                obj[part] = _convert(value, obj.get(part))
+                new = _convert(value, obj.get(part))
+                obj[part] = new if inner is None else typed(full, new, inner, value)
                 return
-            obj = obj.setdefault(part, {})
+            obj, hint = obj.setdefault(part, {}), inner
             continue
         if not dataclasses.is_dataclass(obj) or part not in {f.name for f in
                                                              dataclasses.fields(obj)}:
@@ -152,10 +240,13 @@ def set_key(cfg: Any, dotted: str, value: Any, prefix: str = "") -> None:
                 path = prefix + ".".join(parts[: i + 1]) + "."
                 for k, v in new.items():
                     set_key(current, k, v, prefix=path)
+            elif dataclasses.is_dataclass(current):
+                raise PonderError(f"config key {full!r} holds nested keys ({full}.KEY VALUE); "
+                                  f"got {new!r}")
             else:
-                setattr(obj, part, new)
+                setattr(obj, part, typed(full, new, field_hint(obj, part), value))
             return
-        obj = getattr(obj, part)
+        obj, hint = getattr(obj, part), field_hint(obj, part)
 
 
 def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
@@ -191,7 +282,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         if not isinstance(loaded, dict):
             raise PonderError(f"{args.config} must hold a mapping of config keys")
         for key, value in loaded.items():
-            set_key(cfg, key, value)
+            try:
+                set_key(cfg, key, value)
+            except PonderError as error:
+                raise PonderError(f"{args.config}: {error}") from None
     i = 0
     while i < len(rest):
         token = rest[i]

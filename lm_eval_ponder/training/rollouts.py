@@ -483,7 +483,7 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     takes its own blocks and writes its own block files, and together they draw exactly what
     one process would. Rows go longest prompt first, as lm-eval orders a batch.
     """
-    from tqdm.auto import tqdm
+    from lm_eval_ponder.evaluation.progress import RowProgress
 
     done = cache.done()
     mine = prompts[rank::world]
@@ -494,33 +494,38 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     gen = generation_kwargs(cfg)
     todo = {b: [(p, k, s) for p in mine[b : b + per_block] for k in range(len(offsets))
                 for s in range(cfg.samples) if (p.key, k, s) not in done] for b in starts}
-    bar = tqdm(total=sum(map(len, todo.values())), desc=f"rollouts (rank {rank})",
-               unit="answer", disable=not progress)
+    # per finished answer, with rows in flight, tokens and a status line during a long tail
+    bar = RowProgress(sum(map(len, todo.values())), f"rollouts (rank {rank})", unit="answer",
+                      disable=not progress)
     lengths = {p.key: len(lm.tok_encode(p.context)) for p in mine}
-    for block_start, items in todo.items():
-        if not items:
-            continue
-        items.sort(key=lambda item: -lengths[item[0].key])  # stable: prompt-major otherwise
-        torch.manual_seed(cfg.seed + 104729 * (rank + world * block_start))
-        contexts = [p.context for p, _, _ in items]
-        texts = lm.generate_rendered(contexts, gen, offsets=[offsets[k] for _, k, _ in items],
-                                     on_finish=lambda _row: bar.update(1))
-        ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
-        records = []
-        for (p, depth, s), text, ppl in zip(items, texts, ppls):
-            correct, pred = grading.grade(p.kind, str(text), p.gold)
-            records.append({
-                "key": p.key, "depth": depth, "sample": s, "offset": offsets[depth],
-                "task": p.task, "level": p.level, "text": str(text),
-                "gen_tokens": int(text.stats["gen_tokens"]),
-                "prompt_tokens": int(text.stats["prompt_tokens"]),
-                "flops": float(text.stats["flops"]),
-                "correct": bool(correct), "pred": pred,
-                "rel_error": relative_error(p.kind, pred, p.gold),
-                "ppl": ppl,
-            })
-        cache.append(rank, records, part=block_start // per_block)
-    bar.close()
+    try:
+        for block_start, items in todo.items():
+            if not items:
+                continue
+            items.sort(key=lambda item: -lengths[item[0].key])  # stable: prompt-major otherwise
+            torch.manual_seed(cfg.seed + 104729 * (rank + world * block_start))
+            contexts = [p.context for p, _, _ in items]
+            with bar.watch(lm.model):
+                texts = lm.generate_rendered(contexts, gen,
+                                             offsets=[offsets[k] for _, k, _ in items],
+                                             on_finish=bar.finish)
+            ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
+            records = []
+            for (p, depth, s), text, ppl in zip(items, texts, ppls):
+                correct, pred = grading.grade(p.kind, str(text), p.gold)
+                records.append({
+                    "key": p.key, "depth": depth, "sample": s, "offset": offsets[depth],
+                    "task": p.task, "level": p.level, "text": str(text),
+                    "gen_tokens": int(text.stats["gen_tokens"]),
+                    "prompt_tokens": int(text.stats["prompt_tokens"]),
+                    "flops": float(text.stats["flops"]),
+                    "correct": bool(correct), "pred": pred,
+                    "rel_error": relative_error(p.kind, pred, p.gold),
+                    "ppl": ppl,
+                })
+            cache.append(rank, records, part=block_start // per_block)
+    finally:
+        bar.close()
 
 
 def build_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str | os.PathLike,

@@ -229,30 +229,36 @@ def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypat
 @pytest.mark.parametrize("generation", ["loop", "hf"])
 def test_progress_moves_per_finished_row(tiny_model_dir, monkeypatch, generation):
     """The bar of ``generate_until`` ticks as each row finishes (HFLM's moves once per batch of
-    512 requests), and ends at the number of requests generated."""
+    512 requests), ends at the number of requests generated, and counts what the status line
+    shows: every row started, and, in the loop, exactly the tokens the rows generated."""
     import lm_eval_ponder.evaluation.lm as lm_module
+    from lm_eval_ponder.evaluation.progress import RowProgress
 
     bars = []
 
-    class Bar:
-        def __init__(self, total, **kwargs):
-            self.total, self.ticks, self.closed = total, [], False
+    class Recording(RowProgress):
+        def __init__(self, total, desc, **kwargs):
+            super().__init__(total, desc, **kwargs)
+            self.ticks = []
             bars.append(self)
 
-        def update(self, n):
-            self.ticks.append(n)
+        def finish(self, row=None):
+            self.ticks.append(row)
+            super().finish(row)
 
-        def close(self):
-            self.closed = True
-
-    monkeypatch.setattr(lm_module, "tqdm", Bar)
+    monkeypatch.setattr(lm_module, "RowProgress", Recording)
     lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", max_rows=2,
                   generation=generation)
-    lm.generate_until(requests({"max_gen_toks": 6, "do_sample": False}))
+    texts = lm.generate_until(requests({"max_gen_toks": 6, "do_sample": False}))
     (bar,) = bars
-    assert bar.total == len(PROMPTS) and sum(bar.ticks) == len(PROMPTS) and bar.closed
+    assert bar.total == len(PROMPTS) and len(bar.ticks) == len(PROMPTS) and bar.stop.is_set()
+    assert bar.started == bar.finished == len(PROMPTS) and bar.in_flight == 0
+    generated = sum(t.stats["gen_tokens"] for t in texts)
     if generation == "loop":
-        assert bar.ticks == [1] * len(PROMPTS)  # one tick per row, as it ends
+        assert sorted(bar.ticks) == list(range(len(PROMPTS)))  # one tick per row, as it ends
+        assert bar.tokens == generated  # live rows only
+    else:  # generate decodes finished rows until the batch ends: counted, as they cost
+        assert bar.tokens >= generated
     assert lm._progress is None
 
 

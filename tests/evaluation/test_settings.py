@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lm_eval_ponder.errors import PonderError
@@ -48,3 +50,42 @@ def test_bad_values_fail_before_any_loading():
         PonderArgs.from_model_args(tau=1.5)
     with pytest.raises(PonderError, match="granularity"):
         PonderArgs.from_model_args(granularity="sentence")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"alpha": "abc"}, "model arg alpha='abc' is not a finite number"),
+    ({"tau": "abc"}, "model arg tau='abc' is not a finite number"),
+    ({"layer": "abc"}, "model arg layer='abc' is not an integer"),
+    ({"k_max": "x"}, "model arg k_max='x' is not an integer"),
+    ({"k_max": 2.5}, "model arg k_max=2.5 is not an integer"),  # not silently 2
+    ({"k_max": True}, "model arg k_max=True is not an integer"),
+    ({"alpha0": "nan"}, "model arg alpha0='nan' is not a finite number"),
+    ({"allow_backbone_mismatch": "perhaps"}, "allow_backbone_mismatch='perhaps' is not true"),
+])
+def test_values_that_are_not_numbers_name_the_arg(kwargs, message):
+    with pytest.raises(PonderError, match=re.escape(message)):
+        PonderArgs.from_model_args(**kwargs)
+
+
+def test_numbers_arrive_typed():
+    args = PonderArgs.from_model_args(tau="0.3", k_max=4.0, layer="7", alpha0=1,
+                                      allow_backbone_mismatch=True)
+    assert args.overrides == {"tau": 0.3, "k_max": 4, "alpha0": 1.0}
+    assert args.layer == 7 and args.allow_backbone_mismatch
+
+
+def test_a_controller_for_another_backbone_is_refused_naming_both(tmp_path):
+    from lm_eval_ponder.evaluation.settings import check_controller_backbone
+
+    same = {"backbone_name": "smollm2-135m-instruct", "backbone_sha256": "b1" * 32}
+    check_controller_backbone(tmp_path, same, "smollm2-135m-instruct", "b1" * 32)
+    check_controller_backbone(tmp_path, {"backbone_name": "Qwen2.5-0.5B-Instruct"},
+                              "qwen2.5-0.5b-instruct", None)  # a local copy of the Hub model
+    check_controller_backbone(tmp_path, {}, "anything", None)  # records nothing: not checked
+    with pytest.raises(PonderError, match=re.escape(
+            f"controller {tmp_path} was trained for backbone 'smollm2-135m-instruct' (sha256 "
+            f"{'b1' * 8}), but this run's backbone is 'smollm2-135m-instruct' (sha256 "
+            f"{'c2' * 8})")):
+        check_controller_backbone(tmp_path, same, "smollm2-135m-instruct", "c2" * 32)
+    with pytest.raises(PonderError, match="'other'.*'tiny'.*allow_backbone_mismatch=true"):
+        check_controller_backbone(tmp_path, {"backbone_name": "other"}, "tiny", None)

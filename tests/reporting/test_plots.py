@@ -103,7 +103,8 @@ def test_every_figure_is_written_with_a_caption(tmp_path):
     names = {p.name for p, _ in written}
     assert {"pareto_arith.png", "pareto_levels_arith.png", "accuracy_by_level_arith.png",
             "tokens_by_level_arith.png", "depth_by_level_arith.png",
-            "win_rate_arith.png"} == names
+            "win_rate_arith.png", "savings_by_level_arith.png"} == names  # no CoT: no
+    # relative-to-CoT figure
     captions = dict((p.name, c) for p, c in written)
     assert "level 1 (n=10)" in captions["accuracy_by_level_arith.png"]
     assert "highest accuracy FP-Direct 1.000" in captions["pareto_arith.png"]
@@ -151,3 +152,29 @@ def test_table_rows_follow_the_papers_order():
               "Direct"]
     assert sorted(labels, key=pl.table_rank) == ["Direct", "Direct [t0.7]", "CoT", "BoN",
                                                  "FR (alpha=-0.2)", "FP-Direct", "FP-BoN", "Zeta"]
+
+
+def test_savings_by_level_pairs_each_method_with_its_base(tmp_path):
+    """The paper's FLOPs-saved-against-accuracy-gained figure: per level, paired on questions,
+    with an interval of the paired difference."""
+    base = FakeRun("Direct", [i % 2 for i in range(60)])
+    fp = FakeRun("FP-Direct", [1] * 60)
+    for s in fp.samples:
+        s["flops"] = 0.25e9  # a quarter of the base's
+    levels = pl.paired_levels(fp, base)
+    assert sorted(levels) == [1, 2, 3]
+    assert all(v["saved"] == 0.75 and v["n"] == 20 for v in levels.values())
+    assert all(v["lo"] <= v["gain"] <= v["hi"] for v in levels.values())
+    assert levels[1]["gain"] == 0.5  # level 1 = even doc ids: Direct wrong on half of them
+    written = dict((p.name, c) for p, c in pl.plots({"arith": [base, fp]}, tmp_path))
+    assert "L1 +75% FLOPs saved, +0.500" in written["savings_by_level_arith.png"]
+
+
+def test_relative_to_cot_flags_levels_beyond_the_interval(tmp_path):
+    cot = FakeRun("CoT", [0] * 60)
+    same = FakeRun("Direct", [0] * 60)
+    better = FakeRun("FP-CoT", [1] * 60)
+    written = dict((p.name, c) for p, c in pl.plots({"arith": [cot, same, better]}, tmp_path))
+    caption = written["relative_to_cot_arith.png"]
+    assert "FP-CoT: beyond its interval at level(s) 1, 2, 3" in caption
+    assert "Direct: within its interval of CoT at every level" in caption

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from conftest import needs_embedded
@@ -180,10 +181,29 @@ def test_unreadable_differences_get_a_short_hash(tmp_path):
     rows = [(True, 10, 1, None)] * 5
     write_run(tmp_path, "a", {}, "gsm8k_ponder", rows, config=ponder_config())
     write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
-              config=ponder_config(backbone="/somewhere/else/a/much/longer/path"))
+              config=ponder_config(backbone="some-org/a-much-longer-backbone-name"))
     runs = rp.load_runs([tmp_path])
     assert sorted(r.label for r in runs) == sorted(
         f"FP-Direct [model {r.identity.model_digest}]" for r in runs)
+
+
+def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
+    """A backbone loaded from a local directory (the converted-GGUF cache) is recorded by its
+    path; labels and identity lines show its name (the SHA-256 beside it identifies the
+    weights), while the identity, and so its digest, keeps the path as recorded."""
+    rows = [(True, 10, 1, None)] * 5
+    cached = ("/home/someone/.cache/lm_eval_ponder/converted/"
+              "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f")
+    write_run(tmp_path, "a", {}, "gsm8k_ponder", rows, config=ponder_config(backbone=cached))
+    write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
+              config=ponder_config(backbone="/elsewhere/Other-Model"))
+    runs = rp.load_runs([tmp_path])
+    assert not any("/" in r.label for r in runs) and len({r.label for r in runs}) == 2
+    rows_, _ = rp.leaderboard(runs)
+    lines = rp.identity_lines(rows_)
+    assert any("backbone=SmolLM2-135M-Instruct.Q4_1, backbone_sha256=" in line for line in lines)
+    assert not any("/home" in line or "/elsewhere" in line for line in lines)
+    assert {r.identity.model["backbone"] for r in runs} == {cached, "/elsewhere/Other-Model"}
 
 
 def test_label_follows_the_fingerprint_not_the_args(tmp_path):
@@ -380,3 +400,17 @@ def test_gpqa_is_never_quoted_in_the_cases(tmp_path, dataset, quoted):
     html = (tmp_path / "out" / "leaderboard.html").read_text()
     assert ("<pre>q0</pre>" in html) is quoted
     assert "Never quoted: gpqa" in html
+
+
+def test_old_random_folders_and_new_backbone_folders_read_alike(tmp_path):
+    """lm-eval named a default ponder run's folder at random (``qdpv68r5``, as committed under
+    results/); runs now land in one named after the backbone. The report reads both."""
+    rows = [(True, 10, 0, 1)] * 4
+    old = write_run(tmp_path / "old", "direct", {"controller": "none"}, "arith_ponder", rows)
+    new = write_run(tmp_path / "new", "cot", {"controller": "none"}, "arith_ponder_cot", rows)
+    old.parent.rename(old.parent.with_name("qdpv68r5"))
+    new.parent.rename(new.parent.with_name("SmolLM2-135M-Instruct"))
+    runs = rp.load_runs([tmp_path])
+    assert sorted(r.method for r in runs) == ["CoT", "Direct"]
+    assert sorted(Path(r.source).parent.name for r in runs) == ["SmolLM2-135M-Instruct",
+                                                                "qdpv68r5"]

@@ -12,7 +12,9 @@ from lm_eval_ponder.errors import USAGE_ERROR
 
 def test_plan_covers_methods_and_decodings():
     runs = suite.plan(list(suite.METHODS), ["arith"], ["greedy", "t0.7"], -0.2, "/c")
-    assert len(runs) == 14
+    # Best-of-N samples at T = 0.7 under every decoding: planned once, not per decoding
+    assert len(runs) == 12
+    assert sorted(r["method"] for r in runs if r["method"].endswith("BoN")) == ["BoN", "FP-BoN"]
     tasks = {(r["method"], r["task"]) for r in runs}
     assert ("FP-CoT", "arith_ponder_cot") in tasks and ("FR", "arith_ponder") in tasks
     assert {r["model_args"] for r in runs if r["method"] == "BoN"} == {"controller=none"}
@@ -22,7 +24,8 @@ def test_plan_covers_methods_and_decodings():
 def test_plan_sweeps_early_exit_thresholds_only_when_asked():
     assert not [r for r in suite.plan(list(suite.METHODS), ["arith"], ["greedy"], -0.2, "/c")
                 if r["method"] == "EE"]
-    runs = suite.plan(["EE"], ["arith", "gsm8k"], ["greedy", "t0.7"], -0.2, None, (0.9, 0.99))
+    runs = suite.plan(["EE"], ["arith", "gsm8k"], ["greedy", "t0.7"], -0.2, None,
+                      exit_thresholds=(0.9, 0.99))
     assert len(runs) == 8
     first = runs[0]
     assert first["label"] == "EE (p>=0.9)" and first["task"] == "arith_ponder"
@@ -31,10 +34,25 @@ def test_plan_sweeps_early_exit_thresholds_only_when_asked():
         "o/greedy/EE_p0.9/arith", "o/greedy/EE_p0.9/gsm8k", "o/greedy/EE_p0.99/arith",
         "o/greedy/EE_p0.99/gsm8k"}
     assert runs[4]["label"] == "EE (p>=0.9) [t0.7]"
-    narrow = suite.plan(["EE"], ["arith"], ["greedy"], -0.2, None, (0.9,), "16:30:2")[0]
+    narrow = suite.plan(["EE"], ["arith"], ["greedy"], -0.2, None, exit_thresholds=(0.9,),
+                        exit_layers="16:30:2")[0]
     assert narrow["label"] == "EE (p>=0.9, layers 16:30:2)"
     assert narrow["model_args"].endswith(",exit_layers=16:30:2")
     assert narrow["dir"] == "EE_p0.9_layers16-30-2"
+def test_paper_protocol_samples_every_method_over_three_seeds(tmp_path):
+    """``--protocol paper``: T = 0.7 for every one-sample method, seeds 0, 1, 2, each seed in a
+    folder of its own; Best-of-N once (its finished T = 0.7 run is one seed)."""
+    decoding, seeds = suite.PROTOCOLS["paper"]
+    runs = suite.plan(list(suite.METHODS), ["arith"], [decoding], -0.2, "/c", seeds)
+    one_sample = [r for r in runs if r["method"] not in suite.SAMPLES_ALWAYS]
+    assert len(one_sample) == 5 * 3 and {r["decoding"] for r in one_sample} == {"t0.7"}
+    assert sorted({r["seed"] for r in one_sample}) == [0, 1, 2]
+    bon = [r for r in runs if r["method"] in suite.SAMPLES_ALWAYS]
+    assert [(r["decoding"], r["seed"]) for r in bon] == [("greedy", 0), ("greedy", 0)]
+    dirs = {suite.run_dir(tmp_path, r) for r in runs}
+    assert len(dirs) == len(runs)  # no run's folder holds another's results
+    assert tmp_path / "t0.7-seed2" / "Direct" / "arith" in dirs
+    assert tmp_path / "t0.7" / "Direct" / "arith" in dirs  # seed 0: the existing layout
 
 
 def test_unknown_names_are_refused(tmp_path, capsys):
@@ -288,3 +306,28 @@ def test_a_failing_heartbeat_task_never_stops_the_run(tmp_path, monkeypatch, cap
                              on_beat=beat) == 0
     assert len(beats) >= 3  # every heartbeat and the end
     assert caplog.text.count("disk full (the run goes on)") == 1  # said once
+
+
+def test_runs_in_old_and_new_result_folders_count_as_done(tmp_path):
+    """A finished run's results sit in ``qdpv68r5/`` (lm-eval's random name, committed runs)
+    or ``SmolLM2-135M-Instruct/`` (named after the backbone since issue 39): both are done."""
+    out = tmp_path / "s"
+    for method, folder in (("Direct", "qdpv68r5"), ("CoT", "SmolLM2-135M-Instruct")):
+        d = out / "greedy" / method / "arith" / folder
+        d.mkdir(parents=True)
+        (d / "results_1.json").write_text("{}")
+    runs = suite.plan(["Direct", "CoT", "BoN"], ["arith"], ["greedy"], -0.2, None)
+    text = suite.plan_text(runs, out, None, None)
+    assert "3 runs (2 done)" in text and "BoN on arith: 500 questions, to run" in text
+
+
+def test_what_a_run_records_names_no_directory_of_this_machine(tmp_path, monkeypatch):
+    """The shipped controller is found by an absolute path; the run's command (published with
+    its results) gets it relative to the working directory. A local backbone is named by its
+    folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "controllers" / "x").mkdir(parents=True)
+    assert suite.portable_path(str(tmp_path / "controllers" / "x")) == "controllers/x"
+    assert suite.portable_path("/elsewhere/ctrl") == "/elsewhere/ctrl"  # outside: as given
+    assert suite.portable_name(str(tmp_path / "controllers" / "x") + "/") == "x"
+    assert suite.portable_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"

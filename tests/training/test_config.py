@@ -3,6 +3,8 @@ and clear errors for unknown keys and invalid combinations."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lm_eval_ponder.errors import PonderError
@@ -51,3 +53,37 @@ def test_backbone_options_of_the_model_are_config_keys(tmp_path):
     assert parse_args(["--output", str(tmp_path)]).dtype is None  # native: decided at load
     with pytest.raises(PonderError, match="dtype must be one of"):
         parse_args(["--output", str(tmp_path), "--dtype", "int8"])
+
+
+def test_values_of_the_wrong_type_name_their_key(tmp_path):
+    """A string where a number belongs used to travel to the first comparison that used it
+    (``'>' not supported between 'str' and 'int'`` in grpo.py); now the key and value are
+    named, from the command line and from YAML (which names the file too)."""
+    out = ["--output", str(tmp_path)]
+    cases = {
+        ("--grpo.learning_rate", "fast"): "config key 'grpo.learning_rate' must be a number, "
+                                          "got 'fast'",
+        ("--grpo.max_steps", "2.5"): "'grpo.max_steps' must be an integer, got 2.5",
+        ("--parallelize", "maybe"): "'parallelize' must be true or false, got 'maybe'",
+        ("--rollout.prompts", "{arith_ponder: x}"): "'rollout.prompts.arith_ponder' must be "
+                                                   "an integer",
+        ("--reward.weights.acc", "x"): "'reward.weights.acc' must be a number",
+        ("--reward.rep_betas", "[1, 2]"): "'reward.rep_betas' must be a list of 3 values",
+        ("--grpo", "3"): "'grpo' holds nested keys",
+    }
+    for argv, message in cases.items():
+        with pytest.raises(PonderError, match=re.escape(message)):
+            parse_args(out + list(argv))
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("grpo:\n  max_steps: ten\n")
+    with pytest.raises(PonderError, match=re.escape(f"{yaml_file}: config key 'grpo.max_steps' "
+                                                    "must be an integer, got 'ten'")):
+        parse_args(["--config", str(yaml_file)] + out)
+
+
+def test_values_read_as_the_fields_type(tmp_path):
+    cfg = parse_args(["--output", "2024", "--grpo.learning_rate", "1e-3", "--layer", "3",
+                      "--reward.ppl_baseline", "2", "--steering", "null",
+                      "--reward.rep_betas", "[1, 2, 3]"])
+    assert (cfg.output, cfg.grpo.learning_rate, cfg.layer, cfg.reward.ppl_baseline,
+            cfg.steering, cfg.reward.rep_betas) == ("2024", 0.001, 3, 2.0, None, (1.0, 2.0, 3.0))

@@ -301,3 +301,23 @@ def test_repeated_answers_are_scored_once(tiny_model_dir, tiny_vector_dir, monke
     assert sum(rows) == 3 and got[0] == got[1] and None not in got
     alone = rollouts.response_perplexities(lm, contexts[2:], texts[2:])
     assert got[2:] == pytest.approx(alone, rel=1e-5)
+
+
+def test_the_rollout_phase_shows_answers_rows_in_flight_and_tokens(lm, tmp_path, monkeypatch):
+    """The trainer's rollout bar ticks per finished answer and counts what its status line
+    shows: every answer started, and the tokens the answers generated (the loop's live rows)."""
+    import lm_eval_ponder.evaluation.progress as progress
+
+    bars = []
+
+    class Recording(progress.RowProgress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(progress, "RowProgress", Recording)
+    cache = build_cache(lm, CFG, OFFSETS, tmp_path / "c", progress=True)
+    (bar,) = bars
+    records = list(cache.records())
+    assert bar.total == bar.finished == bar.started == len(records) == 5 * len(OFFSETS)
+    assert bar.tokens == sum(r["gen_tokens"] for r in records) and bar.stop.is_set()

@@ -1,0 +1,172 @@
+"""Progress of a generation call that keeps many rows in flight: a bar that moves per finished
+row with a rate that means something, and a status line while nothing finishes.
+
+Why: the loop (``evaluation.generation``) decodes up to ``max_rows`` rows at once, so the first
+row finishes only after most of the work of the first wave is done. A bar that extrapolates
+from finished rows then shows ``1/300 [01:33<7:44:00]`` while the run is on course for under an
+hour, and at the end the last long answers decode alone for minutes with the bar frozen at
+``45/50``. The loop reports nothing but ``on_finish(row)``, and it is not ours to change, so
+this module reads two things it can see from outside:
+
+- finished rows: ``finish`` is the ``on_finish`` callback;
+- forward passes: a forward pre-hook on the model (``watch``) sees each pass's batch. A pass
+  over an empty cache is a prefill (its rows have started, and each yields its first token);
+  any other pass is a decode step, which yields one token per row in flight (started minus
+  finished). So "tokens so far" counts the tokens of live rows only, in the loop as in
+  transformers' ``generate``; under ``generate`` (``generation=hf``) rows finish only when the
+  whole batch does, so there its rows in flight are the batch and its tokens include what
+  finished rows keep decoding.
+
+The bar shows finished/total requests, then rows in flight, tokens and tokens per second, and
+an estimate of the time left only once as many rows have finished as were ever in flight at
+once (before that, every finished row is one of the shortest, and extrapolating from them is
+the dishonest rate above). During a long tail (no row finished for ``STATUS_EVERY_S``), one
+status line at most every ``STATUS_EVERY_S`` gives rows finished, rows in flight, tokens so far
+and the token rate since the last line. It cannot say how far along each row in flight is, nor
+how many tokens a row will need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+STATUS_EVERY_S = 30.0
+
+
+def duration(seconds: float) -> str:
+    """``4321.5`` as ``1:12:02``, ``95`` as ``1:35``: tqdm's own way of showing times."""
+    seconds = int(round(max(seconds, 0.0)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class RowProgress:
+    """The bar and status lines of one generation call over ``total`` requests.
+
+    Use: ``with RowProgress(total, desc) as progress, progress.watch(model): generate(...,
+    on_finish=progress.finish)``. ``clock`` and ``write`` are seams for tests.
+    """
+
+    def __init__(self, total: int, desc: str, *, unit: str = "request", disable: bool = False,
+                 status_every: float = STATUS_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 write: Callable[[str], None] | None = None) -> None:
+        from tqdm import tqdm
+
+        self.total, self.desc, self.disabled = total, desc, disable
+        self.status_every, self.clock = status_every, clock
+        self.write = write or (lambda line: tqdm.write(line, file=sys.stderr))
+        self.finished = self.started = self.tokens = self.peak_in_flight = 0
+        self.watched = False
+        self.start = self.last_finish = self.last_status = clock()
+        self.tokens_at_status = 0
+        self.bar = tqdm(total=total, desc=desc, unit=unit, disable=disable,
+                        bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        if not disable and status_every > 0:
+            self.thread = threading.Thread(target=self.watch_tail, daemon=True,
+                                           name="lm-eval-ponder progress")
+            self.thread.start()
+
+    # ------------------------------------------------------------------ what is counted
+    @property
+    def in_flight(self) -> int:
+        return max(self.started - self.finished, 0)
+
+    def finish(self, _row: int | None = None) -> None:
+        """``on_finish``: one more row (request) has finished."""
+        self.finished += 1
+        self.last_finish = self.clock()
+        self.bar.set_postfix_str(self.postfix(), refresh=False)
+        self.bar.update(1)
+
+    def forward(self, rows: int, prefill: bool) -> None:
+        """One forward pass of ``rows`` rows (``watch`` calls this)."""
+        if prefill:
+            self.started += rows
+            self.tokens += rows
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        else:
+            self.tokens += min(rows, self.in_flight) if self.started else rows
+
+    @contextlib.contextmanager
+    def watch(self, model: Any) -> Iterator[None]:
+        """Count the forward passes of ``model`` while the block runs (nothing when the bar is
+        disabled: no hook, no cost)."""
+        if self.disabled:
+            yield
+            return
+
+        def pre_hook(module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                ids = kwargs.get("inputs_embeds")
+            if ids is None or not hasattr(ids, "shape"):
+                return
+            cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            length = getattr(cache, "get_seq_length", None)
+            self.forward(int(ids.shape[0]), cache is None or (length is not None and length() == 0))
+
+        handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        self.watched = True
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    # ------------------------------------------------------------------ what is shown
+    def postfix(self) -> str:
+        elapsed = max(self.clock() - self.start, 1e-9)
+        parts = []
+        if self.watched:
+            parts += [f"{self.in_flight} in flight", f"{self.tokens:,} tokens",
+                      f"{self.tokens / elapsed:.1f} tok/s"]
+        if self.finished and self.finished >= max(self.peak_in_flight, 1) \
+                and self.finished < self.total:
+            left = (self.total - self.finished) * elapsed / self.finished
+            parts.append(f"~{duration(left)} left")
+        return ", ".join(parts)
+
+    def status_line(self) -> str:
+        now = self.clock()
+        since = max(now - self.last_status, 1e-9)
+        rate = (self.tokens - self.tokens_at_status) / since
+        line = f"{self.desc}: {self.finished}/{self.total} finished"
+        if self.watched:
+            line += (f", {self.in_flight} rows in flight, {self.tokens:,} tokens so far "
+                     f"({rate:.1f} tok/s over the last {duration(since)})")
+        return line + f"; last row finished {duration(now - self.last_finish)} ago"
+
+    def check_tail(self) -> None:
+        """Write a status line if no row finished, and no line was written, for
+        ``status_every`` seconds."""
+        now = self.clock()
+        if self.finished >= self.total or now - self.last_finish < self.status_every \
+                or now - self.last_status < self.status_every:
+            return
+        self.write(self.status_line())
+        self.last_status, self.tokens_at_status = now, self.tokens
+
+    def watch_tail(self) -> None:
+        while not self.stop.wait(min(self.status_every / 6, 5.0)):
+            self.check_tail()
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+        self.bar.close()
+
+    def __enter__(self) -> RowProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -42,9 +42,38 @@ def test_command_logs_status_lines_to_stderr_and_restores_the_logger(capsys):
     assert (root.level, root.propagate, list(root.handlers)) == before
 
 
-@pytest.mark.parametrize("module", ["train", "steer", "report", "suite"])
+def command_modules() -> list[str]:
+    """The module of every ``main`` that runs as a program (``run_program(main)``): the module
+    itself where it defines ``main``, else the one it imports ``main`` from. Found by parsing
+    the package, so a new command cannot be left out of the test below."""
+    import ast
+    from pathlib import Path
+
+    pkg = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
+    found = set()
+    for path in sorted(pkg.rglob("*.py")):
+        nodes = list(ast.walk(ast.parse(path.read_text())))
+        if not any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "run_program"
+                   for n in nodes):
+            continue
+        origin = [n.module for n in nodes if isinstance(n, ast.ImportFrom)
+                  and any(a.name == "main" and a.asname is None for a in n.names)]
+        found.add(origin[0] if origin else ".".join(path.relative_to(pkg.parent).with_suffix("").parts))
+    return sorted(found)
+
+
+def test_command_modules_are_found():
+    """The four documented commands (train, steer, report, suite) and nothing that is not one."""
+    assert command_modules() == ["lm_eval_ponder.reporting.report", "lm_eval_ponder.reporting.suite",
+                                 "lm_eval_ponder.steering.cli", "lm_eval_ponder.training.cli"]
+
+
+@pytest.mark.parametrize("module", command_modules())
 def test_every_command_uses_the_convention(module):
+    """Each command's ``main`` is ``errors.command``'s wrapper, not merely some decorator that
+    sets ``__wrapped__`` (``functools.wraps`` in any decorator does)."""
     import importlib
 
-    main = importlib.import_module(f"lm_eval_ponder.{module}").main
+    main = importlib.import_module(module).main
     assert getattr(main, "__wrapped__", None) is not None, f"{module}.main is not a @command"
+    assert main.__code__ is command(lambda: 0).__code__, f"{module}.main is not errors.command's"

@@ -5,6 +5,7 @@ Best-of-N accounting, metrics for every task family, unknown task names."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -17,9 +18,9 @@ INSTALLED_PTH = Path(sysconfig.get_paths()["purelib"]) / "lm_eval_ponder.pth"
 ALL_TASKS = [f"{d}_ponder{v}" for d in ("gsm8k", "math500", "gpqa", "arith") for v in ("", "_cot", "_bon")]
 
 
-def run_python(code: str) -> str:
+def run_python(code: str, env: dict[str, str] | None = None) -> str:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd="/")
+                         cwd="/", env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -44,12 +45,37 @@ def test_registration_indexes_our_tasks_next_to_builtin_ones():
     assert "gsm8k" in names  # built-in tasks still there
 
 
-@pytest.mark.skipif(not INSTALLED_PTH.exists(), reason="needs `pip install .` (installs the .pth)")
+def outside_checkout_env() -> dict[str, str]:
+    """The environment of a process started outside the checkout: no PYTHONPATH that puts a
+    source tree first."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+def imported_from_outside_checkout() -> str:
+    """Where ``lm_eval_ponder`` comes from for a process outside the checkout: the wheel's copy
+    in purelib after ``pip install .``, the source tree after ``pip install -e .`` (its .pth
+    points there)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; "
+         "print(list(u.find_spec('lm_eval_ponder').submodule_search_locations)[0])"],
+        capture_output=True, text=True, timeout=60, cwd="/", env=outside_checkout_env())
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def installed_as_wheel() -> bool:
+    return INSTALLED_PTH.exists() and imported_from_outside_checkout().startswith(
+        str(INSTALLED_PTH.parent))
+
+
+@pytest.mark.skipif(not installed_as_wheel(),
+                    reason="needs `pip install .` (not -e): the wheel's own tasks and controllers")
 def test_installed_package_ships_tasks_and_controllers():
-    """Outside the checkout, tasks/ and controllers/ come from the installed wheel."""
+    """Outside the checkout, tasks/ and controllers/ come from the installed wheel. Run without
+    PYTHONPATH: a source tree first on the path (or ``pip install -e``) would serve its own."""
     out = run_python(
         "import lm_eval_ponder_autoload as a, lm_eval_ponder.resources as r\n"
-        "print(a.tasks_dir()); print(r.shipped_dir('controllers'))"
+        "print(a.tasks_dir()); print(r.shipped_dir('controllers'))",
+        env=outside_checkout_env(),
     )
     tasks, controllers = out.split()
     purelib = str(INSTALLED_PTH.parent)

@@ -11,7 +11,7 @@ imports lm-eval, the finder runs our registration right after the relevant modul
 
 - after ``lm_eval.models`` (which lm-eval imports on the first model lookup, and whose lazy
   table must be registered first or ``--model hf`` breaks): register ``ponder`` lazily, as
-  lm-eval registers its own models, so the heavy ``lm_eval_ponder.model`` is imported only
+  lm-eval registers its own models, so the heavy ``lm_eval_ponder.evaluation.lm`` is imported only
   when ``--model ponder`` is used;
 - after ``lm_eval.tasks.manager``: every ``TaskManager`` also indexes our ``tasks`` folder.
 

@@ -5,6 +5,7 @@ imported, so the test also covers modules that need optional heavy dependencies.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
@@ -115,3 +116,52 @@ def test_foundations_do_not_import_stages():
         bad = [t for t, _ in imports(mods[m], known)
                if any(t.startswith(f"lm_eval_ponder.{s}") for s in STAGES)]
         assert not bad, f"{m} imports {bad}"
+
+
+def defined_names(path: Path) -> set[str]:
+    """The names a module binds at its top level: definitions, assignments, imports."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def dangling(dotted: str, pkg: Path = PKG) -> bool:
+    """Whether ``lm_eval_ponder.a.b[.name]`` names no module (or no top-level name of one)."""
+    here = pkg
+    parts = dotted.split(".")[1:]
+    for i, part in enumerate(parts):
+        if (here / part / "__init__.py").is_file():
+            here = here / part
+        elif (here / f"{part}.py").is_file():
+            rest = parts[i + 1:]
+            return bool(rest) and rest[0] not in defined_names(here / f"{part}.py")
+        else:
+            return part not in defined_names(here / "__init__.py")
+    return False
+
+
+def test_named_modules_exist():
+    """Every dotted ``lm_eval_ponder.*`` name in the package, the task bindings, the autoload
+    module, the README and the design doc names a module (or a name in one) that exists: the
+    layout moves left ``lm_eval_ponder.tasklib`` and ``lm_eval_ponder.extraction`` behind."""
+    root = PKG.parent
+    texts = [root / "README.md", root / "docs" / "design.md", root / "lm_eval_ponder_autoload.py",
+             *sorted(root.glob("tasks/*/*.py")), *sorted(PKG.rglob("*.py"))]
+    stale = [f"{path.relative_to(root)}: {name}" for path in texts
+             for name in re.findall(r"lm_eval_ponder(?:\.[A-Za-z_]\w*)+", path.read_text())
+             if not name.endswith(".pth") and dangling(name)]
+    assert not stale, "\n".join(stale)
+
+
+def test_named_modules_exist_fails_on_a_moved_module():
+    assert dangling("lm_eval_ponder.tasklib") and dangling("lm_eval_ponder.stats.Nothing")
+    assert not dangling("lm_eval_ponder.evaluation.tasklib")
+    assert not dangling("lm_eval_ponder.stats.GenerationText")  # re-exported by an import
+    assert not dangling("lm_eval_ponder.evaluation.lm.PonderLM")

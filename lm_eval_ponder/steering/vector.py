@@ -1,8 +1,8 @@
 """Steering vectors: the ``SteeringVector`` type, its default layer, and its file format.
 
-Extraction lives in ``lm_eval_ponder.extraction``, the text report in
-``lm_eval_ponder.inspection``; this module is what the rest of the project needs at inference
-time and imports neither.
+Extraction lives in ``lm_eval_ponder.steering.extraction``, the text report in
+``lm_eval_ponder.steering.inspection``; this module is what the rest of the project needs at
+inference time and imports neither.
 
 What a steering vector is here
 ------------------------------
@@ -37,8 +37,8 @@ Choices (the paper leaves them open; each is recorded in the vector's metadata):
 - ``meta["raw_norm"]`` holds, per stored layer, the norm of the summed difference ("sum") and
   of the mean difference ("mean") before normalisation.
 
-See ``lm_eval_ponder.extraction`` for the extraction choices (chat template, batching) and for
-Fractional Reasoning's estimator.
+See ``lm_eval_ponder.steering.extraction`` for the extraction choices (chat template, batching)
+and for Fractional Reasoning's estimator.
 
 File format (``save_vector``/``load_vector``): a directory with ``steering.safetensors``
 (tensors "vectors" [n_stored, d] float32 unit rows and "layers" [n_stored] int64) and

@@ -1,4 +1,4 @@
-"""arith_ponder tasks: bindings of lm_eval_ponder.tasklib for numeric answers."""
+"""arith_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib for numeric answers."""
 
 from lm_eval_ponder.evaluation import tasklib
 

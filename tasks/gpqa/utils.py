@@ -1,4 +1,4 @@
-"""gpqa_ponder tasks: bindings of lm_eval_ponder.tasklib for choice answers."""
+"""gpqa_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib for choice answers."""
 
 from lm_eval_ponder.evaluation import tasklib
 

@@ -1,4 +1,4 @@
-"""gsm8k_ponder tasks: bindings of lm_eval_ponder.tasklib for numeric answers."""
+"""gsm8k_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib for numeric answers."""
 
 from lm_eval_ponder.evaluation import tasklib
 

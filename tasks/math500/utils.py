@@ -1,4 +1,4 @@
-"""math500_ponder tasks: bindings of lm_eval_ponder.tasklib for math answers."""
+"""math500_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib for math answers."""
 
 from lm_eval_ponder.evaluation import tasklib
 

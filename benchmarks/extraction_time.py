@@ -15,7 +15,7 @@ def main(n: int = 32, batch_size: int = 8) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.data import load_gsm8k
+    from lm_eval_ponder.data import load_gsm8k
     from lm_eval_ponder.steering.extraction import extract_paper
 
     resolved = bb.resolve_backbone(None)

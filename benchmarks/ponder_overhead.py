@@ -26,7 +26,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from lm_eval_ponder.pondering.controller import PonderController, save_controller
-    from lm_eval_ponder.evaluation.data import load_arith
+    from lm_eval_ponder.data import load_arith
     from lm_eval_ponder.evaluation.lm import PonderLM
 
     torch.manual_seed(0)

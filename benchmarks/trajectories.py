@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_ponder.evaluation import data
+    from lm_eval_ponder import data
     from lm_eval_ponder.evaluation.lm import PonderLM
     from lm_eval_ponder.pondering.dynamics import cumulative_offsets, ponder
     from lm_eval_ponder.reporting.images import save_figure

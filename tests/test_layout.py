@@ -9,20 +9,24 @@ import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
-STAGES = ("steering", "pondering", "training", "evaluation", "reporting")
+# The stages in the order of their imports: a stage imports only earlier stages and foundations.
+STAGES = ("steering", "pondering", "evaluation", "training", "reporting")
+# Top-level modules below every stage: they import no stage.
+FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data"}
 # Top-level modules that only re-export documented entry points and import paths.
 SHIMS = {"train", "steer", "report", "suite", "controller", "model", "stats"}
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+def module_name(path: Path, pkg: Path = PKG) -> str:
+    parts = list(path.relative_to(pkg.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
     return ".".join(parts)
 
 
-def modules() -> dict[str, ast.Module]:
-    return {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PKG.rglob("*.py"))}
+def modules(pkg: Path = PKG) -> dict[str, ast.Module]:
+    return {module_name(p, pkg): ast.parse(p.read_text(), str(p))
+            for p in sorted(pkg.rglob("*.py"))}
 
 
 def imports(tree: ast.Module, known: set[str]) -> list[tuple[str, list[str]]]:
@@ -38,16 +42,76 @@ def imports(tree: ast.Module, known: set[str]) -> list[tuple[str, list[str]]]:
     return out
 
 
+def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in it: lazy imports count)."""
+    mods = modules(pkg)
+    known = set(mods)
+    return {m: {target for target, _ in imports(tree, known) if target in known and target != m}
+            for m, tree in mods.items()}
+
+
+def level(module: str) -> int:
+    """Where a module sits: 0 the package root and the foundations, 1.. the stages in ``STAGES``
+    order, above them the shims (entry points, which may re-export any stage)."""
+    parts = module.split(".")[1:]
+    if not parts or parts[0] in FOUNDATIONS:
+        return 0
+    if parts[0] in STAGES:
+        return 1 + STAGES.index(parts[0])
+    if parts[0] in SHIMS:
+        return 1 + len(STAGES)
+    raise AssertionError(f"{module} is neither a foundation, a stage nor a shim")
+
+
+def back_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a later stage (or of a shim) by an earlier one: ``a -> b`` with
+    ``level(b) > level(a)``. A stage may import itself, earlier stages and the foundations."""
+    return [f"{m} (level {level(m)}) imports {t} (level {level(t)})"
+            for m in sorted(graph) for t in sorted(graph[m]) if level(t) > level(m)]
+
+
 def test_stages_are_subpackages():
     for stage in STAGES:
         assert (PKG / stage / "__init__.py").is_file(), stage
+    subpackages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    assert subpackages == set(STAGES), f"a subpackage outside STAGES: {sorted(subpackages)}"
+
+
+def test_stages_import_only_earlier_stages():
+    """The order of ``STAGES`` is the order of the imports (docs/design.md numbers them so)."""
+    graph = import_graph()
+    assert not back_imports(graph), "\n".join(back_imports(graph))
+
+
+def test_a_planted_back_import_is_reported(tmp_path):
+    """The order test can fail: a copy of the package with ``pondering -> reporting`` (the import
+    that once passed every layout test) and ``steering -> evaluation`` planted is refused, and
+    so is the same arrow in a synthetic graph."""
+    import shutil
+
+    copy = tmp_path / "lm_eval_ponder"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert not back_imports(import_graph(copy))
+    hook = copy / "pondering" / "hook.py"
+    planted = "\n\ndef planted():\n    from lm_eval_ponder.reporting import report\n"
+    hook.write_text(hook.read_text() + planted)
+    cli = copy / "steering" / "cli.py"
+    cli.write_text(cli.read_text() + "\nfrom lm_eval_ponder.evaluation.lm import PonderLM\n")
+    found = back_imports(import_graph(copy))
+    assert found == [
+        "lm_eval_ponder.pondering.hook (level 2) imports lm_eval_ponder.reporting.report (level 5)",
+        "lm_eval_ponder.steering.cli (level 1) imports lm_eval_ponder.evaluation.lm (level 3)"]
+    assert back_imports({"lm_eval_ponder.training.loop": {"lm_eval_ponder.evaluation.lm"},
+                         "lm_eval_ponder.evaluation.lm": {"lm_eval_ponder.training.loop"},
+                         "lm_eval_ponder.data": {"lm_eval_ponder.steering.vector"},
+                         "lm_eval_ponder.steering.cli": {"lm_eval_ponder.steer"}}) == [
+        "lm_eval_ponder.data (level 0) imports lm_eval_ponder.steering.vector (level 1)",
+        "lm_eval_ponder.evaluation.lm (level 3) imports lm_eval_ponder.training.loop (level 4)",
+        "lm_eval_ponder.steering.cli (level 1) imports lm_eval_ponder.steer (level 6)"]
 
 
 def test_no_import_circle():
-    mods = modules()
-    known = set(mods)
-    graph = {m: {target for target, _ in imports(tree, known) if target in known and target != m}
-             for m, tree in mods.items()}
+    graph = import_graph()
     # importing a module imports its package first: lm_eval_ponder.training.loop -> training
     # is not an edge we care about, so only module-to-module edges are followed.
     state: dict[str, int] = {}
@@ -97,7 +161,7 @@ def test_no_private_name_crosses_a_module():
 
 def test_top_level_holds_foundations_and_entry_points_only():
     top = {p.stem for p in PKG.glob("*.py")} - {"__init__"}
-    foundations = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator"}
+    foundations = FOUNDATIONS
     assert top <= foundations | SHIMS, sorted(top - foundations - SHIMS)
     for shim in SHIMS & top:  # a shim re-exports; it defines nothing of its own
         tree = ast.parse((PKG / f"{shim}.py").read_text())
@@ -109,7 +173,7 @@ def test_foundations_do_not_import_stages():
     """Shared foundations sit below every stage: they never import a stage."""
     mods = modules()
     known = set(mods)
-    for name in ("backbone", "flops", "errors", "files", "resources", "hooks", "allocator"):
+    for name in sorted(FOUNDATIONS):
         m = f"lm_eval_ponder.{name}"
         if m not in mods:
             continue

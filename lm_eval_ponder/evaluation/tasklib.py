@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lm_eval_ponder.evaluation import data
+from lm_eval_ponder import data
 from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.evaluation.accounting import response_stats
 

@@ -111,7 +111,7 @@ def _load_backbone(args: argparse.Namespace, pretrained: str | None, gguf_file: 
 def _questions(n: int, split: str, seed: int | None) -> tuple[list[str], dict]:
     import random
 
-    from lm_eval_ponder.evaluation.data import load_gsm8k
+    from lm_eval_ponder.data import load_gsm8k
 
     if split not in TRAIN_SPLITS:
         raise PonderError(f"steering questions must come from a train split, got {split!r}")

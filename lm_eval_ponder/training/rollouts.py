@@ -93,7 +93,7 @@ def train_documents(task: str, n: int) -> list[dict]:
     arith: the ladder's train split (interleaved by level, disjoint from test by
     construction); GSM8K: its train split. MATH500 and GPQA Diamond have no train split.
     """
-    from lm_eval_ponder.evaluation import data
+    from lm_eval_ponder import data
 
     family = task.split("_ponder")[0]
     if family == "arith":

@@ -85,7 +85,7 @@ def test_suite_plan_prints_the_estimate_and_runs_nothing(tmp_path, monkeypatch, 
 
 
 def test_dataset_sizes_are_the_loaders(shared_data):
-    from lm_eval_ponder.evaluation import data
+    from lm_eval_ponder import data
 
     assert budget.DATASET_SIZES == {
         "arith": len(data.load_arith()), "gsm8k": len(data.load_gsm8k("test")),

@@ -8,7 +8,7 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 
-from lm_eval_ponder.evaluation import data
+from lm_eval_ponder import data
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM

@@ -1,4 +1,4 @@
-"""Tests for lm_eval_ponder.evaluation.data: data sources, GPQA choice shuffling, the arith ladder.
+"""Tests for lm_eval_ponder.data: data sources, GPQA choice shuffling, the arith ladder.
 
 GPQA text never appears here: shuffle behaviour is checked on synthetic rows, and the real file
 is only counted and shape-checked (assertions compare counts, so a failure prints no question).
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from lm_eval_ponder.evaluation import data as D
+from lm_eval_ponder import data as D
 from lm_eval_ponder.errors import PonderDataError, PonderError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"no shared data at {SHARED}")
@@ -240,7 +240,7 @@ def test_gpqa_shuffle_reproducible_and_varied():
 
 def test_gpqa_shuffle_same_in_another_process():
     code = (
-        "import json, sys; from lm_eval_ponder.evaluation.data import gpqa_multiple_choice as g; "
+        "import json, sys; from lm_eval_ponder.data import gpqa_multiple_choice as g; "
         "rows = json.loads(sys.argv[1]); print(''.join(g(r)['answer'] for r in rows))"
     )
     rows = [_synthetic(i) for i in range(20)]
@@ -409,7 +409,7 @@ def test_arith_bad_arguments(split, per_level):
 
 
 def test_module_import_is_light():
-    code = "import sys, lm_eval_ponder.evaluation.data; print('datasets' in sys.modules)"
+    code = "import sys, lm_eval_ponder.data; print('datasets' in sys.modules)"
     res = subprocess.run(
         [sys.executable, "-S", "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )

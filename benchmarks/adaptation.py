@@ -51,6 +51,21 @@ GRPO_ARMS: dict[str, tuple[str, float | bool]] = {
     "balanced-ent0.1": ("entropy_beta", 0.1), "balanced-std": ("scale_rewards", True),
     "balanced-lr5e-5": ("learning_rate", 5e-5)}
 ARMS.update(dict.fromkeys(GRPO_ARMS))
+# Issue 38: the shipped reward trained as the paper trains (temperature annealed 1 -> 0.1 over
+# the curriculum, quality gates with the paper's meaning, Algorithm 1's plain step) with each
+# of the three switched back to issue 13's setting: anneal{0,1} x gates{0,1} x {sgd, adam}.
+PAPER_ARMS: dict[str, tuple[bool, bool, str]] = {
+    f"anneal{int(a)}-gates{int(g)}-{opt}": (a, g, opt)
+    for a in (True, False) for g in (True, False) for opt in ("sgd", "adam")}
+ARMS.update(dict.fromkeys(PAPER_ARMS))
+
+
+def issue13_training(cfg) -> None:
+    """The trainer's settings before issue 38, which the arms above were trained with: constant
+    temperature 1, gates at 0 (in effect off), Adam with the gradient norm clipped at 1."""
+    cfg.controller_temperature_end = None
+    cfg.grpo.theta_comp, cfg.grpo.theta_qual = 0.0, 0.0
+    cfg.grpo.optim, cfg.grpo.max_grad_norm = "adam", 1.0
 
 
 def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Path):
@@ -63,6 +78,16 @@ def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Pa
     cfg.rollout.prompts = dict(PROMPTS)
     cfg.rollout.samples = samples
     cfg.grpo.max_steps = steps
+    if arm in PAPER_ARMS:
+        anneal, gates, optim = PAPER_ARMS[arm]
+        cfg.grpo.optim = optim
+        if not anneal:
+            cfg.controller_temperature_end = None
+        cfg.grpo.quality_gates = gates
+        if optim == "adam":
+            cfg.grpo.max_grad_norm = 1.0  # Adam as issue 13 ran it
+    else:
+        issue13_training(cfg)
     if arm in GRPO_ARMS:
         setattr(cfg.grpo, *GRPO_ARMS[arm])
     weight = ARMS[arm]
@@ -138,7 +163,10 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
               "log": [{k: e.get(k) for k in ("step", "stage", "depth_mean", "depth_hist",
                                              "accuracy", "reward_mean", "R_acc", "R_flops",
                                              "weights", "balance_ratio", "advantage_abs",
-                                             "entropy", "loss", "reinitialisations")}
+                                             "entropy", "loss", "reinitialisations",
+                                             "temperature", "gate_drop_comp",
+                                             "gate_drop_qual")
+                       if k in e}
                       for e in log if "alert" not in e]}
     if fold is None:
         save_final(trainer, cfg, ident, out / "controller", record, len(keys))
@@ -182,7 +210,7 @@ def make_trainer(controller, step_vector, ident: dict, cfg):
     from lm_eval_ponder.training.grpo import GRPOTrainer
 
     return GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
-                       cfg.grpo, cfg.seed)
+                       cfg.grpo, cfg.seed, cfg.controller_temperature_end)
 
 
 def p_continue(trainer, z0):

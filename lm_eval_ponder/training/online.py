@@ -33,7 +33,7 @@ from lm_eval_ponder.flops import generation_flops
 from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.pondering.hook import SteeringHook
 from lm_eval_ponder.training.config import TrainConfig
-from lm_eval_ponder.training.environment import RewardBook
+from lm_eval_ponder.training.environment import RewardBook, problem_types
 from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
 from lm_eval_ponder.training.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
                                               response_perplexities)
@@ -142,7 +142,8 @@ class OnlineEnvironment(RewardBook):
 
         return step_tokens(trainer, t, local, self.rollout, score,
                            gradient_hook=lambda: dist.average_gradients(trainer.controller),
-                           gather=dist.gather, sampler=sampler)
+                           gather=dist.gather, sampler=sampler,
+                           types=problem_types(self.prompts)[local])
 
     def held_out(self, trainer: GRPOTrainer, train_ids: list[int], val_ids: list[int]) -> dict:
         """Inference-time figures on the held-out prompts (generation: the costly part)."""

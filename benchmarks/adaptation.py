@@ -439,7 +439,8 @@ def analyse(args) -> None:
     fixed_depths, fold_depths = fixed_by_fold(mats["score"], np.array(fold_of(keys, args.folds)),
                                               args.folds)
     arms = {}
-    for arm in ARMS:
+    chosen = args.arms.split(",") if args.arms else list(ARMS)
+    for arm in chosen:
         seeds = sorted(s for a, s in runs if a == arm)
         if not seeds:
             continue
@@ -601,6 +602,8 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/adaptation", help="summary JSON, table and plot")
     a.add_argument("--bootstrap", type=int, default=2000)
+    a.add_argument("--arms", default=None,
+                   help="comma list of the arms to summarise (default: every finished one)")
     e = sub.add_parser("export", help="a cross-fitted run's controller, for lm_eval")
     cache_arguments(e)
     e.add_argument("run", help="a finished run directory (<sweep>/<arm>/seed<s>/fold<f>)")

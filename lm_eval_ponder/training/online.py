@@ -9,7 +9,9 @@ same reward (``environment.RewardBook``) and updates on the recorded decisions
 (``grpo.step_tokens``): log pi(trajectory) is the sum of every token's halting log-probability.
 
 Cost. One step is one batched generation of its P x G rows and one perplexity pass, so the
-paper's 2500 steps x 8 x 8 answers are 160k generations: a GPU job. docs/results.md gives the
+default 2500 steps x 8 prompts x G = 8 answers are 160k generations: a GPU job. (G = 8, T1 = 500
+and T2 = 1500 are the paper's; it states neither the number of steps nor the batch: 2500 gives
+stage 3 as many steps as stage 2, and 8 prompts per step are our choice.) docs/results.md gives the
 measured seconds per step on this CPU. The loop itself is the prompt-level trainer's (``training.loop``): the
 paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
 ``logging_steps`` steps, atomic checkpoints with exact resume, the same seed giving the same

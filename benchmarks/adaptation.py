@@ -335,9 +335,12 @@ def load_runs(root: Path, keys: list[str], folds: int) -> dict[tuple[str, int], 
             if None in recs:
                 continue
             p = np.full((len(keys), len(recs[0]["val_p_continue"][0])), np.nan)
+            covered = np.zeros(len(keys), dtype=bool)
             for r in recs:
-                p[[index[k] for k in r["val_keys"]]] = r["val_p_continue"]
-            if np.isnan(p).any():
+                rows = [index[k] for k in r["val_keys"]]
+                p[rows] = np.array(r["val_p_continue"], dtype=float)  # NaN: a diverged run
+                covered[rows] = True
+            if not covered.all():
                 sys.exit(f"{root / arm / seed}: its folds do not cover every prompt")
             runs[(arm, int(seed[4:]))] = {"p": p, "records": recs}
     return runs
@@ -411,6 +414,8 @@ def training_signals(records: list[dict]) -> dict:
                 "advantage_abs", "entropy")},
             "w_flops_at_end": float(np.mean([e["weights"]["flops"] for e in last])),
             "advantage_abs_stages_2_3": mean(late, "advantage_abs"),
+            "gate_drop_comp_stage_3": mean([e for e in late if e["stage"] == 3], "gate_drop_comp"),
+            "gate_drop_qual_stage_3": mean([e for e in late if e["stage"] == 3], "gate_drop_qual"),
             "entropy_stages_2_3": mean(late, "entropy"),
             "train_wall_s_per_run": float(np.mean([rec["train_wall_s"] for rec in records])),
             "runs": len(records)}
@@ -441,10 +446,19 @@ def analyse(args) -> None:
     arms = {}
     chosen = args.arms.split(",") if args.arms else list(ARMS)
     for arm in chosen:
-        seeds = sorted(s for a, s in runs if a == arm)
+        finished = sorted(s for a, s in runs if a == arm)
+        # a run whose weights went NaN (the plain step can diverge) has no depths to score
+        diverged = {s: [r["fold"] for r in runs[(arm, s)]["records"]
+                        if np.isnan(np.array(r["val_p_continue"], dtype=float)).any()]
+                    for s in finished}
+        seeds = [s for s in finished if not diverged[s]]
+        if not finished:
+            continue
         if not seeds:
+            arms[arm] = {"seeds": [], "diverged": {str(s): f for s, f in diverged.items()}}
             continue
         entry = {"seeds": seeds,
+                 "diverged": {str(s): f for s, f in diverged.items() if f},
                  "training": training_signals([r for s in seeds
                                                for r in runs[(arm, s)]["records"]])}
         for rule in RULES:
@@ -507,6 +521,11 @@ def write_markdown(path: Path, s: dict) -> None:
              "tokens | score - best fixed | depth histogram (all seeds) | Spearman(depth, level) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
+        if a.get("diverged"):
+            lines.append(f"| {arm} | diverged (NaN weights), left out: seed -> folds "
+                         f"{a['diverged']} | | | | | | | |")
+        if not a["seeds"]:
+            continue
         for rule in s["rules"]:
             r = a[rule]
             lines.append(
@@ -520,8 +539,11 @@ def write_markdown(path: Path, s: dict) -> None:
               "log window unless stated):", "",
               "| arm | mean depth by level (tau=0.2) | w_flops at end | E|w R_flops|/E|R_acc| "
               "| mean abs advantage, stages 2-3 | policy entropy, stages 2-3 / last | "
-              "sampled depth, last | s/run |", "|---|---|---|---|---|---|---|---|"]
+              "sampled depth, last | gates dropped in stage 3 (comp / qual) | s/run |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
+        if not a["seeds"]:
+            continue
         t, lw = a["training"], a["training"]["last_window"]
         lvl = ", ".join(f"{k} {v:.1f}" for k, v in a["tau=0.2"]["mean_depth_by_level"].items())
 
@@ -531,9 +553,12 @@ def write_markdown(path: Path, s: dict) -> None:
         lines.append(f"| {arm} | {lvl} | {g(t['w_flops_at_end'])} | {g(lw['balance_ratio'])} | "
                      f"{g(t['advantage_abs_stages_2_3'])} | {g(t['entropy_stages_2_3'])} / "
                      f"{g(lw['entropy'])} | {g(lw['depth_mean'])} | "
+                     f"{g(t.get('gate_drop_comp_stage_3'))} / {g(t.get('gate_drop_qual_stage_3'))} | "
                      f"{t['train_wall_s_per_run']:.0f} |")
     lines += ["", "Per seed, `tau=0.2` (accuracy, tokens, gap at equal tokens):", ""]
     for arm, a in s["arms"].items():
+        if not a["seeds"]:
+            continue
         lines.append(f"- {arm}: " + "; ".join(
             f"seed {k}: {v['accuracy']:.3f}, {v['gen_tokens']:.1f}, "
             f"{v['gap_accuracy_at_equal_tokens']:+.3f}"
@@ -562,6 +587,8 @@ def plot(path: Path, s: dict) -> None:
             ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
                         textcoords="offset points", xytext=(3, -9))
         for n, (arm, a) in enumerate(s["arms"].items()):
+            if not a["seeds"]:
+                continue
             r = a[rule]
             for v in r["per_seed"].values():
                 ax.plot(v["gen_tokens"], v["accuracy"], "x", color=f"C{n}", alpha=0.6)

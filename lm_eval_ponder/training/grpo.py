@@ -27,8 +27,10 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 - The controller's temperature is annealed from soft to hard across the curriculum
   (``annealed_temperature``), as the paper's controller section describes.
 - ``optim="sgd"`` is Algorithm 1's plain step, theta <- theta + eta sum_i A_i grad log pi_i, a
-  *sum* over the batch's trajectories; ``optim="adam"`` is Adam on the batch mean (before
-  this issue the only optimiser, with clipping at 1.0).
+  *sum* over the batch's trajectories; ``optim="adam"`` (the default, with clipping at 1.0) is
+  Adam on the batch mean. The plain step at eta = 5e-4 without clipping diverged to NaN weights
+  on the paper form's cache (docs/design.md, "Optimiser"), so Adam stays the default; a
+  non-finite loss stops training with that advice instead of shipping NaN weights.
 - ``group_by="type"``: trajectories of prompts of one problem type (arith level, dataset) share
   one baseline, the paper's "grouping by problem type"; ``"prompt"`` (default): G samples of one
   prompt, as GRPO usually does.
@@ -70,9 +72,9 @@ class GRPOConfig:
         default=8, metadata={"help": "G, trajectories per prompt (TRL's name)"})
     prompts_per_step: int = field(default=8, metadata={"help": "B / G"})
     learning_rate: float = field(default=5e-4, metadata={"help": "eta, the step size"})
-    optim: str = field(default="sgd", metadata={"help": (
-        "'sgd': Algorithm 1's plain step, theta += eta sum_i A_i grad log pi_i (a sum over the "
-        "batch); 'adam': Adam on the batch-mean loss")})
+    optim: str = field(default="adam", metadata={"help": (
+        "'adam': Adam on the batch-mean loss (default: the plain step diverged, docs/design.md); "
+        "'sgd': Algorithm 1's plain step, theta += eta sum_i A_i grad log pi_i (a batch sum)")})
     t1: int = field(default=500, metadata={"help": "end of pure teacher forcing"})
     t2: int = field(default=1500, metadata={"help": "end of the teacher -> student transition"})
     max_steps: int = field(default=2500, metadata={"help": "total GRPO steps"})
@@ -94,7 +96,7 @@ class GRPOConfig:
     eps_div: float = field(default=1e-6, metadata={"help": "FLOPs-diversity alert threshold"})
     threshold_in_training: bool = field(
         default=False, metadata={"help": "also halt when phi <= tau while training (paper)"})
-    max_grad_norm: float | None = field(default=None, metadata={
+    max_grad_norm: float | None = field(default=1.0, metadata={
         "help": "clip the gradient's norm to this before the step; None: no clipping (paper)"})
     group_by: str = field(default="prompt", metadata={"help": (
         "GRPO groups: 'prompt' (G samples of one prompt) | 'type' (all samples of the batch's "
@@ -147,6 +149,16 @@ def completeness_threshold(reward: RewardConfig) -> float:
     """theta_comp with the paper's meaning: R_comp of an answer showing exactly the
     ``GATE_STAGES`` (setup and computation), taken from the completeness reward itself."""
     return completeness_of({"stages": list(GATE_STAGES)}, reward)
+
+
+def check_finite(loss: torch.Tensor, t: int, cfg: GRPOConfig) -> None:
+    """Stop at a diverged update: NaN weights would ship a controller that halts at K_max
+    everywhere (phi = NaN is never <= tau) and samples depth 0 (u < NaN is False)."""
+    if not bool(torch.isfinite(loss.detach())):
+        raise PonderError(
+            f"GRPO diverged at step {t + 1} (loss {float(loss.detach())}) with optim="
+            f"{cfg.optim}, learning_rate={cfg.learning_rate}, max_grad_norm={cfg.max_grad_norm}: "
+            "lower the learning rate, set grpo.max_grad_norm, or use grpo.optim=adam")
 
 
 def make_optimizer(params, cfg: GRPOConfig) -> torch.optim.Optimizer:
@@ -466,6 +478,7 @@ class GRPOTrainer:
             n_mean = max(int(kept.sum()), 1)  # grpo_loss's normaliser
         updated = loss is not None
         if updated:
+            check_finite(loss, t, cfg)
             scale = self.batch_sum_scale(n_mean, gather)
             self.update((loss * scale).backward, gradient_hook)
         self.check_diversity(diversity)
@@ -622,6 +635,7 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
 
     if updated:
         trainer.update(backward, gradient_hook)
+        check_finite(torch.tensor(total), t, cfg)
     trainer.check_diversity(diversity)
     mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group] for group in trajs])
     adv_abs = ent = float("nan")  # the collapse diagnostics, as at prompt level (stages 2-3)

@@ -443,6 +443,22 @@ def test_type_groups_reach_the_advantages(monkeypatch):
     assert seen["groups"].tolist() == [3, 3]
 
 
+def test_a_diverged_update_stops_training(monkeypatch):
+    """A non-finite loss raises instead of leaving NaN weights, which would ship a controller
+    that halts at K_max everywhere under the threshold rule."""
+    monkeypatch.setattr(grpo, "grpo_loss", lambda *a, **k: torch.tensor(float("nan"),
+                                                                      requires_grad=True))
+    cfg = GRPOConfig(prompts_per_step=2, num_generations=2, t1=0, t2=0, quality_gates=False,
+                     eps_div=0.0)
+    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+                          cfg, 0)
+    before = {k: v.clone() for k, v in trainer.controller.state_dict().items()}
+    with pytest.raises(PonderError, match="diverged at step 1"):
+        trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D),
+                     lambda ids, d: {"reward": d.float(), "flops": 1.0 + d.float()})
+    assert all(torch.equal(before[k], v) for k, v in trainer.controller.state_dict().items())
+
+
 def test_sgd_step_is_the_algorithms_sum_over_the_batch(monkeypatch):
     """optim="sgd" at eta equals SGD at eta x (trajectories in the batch) on the mean loss:
     Algorithm 1's theta += eta sum_i A_i grad log pi_i. Stage 1's imitation loss is a mean over
@@ -451,7 +467,7 @@ def test_sgd_step_is_the_algorithms_sum_over_the_batch(monkeypatch):
         torch.manual_seed(0)
         ctrl = PonderController(D, hidden=8)
         cfg = GRPOConfig(prompts_per_step=2, num_generations=4, t1=5, t2=5, optim="sgd",
-                         learning_rate=lr, eps_div=0.0)
+                         learning_rate=lr, eps_div=0.0, max_grad_norm=None)
         trainer = GRPOTrainer(ctrl, torch.ones(D), torch.arange(3.0), 0.2, cfg, 0)
         if scale_fn is not None:
             monkeypatch.setattr(trainer, "batch_sum_scale", scale_fn)

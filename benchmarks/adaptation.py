@@ -84,8 +84,8 @@ def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Pa
         if not anneal:
             cfg.controller_temperature_end = None
         cfg.grpo.quality_gates = gates
-        if optim == "adam":
-            cfg.grpo.max_grad_norm = 1.0  # Adam as issue 13 ran it
+        # the plain step as Algorithm 1 writes it (no clipping); Adam as issue 13 ran it
+        cfg.grpo.max_grad_norm = None if optim == "sgd" else 1.0
     else:
         issue13_training(cfg)
     if arm in GRPO_ARMS:

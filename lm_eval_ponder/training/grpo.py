@@ -28,8 +28,8 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
   (``annealed_temperature``), as the paper's controller section describes.
 - ``optim="sgd"`` is Algorithm 1's plain step, theta <- theta + eta sum_i A_i grad log pi_i, a
   *sum* over the batch's trajectories; ``optim="adam"`` (the default, with clipping at 1.0) is
-  Adam on the batch mean. The plain step at eta = 5e-4 without clipping diverged to NaN weights
-  on the paper form's cache (docs/design.md, "Optimiser"), so Adam stays the default; a
+  Adam on the batch mean. The plain step at eta = 5e-4 without clipping blew up on the paper
+  form's cache, mostly to NaN weights (docs/design.md, "Optimiser"), so Adam stays the default; a
   non-finite loss stops training with that advice instead of shipping NaN weights.
 - ``group_by="type"``: trajectories of prompts of one problem type (arith level, dataset) share
   one baseline, the paper's "grouping by problem type"; ``"prompt"`` (default): G samples of one
@@ -73,7 +73,7 @@ class GRPOConfig:
     prompts_per_step: int = field(default=8, metadata={"help": "B / G"})
     learning_rate: float = field(default=5e-4, metadata={"help": "eta, the step size"})
     optim: str = field(default="adam", metadata={"help": (
-        "'adam': Adam on the batch-mean loss (default: the plain step diverged, docs/design.md); "
+        "'adam': Adam on the batch-mean loss (default: the plain step blew up, docs/design.md); "
         "'sgd': Algorithm 1's plain step, theta += eta sum_i A_i grad log pi_i (a batch sum)")})
     t1: int = field(default=500, metadata={"help": "end of pure teacher forcing"})
     t2: int = field(default=1500, metadata={"help": "end of the teacher -> student transition"})

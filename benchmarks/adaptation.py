@@ -58,6 +58,9 @@ PAPER_ARMS: dict[str, tuple[bool, bool, str]] = {
     f"anneal{int(a)}-gates{int(g)}-{opt}": (a, g, opt)
     for a in (True, False) for g in (True, False) for opt in ("sgd", "adam")}
 ARMS.update(dict.fromkeys(PAPER_ARMS))
+# One of them with GRPO groups per problem type (arith level, GSM8K) instead of per prompt.
+TYPE_ARMS = {f"{arm}-types": arm for arm in ("anneal1-gates1-sgd", "anneal1-gates1-adam")}
+ARMS.update(dict.fromkeys(TYPE_ARMS))
 
 
 def issue13_training(cfg) -> None:
@@ -78,8 +81,10 @@ def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Pa
     cfg.rollout.prompts = dict(PROMPTS)
     cfg.rollout.samples = samples
     cfg.grpo.max_steps = steps
-    if arm in PAPER_ARMS:
-        anneal, gates, optim = PAPER_ARMS[arm]
+    if arm in TYPE_ARMS:
+        cfg.grpo.group_by = "type"
+    if arm in PAPER_ARMS or arm in TYPE_ARMS:
+        anneal, gates, optim = PAPER_ARMS[TYPE_ARMS.get(arm, arm)]
         cfg.grpo.optim = optim
         if not anneal:
             cfg.controller_temperature_end = None

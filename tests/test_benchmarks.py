@@ -56,6 +56,9 @@ def test_arms_train_as_they_say(tmp_path):
     assert (off.grpo.optim, off.grpo.max_grad_norm, off.controller_temperature_end,
             off.grpo.quality_gates) == ("adam", 1.0, None, False)
     assert len(adaptation.PAPER_ARMS) == 8
+    typed = adaptation.arm_config("ours", 4, "anneal1-gates1-sgd-types", 0, 10, tmp_path)
+    assert (typed.grpo.group_by, typed.grpo.optim, typed.grpo.max_grad_norm) == \
+        ("type", "sgd", None)
 
 
 # ----------------------------------------------------------------------------- testset.py

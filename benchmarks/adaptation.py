@@ -127,6 +127,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     controller=DIR`` loads it (out/final.json)."""
     import torch
 
+    from lm_eval_ponder.errors import PonderError
     from lm_eval_ponder.pondering.controller import PonderController
     from lm_eval_ponder.training.distributed import Distributed
     from lm_eval_ponder.training.loop import LOG, optimise
@@ -156,13 +157,22 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     val_ids = [i for i, f in enumerate(f_of) if f == fold]
     trainer = make_trainer(controller, step_vector, ident, cfg)
     # val_ids=[]: nothing about the held-out fold reaches training or its log
-    _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
+    try:
+        _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
+        diverged = None
+    except PonderError as error:  # the plain step can blow up (issue 38): a finding, recorded
+        if fold is None or "diverged" not in str(error):
+            raise
+        wall, diverged = float("nan"), str(error)
     log = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
+    nan = torch.full((len(val_ids), env.k_max + 1), float("nan"))
     record = {"arm": arm, "seed": seed, "fold": fold, "steps": steps,
-              "train_wall_s": round(wall, 1),
+              "train_wall_s": round(wall, 1), **({"diverged": diverged} if diverged else {}),
               "val_keys": [keys[i] for i in val_ids],
-              "val_depths": trainer.greedy_depths(env.z0[val_ids]).tolist(),
-              "val_p_continue": p_continue(trainer, env.z0[val_ids]).tolist(),
+              "val_depths": ([-1] * len(val_ids) if diverged
+                             else trainer.greedy_depths(env.z0[val_ids]).tolist()),
+              "val_p_continue": (nan if diverged
+                                 else p_continue(trainer, env.z0[val_ids])).tolist(),
               "train_depths_hist": torch.bincount(trainer.greedy_depths(env.z0[train_ids]),
                                                   minlength=env.k_max + 1).tolist(),
               "log": [{k: e.get(k) for k in ("step", "stage", "depth_mean", "depth_hist",

@@ -162,8 +162,8 @@ def check_finite(loss: torch.Tensor, t: int, cfg: GRPOConfig) -> None:
 
 
 def make_optimizer(params, cfg: GRPOConfig) -> torch.optim.Optimizer:
-    """The controller's optimiser: plain SGD (Algorithm 1; the batch sum is
-    ``GRPOTrainer.update``'s ``scale``) or Adam, both at ``learning_rate``."""
+    """The controller's optimiser: plain SGD (Algorithm 1; the batch sum comes from
+    ``GRPOTrainer.batch_sum_scale``) or Adam, both at ``learning_rate``."""
     if cfg.optim == "sgd":
         return torch.optim.SGD(params, lr=cfg.learning_rate)
     return torch.optim.Adam(params, lr=cfg.learning_rate)

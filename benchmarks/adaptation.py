@@ -51,6 +51,24 @@ GRPO_ARMS: dict[str, tuple[str, float | bool]] = {
     "balanced-ent0.1": ("entropy_beta", 0.1), "balanced-std": ("scale_rewards", True),
     "balanced-lr5e-5": ("learning_rate", 5e-5)}
 ARMS.update(dict.fromkeys(GRPO_ARMS))
+# Issue 38: the shipped reward trained as the paper trains (temperature annealed 1 -> 0.1 over
+# the curriculum, quality gates with the paper's meaning, Algorithm 1's plain step) with each
+# of the three switched back to issue 13's setting: anneal{0,1} x gates{0,1} x {sgd, adam}.
+PAPER_ARMS: dict[str, tuple[bool, bool, str]] = {
+    f"anneal{int(a)}-gates{int(g)}-{opt}": (a, g, opt)
+    for a in (True, False) for g in (True, False) for opt in ("sgd", "adam")}
+ARMS.update(dict.fromkeys(PAPER_ARMS))
+# One of them with GRPO groups per problem type (arith level, GSM8K) instead of per prompt.
+TYPE_ARMS = {f"{arm}-types": arm for arm in ("anneal1-gates1-sgd", "anneal1-gates1-adam")}
+ARMS.update(dict.fromkeys(TYPE_ARMS))
+
+
+def issue13_training(cfg) -> None:
+    """The trainer's settings before issue 38, which the arms above were trained with: constant
+    temperature 1, gates at 0 (in effect off), Adam with the gradient norm clipped at 1."""
+    cfg.controller_temperature_end = None
+    cfg.grpo.theta_comp, cfg.grpo.theta_qual = 0.0, 0.0
+    cfg.grpo.optim, cfg.grpo.max_grad_norm = "adam", 1.0
 
 
 def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Path):
@@ -63,6 +81,18 @@ def arm_config(form: str, samples: int, arm: str, seed: int, steps: int, out: Pa
     cfg.rollout.prompts = dict(PROMPTS)
     cfg.rollout.samples = samples
     cfg.grpo.max_steps = steps
+    if arm in TYPE_ARMS:
+        cfg.grpo.group_by = "type"
+    if arm in PAPER_ARMS or arm in TYPE_ARMS:
+        anneal, gates, optim = PAPER_ARMS[TYPE_ARMS.get(arm, arm)]
+        cfg.grpo.optim = optim
+        if not anneal:
+            cfg.controller_temperature_end = None
+        cfg.grpo.quality_gates = gates
+        # the plain step as Algorithm 1 writes it (no clipping); Adam as issue 13 ran it
+        cfg.grpo.max_grad_norm = None if optim == "sgd" else 1.0
+    else:
+        issue13_training(cfg)
     if arm in GRPO_ARMS:
         setattr(cfg.grpo, *GRPO_ARMS[arm])
     weight = ARMS[arm]
@@ -97,6 +127,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     controller=DIR`` loads it (out/final.json)."""
     import torch
 
+    from lm_eval_ponder.errors import PonderError
     from lm_eval_ponder.pondering.controller import PonderController
     from lm_eval_ponder.training.distributed import Distributed
     from lm_eval_ponder.training.loop import LOG, optimise
@@ -126,19 +157,31 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     val_ids = [i for i, f in enumerate(f_of) if f == fold]
     trainer = make_trainer(controller, step_vector, ident, cfg)
     # val_ids=[]: nothing about the held-out fold reaches training or its log
-    _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
+    try:
+        _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
+        diverged = None
+    except PonderError as error:  # the plain step can blow up (issue 38): a finding, recorded
+        if fold is None or "diverged" not in str(error):
+            raise
+        wall, diverged = float("nan"), str(error)
     log = [json.loads(line) for line in (out / LOG).read_text().splitlines() if line.strip()]
+    nan = torch.full((len(val_ids), env.k_max + 1), float("nan"))
     record = {"arm": arm, "seed": seed, "fold": fold, "steps": steps,
-              "train_wall_s": round(wall, 1),
+              "train_wall_s": round(wall, 1), **({"diverged": diverged} if diverged else {}),
               "val_keys": [keys[i] for i in val_ids],
-              "val_depths": trainer.greedy_depths(env.z0[val_ids]).tolist(),
-              "val_p_continue": p_continue(trainer, env.z0[val_ids]).tolist(),
+              "val_depths": ([-1] * len(val_ids) if diverged
+                             else trainer.greedy_depths(env.z0[val_ids]).tolist()),
+              "val_p_continue": (nan if diverged
+                                 else p_continue(trainer, env.z0[val_ids])).tolist(),
               "train_depths_hist": torch.bincount(trainer.greedy_depths(env.z0[train_ids]),
                                                   minlength=env.k_max + 1).tolist(),
               "log": [{k: e.get(k) for k in ("step", "stage", "depth_mean", "depth_hist",
                                              "accuracy", "reward_mean", "R_acc", "R_flops",
                                              "weights", "balance_ratio", "advantage_abs",
-                                             "entropy", "loss", "reinitialisations")}
+                                             "entropy", "loss", "reinitialisations",
+                                             "temperature", "gate_drop_comp",
+                                             "gate_drop_qual")
+                       if k in e}
                       for e in log if "alert" not in e]}
     if fold is None:
         save_final(trainer, cfg, ident, out / "controller", record, len(keys))
@@ -182,7 +225,7 @@ def make_trainer(controller, step_vector, ident: dict, cfg):
     from lm_eval_ponder.training.grpo import GRPOTrainer
 
     return GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
-                       cfg.grpo, cfg.seed)
+                       cfg.grpo, cfg.seed, cfg.controller_temperature_end)
 
 
 def p_continue(trainer, z0):
@@ -307,9 +350,12 @@ def load_runs(root: Path, keys: list[str], folds: int) -> dict[tuple[str, int], 
             if None in recs:
                 continue
             p = np.full((len(keys), len(recs[0]["val_p_continue"][0])), np.nan)
+            covered = np.zeros(len(keys), dtype=bool)
             for r in recs:
-                p[[index[k] for k in r["val_keys"]]] = r["val_p_continue"]
-            if np.isnan(p).any():
+                rows = [index[k] for k in r["val_keys"]]
+                p[rows] = np.array(r["val_p_continue"], dtype=float)  # NaN: a diverged run
+                covered[rows] = True
+            if not covered.all():
                 sys.exit(f"{root / arm / seed}: its folds do not cover every prompt")
             runs[(arm, int(seed[4:]))] = {"p": p, "records": recs}
     return runs
@@ -383,6 +429,8 @@ def training_signals(records: list[dict]) -> dict:
                 "advantage_abs", "entropy")},
             "w_flops_at_end": float(np.mean([e["weights"]["flops"] for e in last])),
             "advantage_abs_stages_2_3": mean(late, "advantage_abs"),
+            "gate_drop_comp_stage_3": mean([e for e in late if e["stage"] == 3], "gate_drop_comp"),
+            "gate_drop_qual_stage_3": mean([e for e in late if e["stage"] == 3], "gate_drop_qual"),
             "entropy_stages_2_3": mean(late, "entropy"),
             "train_wall_s_per_run": float(np.mean([rec["train_wall_s"] for rec in records])),
             "runs": len(records)}
@@ -411,11 +459,21 @@ def analyse(args) -> None:
     fixed_depths, fold_depths = fixed_by_fold(mats["score"], np.array(fold_of(keys, args.folds)),
                                               args.folds)
     arms = {}
-    for arm in ARMS:
-        seeds = sorted(s for a, s in runs if a == arm)
+    chosen = args.arms.split(",") if args.arms else list(ARMS)
+    for arm in chosen:
+        finished = sorted(s for a, s in runs if a == arm)
+        # a run whose weights went NaN (the plain step can diverge) has no depths to score
+        diverged = {s: [r["fold"] for r in runs[(arm, s)]["records"]
+                        if np.isnan(np.array(r["val_p_continue"], dtype=float)).any()]
+                    for s in finished}
+        seeds = [s for s in finished if not diverged[s]]
+        if not finished:
+            continue
         if not seeds:
+            arms[arm] = {"seeds": [], "diverged": {str(s): f for s, f in diverged.items()}}
             continue
         entry = {"seeds": seeds,
+                 "diverged": {str(s): f for s, f in diverged.items() if f},
                  "training": training_signals([r for s in seeds
                                                for r in runs[(arm, s)]["records"]])}
         for rule in RULES:
@@ -478,6 +536,11 @@ def write_markdown(path: Path, s: dict) -> None:
              "tokens | score - best fixed | depth histogram (all seeds) | Spearman(depth, level) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
+        if a.get("diverged"):
+            lines.append(f"| {arm} | diverged (NaN weights), left out: seed -> folds "
+                         f"{a['diverged']} | | | | | | | |")
+        if not a["seeds"]:
+            continue
         for rule in s["rules"]:
             r = a[rule]
             lines.append(
@@ -491,8 +554,11 @@ def write_markdown(path: Path, s: dict) -> None:
               "log window unless stated):", "",
               "| arm | mean depth by level (tau=0.2) | w_flops at end | E|w R_flops|/E|R_acc| "
               "| mean abs advantage, stages 2-3 | policy entropy, stages 2-3 / last | "
-              "sampled depth, last | s/run |", "|---|---|---|---|---|---|---|---|"]
+              "sampled depth, last | gates dropped in stage 3 (comp / qual) | s/run |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
+        if not a["seeds"]:
+            continue
         t, lw = a["training"], a["training"]["last_window"]
         lvl = ", ".join(f"{k} {v:.1f}" for k, v in a["tau=0.2"]["mean_depth_by_level"].items())
 
@@ -502,9 +568,12 @@ def write_markdown(path: Path, s: dict) -> None:
         lines.append(f"| {arm} | {lvl} | {g(t['w_flops_at_end'])} | {g(lw['balance_ratio'])} | "
                      f"{g(t['advantage_abs_stages_2_3'])} | {g(t['entropy_stages_2_3'])} / "
                      f"{g(lw['entropy'])} | {g(lw['depth_mean'])} | "
+                     f"{g(t.get('gate_drop_comp_stage_3'))} / {g(t.get('gate_drop_qual_stage_3'))} | "
                      f"{t['train_wall_s_per_run']:.0f} |")
     lines += ["", "Per seed, `tau=0.2` (accuracy, tokens, gap at equal tokens):", ""]
     for arm, a in s["arms"].items():
+        if not a["seeds"]:
+            continue
         lines.append(f"- {arm}: " + "; ".join(
             f"seed {k}: {v['accuracy']:.3f}, {v['gen_tokens']:.1f}, "
             f"{v['gap_accuracy_at_equal_tokens']:+.3f}"
@@ -533,6 +602,8 @@ def plot(path: Path, s: dict) -> None:
             ax.annotate(str(r["depth"]), (r["gen_tokens"], r["accuracy"]), fontsize=7,
                         textcoords="offset points", xytext=(3, -9))
         for n, (arm, a) in enumerate(s["arms"].items()):
+            if not a["seeds"]:
+                continue
             r = a[rule]
             for v in r["per_seed"].values():
                 ax.plot(v["gen_tokens"], v["accuracy"], "x", color=f"C{n}", alpha=0.6)
@@ -573,6 +644,8 @@ def main(argv: list[str] | None = None) -> None:
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/adaptation", help="summary JSON, table and plot")
     a.add_argument("--bootstrap", type=int, default=2000)
+    a.add_argument("--arms", default=None,
+                   help="comma list of the arms to summarise (default: every finished one)")
     e = sub.add_parser("export", help="a cross-fitted run's controller, for lm_eval")
     cache_arguments(e)
     e.add_argument("run", help="a finished run directory (<sweep>/<arm>/seed<s>/fold<f>)")

@@ -14,6 +14,8 @@
     python benchmarks/testset.py analyse --form ours ... --generated DIR [DIR@tau=0.5]
     # where a long sweep stands: each finished depth's figures so far, and where controllers go
     python benchmarks/testset.py status --form paper [--sweep DIR] [--extra DIR ...]
+    # the halting threshold tau swept for given controllers on the arith sweep (no generation)
+    python benchmarks/testset.py taus --form ours --extra DIR ... [--taus 0.05,0.1,0.2,0.3,0.5,0.8]
 
 Why the controllers need no generation of their own: a prompt-level controller chooses its
 depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
@@ -171,8 +173,10 @@ def test_states(root: str, form: str, task: str, contexts: list[str], dtype: str
     return z0
 
 
-def controller_depths(directory: Path, z0, offsets: list[float]) -> tuple:
-    """(depth per document, controller FLOPs per document, its config), by the inference path."""
+def controller_depths(directory: Path, z0, offsets: list[float],
+                      tau: float | None = None) -> tuple:
+    """(depth per document, controller FLOPs per document, its config), by the inference path,
+    at the controller's own tau or the given one."""
     import torch
 
     from lm_eval_ponder.pondering.controller import load_controller
@@ -192,7 +196,7 @@ def controller_depths(directory: Path, z0, offsets: list[float]) -> tuple:
     steering = load_vector(config["backbone"]["steering_dir"])
     layer = int(config["layer"])
     h = float(steering.residual_norm(layer)) * steering.vector(layer)
-    depth, _ = ponder(controller, z0, h, mine, pcfg.tau)
+    depth, _ = ponder(controller, z0, h, mine, pcfg.tau if tau is None else tau)
     return depth.numpy(), float(controller.evaluation_flops(pcfg.k_max + 1)), config
 
 
@@ -437,6 +441,58 @@ def analyse(args) -> None:
     print((out / f"{args.form}.md").read_text())
 
 
+def taus(args) -> None:
+    """The paper's "termination threshold 0.2, chosen following extensive empirical
+    evaluation", re-examined: each controller's depths at every tau of ``--taus`` (the same
+    inference path, ``pondering.dynamics.ponder``), composed with the finished arith sweep as
+    ``analyse`` composes them, against the fixed-alpha curve at equal tokens. No generation."""
+    import numpy as np
+
+    offsets = offsets_of(args.form)
+    s = load_sweep(args.root, args.form, "arith", len(offsets) - 1)
+    if s is None:
+        sys.exit("the arith sweep is not finished at every depth: run `testset.py sweep` first")
+    z0 = test_states(args.root, args.form, "arith", s["contexts"], args.dtype)
+    values = [float(v) for v in args.taus.split(",")]
+    rows = {}
+    for name, directory in named_controllers(args).items():
+        for tau in values:
+            depth, ctrl_flops, config = controller_depths(directory, z0, offsets, tau)
+            row = controller_row(lambda idx, depth=depth, ctrl_flops=ctrl_flops:
+                                 composed_figures(s, depth, ctrl_flops, idx),
+                                 depth, s["level"], directory, args.bootstrap)
+            row["temperature"] = config.get("temperature")
+            rows.setdefault(name, {})[f"{tau:g}"] = row
+    summary = {"form": args.form, "dtype": args.dtype, "task": "arith", "documents": len(s["docs"]),
+               "taus": values, "controllers": rows,
+               "fixed": [{"depth": k, "accuracy": float(s["correct"][k].mean()),
+                          "gen_tokens": float(s["gen_tokens"][k].mean())}
+                         for k in range(len(offsets))]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"taus-{args.form}"
+    path.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    lines = [f"# Halting threshold tau on the arith test sweep, form `{args.form}` "
+             f"({summary['documents']} documents, {args.dtype})", "",
+             "Depths from each controller's continue probabilities at each tau (halt at the "
+             "first phi <= tau), answers from the fixed-alpha sweep at those depths; gap: "
+             "accuracy minus the fixed-alpha curve at equal tokens, 95% paired bootstrap CI "
+             "over documents.", "",
+             "| controller | T | tau | accuracy [Wilson 95%] | tokens | mean depth | gap at equal "
+             "tokens | depth histogram | Spearman(depth, level) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, by_tau in rows.items():
+        for tau, r in by_tau.items():
+            f, ci = r["figures"], r["ci95"]["gap_accuracy_at_equal_tokens"]
+            lo, hi = f["accuracy_ci95"]
+            lines.append(f"| {name} | {r['temperature']:g} | {tau} | {f['accuracy']:.3f} "
+                         f"[{lo:.3f}, {hi:.3f}] | {f['gen_tokens']:.1f} | {f['depth']:.2f} | "
+                         f"{f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] "
+                         f"| {r['depth_hist']} | {r.get('spearman_depth_vs_level', float('nan')):.2f} |")
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(path.with_suffix(".md").read_text())
+
+
 def write_markdown(path: Path, s: dict) -> None:
     lines = [f"# Controllers against the fixed-alpha sweep on test documents: form `{s['form']}`",
              "", f"Greedy, through `lm_eval --model ponder` (256 new tokens, "
@@ -651,7 +707,7 @@ def fixed_rerun(args, out: Path, task: str, s: dict, depths, col: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("sweep", "analyse", "verify", "evaluate", "status"):
+    for name in ("sweep", "analyse", "verify", "evaluate", "status", "taus"):
         s = sub.add_parser(name)
         s.add_argument("--form", choices=sorted(FORMS), default="ours")
         s.add_argument("--root", default=None,
@@ -685,7 +741,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="halting threshold instead of the controller's own (its own run dir)")
     st = sub.choices["status"]
     st.add_argument("--tasks", default=",".join(TASKS))
-    for name in ("analyse", "status"):
+    tu = sub.choices["taus"]
+    tu.add_argument("--taus", default="0.05,0.1,0.2,0.3,0.5,0.8")
+    tu.add_argument("--out", default=None, help="default: as analyse")
+    tu.add_argument("--bootstrap", type=int, default=2000)
+    for name in ("analyse", "status", "taus"):
         sub.choices[name].add_argument(
             "--sweep", default=None,
             help="an adaptation sweep directory holding final controllers "
@@ -696,10 +756,10 @@ def main(argv: list[str] | None = None) -> None:
                  "adaptation.py export (<run>/controller)")
     args = p.parse_args(argv)
     args.root = args.root or default_root(args.dtype)
-    if args.command == "analyse":
+    if args.command in ("analyse", "taus"):
         args.out = args.out or default_out(args.dtype)
     {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate,
-     "status": status}[args.command](args)
+     "status": status, "taus": taus}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,26 @@ def test_threshold_rule_is_the_inference_rule(probabilities):
     assert np.array_equal(w.sum(axis=1), np.ones(6))
 
 
+def test_arms_train_as_they_say(tmp_path):
+    """Issue 13's arms keep the settings they were trained with (Adam clipped at 1, constant
+    T, gates at 0) whatever the trainer's defaults; issue 38's arms switch exactly one thing
+    each: the anneal, the gates, the optimiser (Adam as issue 13 ran it)."""
+    old = adaptation.arm_config("ours", 4, "balanced-lr5e-5", 0, 10, tmp_path)
+    assert (old.grpo.optim, old.grpo.max_grad_norm, old.controller_temperature_end,
+            old.grpo.theta_comp, old.grpo.theta_qual, old.grpo.learning_rate) == \
+        ("adam", 1.0, None, 0.0, 0.0, 5e-5)
+    paper = adaptation.arm_config("ours", 4, "anneal1-gates1-sgd", 0, 10, tmp_path)
+    assert (paper.grpo.optim, paper.grpo.max_grad_norm, paper.controller_temperature_end,
+            paper.grpo.quality_gates, paper.grpo.theta_comp) == ("sgd", None, 0.1, True, 0.5)
+    off = adaptation.arm_config("ours", 4, "anneal0-gates0-adam", 0, 10, tmp_path)
+    assert (off.grpo.optim, off.grpo.max_grad_norm, off.controller_temperature_end,
+            off.grpo.quality_gates) == ("adam", 1.0, None, False)
+    assert len(adaptation.PAPER_ARMS) == 8
+    typed = adaptation.arm_config("ours", 4, "anneal1-gates1-sgd-types", 0, 10, tmp_path)
+    assert (typed.grpo.group_by, typed.grpo.optim, typed.grpo.max_grad_norm) == \
+        ("type", "sgd", None)
+
+
 # ----------------------------------------------------------------------------- testset.py
 import testset  # noqa: E402
 

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -66,7 +67,11 @@ class TrainConfig:
         "held-out set can tell checkpoints apart (16 prompts cannot)")})
     controller_hidden: int = field(default=512, metadata={"help": "controller width h"})
     controller_temperature: float = field(
-        default=1.0, metadata={"help": "T in phi = sigmoid(logit / T)"})
+        default=1.0, metadata={"help": "T in phi = sigmoid(logit / T), at the start (soft)"})
+    controller_temperature_end: float | None = field(default=0.1, metadata={"help": (
+        "T at the last step, annealed geometrically from T1 (the paper's soft-to-hard "
+        "transition; 0.1 is its 'decisive' example); the controller ships with it. None: T "
+        "stays controller_temperature")})
     ponder: PonderConfig = field(default_factory=PonderConfig,
                                  metadata={"help": "pondering settings"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig,
@@ -94,9 +99,12 @@ class TrainConfig:
                 for k, v in prompts.items()):
             raise PonderError(f"rollout.prompts must map task names to positive counts, e.g. "
                               f"'{{arith_ponder: 50, gsm8k_ponder: 14}}', got {prompts!r}")
+        end = self.controller_temperature_end
+        if end is not None and not (math.isfinite(end) and end > 0):
+            raise PonderError(f"controller_temperature_end must be > 0 or None, got {end}")
         self.ponder.validate()
-        self.grpo.validate()
         self.reward.validate()
+        self.grpo.validate(self.reward)
         return self
 
 

@@ -26,6 +26,14 @@ def outcome_key(component: str) -> str:
     return "flops_reward" if component == "flops" else component
 
 
+def problem_types(prompts: list) -> torch.Tensor:
+    """Each prompt's problem type as an integer label [N]: its task and level (arith level;
+    datasets without levels are one type each), for ``grpo.group_by="type"``."""
+    names = [(p.task, -1 if p.level is None else int(p.level)) for p in prompts]
+    index = {name: i for i, name in enumerate(sorted(set(names)))}
+    return torch.tensor([index[name] for name in names], dtype=torch.long)
+
+
 def split_prompts(keys: list[str], val_fraction: float) -> tuple[list[int], list[int]]:
     """Deterministic train/validation split of prompts by key hash (same split on every rank)."""
     train, val = [], []
@@ -199,9 +207,11 @@ class CachedEnvironment(RewardBook):
         return {"env": self.generator}
 
     def step(self, trainer, t: int, local: torch.Tensor, dist):
+        if getattr(self, "types", None) is None or len(self.types) != len(self.prompts):
+            self.types = problem_types(self.prompts)
         return trainer.step(t, local, self.z0[local], self,
                             gradient_hook=lambda: dist.average_gradients(trainer.controller),
-                            gather=dist.gather)
+                            gather=dist.gather, types=self.types[local])
 
     def held_out(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
         out = {"train_greedy": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}

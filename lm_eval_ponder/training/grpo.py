@@ -17,7 +17,23 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 - Std scaling of advantages is off by default (Dr. GRPO); ``scale_rewards=True`` turns it on.
 - Quality gates (autonomous stage only) drop trajectories from the update; the group baseline
   is the mean over the group's surviving trajectories, and a group with fewer than two
-  survivors contributes nothing.
+  survivors contributes nothing. theta_comp defaults to the completeness score of "setup +
+  computation" (the paper's words) and the completeness condition is R_comp >= theta_comp;
+  theta_qual cuts R_qual at 0.1 (``QUALITY_CUT``; docs/design.md says what it does and does not
+  catch).
+- The entropy term's sign follows the paper's prose ("prevents premature convergence to
+  deterministic policies"), not its eq. (grpo_loss), whose "- beta H" inside "-E[...]" would
+  *penalise* entropy: ``grpo_loss`` is -(log pi A + beta H).
+- The controller's temperature is annealed from soft to hard across the curriculum
+  (``annealed_temperature``), as the paper's controller section describes.
+- ``optim="sgd"`` is Algorithm 1's plain step, theta <- theta + eta sum_i A_i grad log pi_i, a
+  *sum* over the batch's trajectories; ``optim="adam"`` (the default, with clipping at 1.0) is
+  Adam on the batch mean. The plain step at eta = 5e-4 without clipping blew up on the paper
+  form's cache, mostly to NaN weights (docs/design.md, "Optimiser"), so Adam stays the default; a
+  non-finite loss stops training with that advice instead of shipping NaN weights.
+- ``group_by="type"``: trajectories of prompts of one problem type (arith level, dataset) share
+  one baseline, the paper's "grouping by problem type"; ``"prompt"`` (default): G samples of one
+  prompt, as GRPO usually does.
 """
 
 from __future__ import annotations
@@ -33,8 +49,19 @@ import torch.nn as nn
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.pondering.controller import continue_probability
 from lm_eval_ponder.pondering.dynamics import candidate_states, halting_depth
+from lm_eval_ponder.training.rewards import RewardConfig, completeness_of
 
 STAGE1_MODES = ("imitation", "paper")
+OPTIMISERS = ("sgd", "adam")
+GROUPINGS = ("prompt", "type")
+# The stages an answer must show to pass the completeness gate (the paper: "at least basic
+# problem setup and computation stages").
+GATE_STAGES = ("setup", "computation")
+# theta_qual: R_qual = min(1, len/len_target) x fluency must exceed this. 0.1 drops answers
+# shorter than a tenth of len_target at baseline fluency, or of full length with a perplexity
+# more than ln(10) = 2.3 sigma_PPL above the baseline. R_qual cannot see repetition (loops have
+# a *low* perplexity) nor a cut at the token limit (length factor 1): docs/design.md.
+QUALITY_CUT = 0.1
 
 
 @dataclass
@@ -44,7 +71,10 @@ class GRPOConfig:
     num_generations: int = field(
         default=8, metadata={"help": "G, trajectories per prompt (TRL's name)"})
     prompts_per_step: int = field(default=8, metadata={"help": "B / G"})
-    learning_rate: float = field(default=5e-4, metadata={"help": "eta, Adam's step size"})
+    learning_rate: float = field(default=5e-4, metadata={"help": "eta, the step size"})
+    optim: str = field(default="adam", metadata={"help": (
+        "'adam': Adam on the batch-mean loss (default: the plain step blew up, docs/design.md); "
+        "'sgd': Algorithm 1's plain step, theta += eta sum_i A_i grad log pi_i (a batch sum)")})
     t1: int = field(default=500, metadata={"help": "end of pure teacher forcing"})
     t2: int = field(default=1500, metadata={"help": "end of the teacher -> student transition"})
     max_steps: int = field(default=2500, metadata={"help": "total GRPO steps"})
@@ -58,14 +88,23 @@ class GRPOConfig:
         default=False, metadata={"help": "divide advantages by the group std (off: Dr. GRPO)"})
     quality_gates: bool = field(
         default=True, metadata={"help": "eq. quality_gates in the autonomous stage"})
-    theta_comp: float = field(default=0.0, metadata={"help": "gate: R_comp > theta_comp"})
-    theta_qual: float = field(default=0.0, metadata={"help": "gate: R_qual > theta_qual"})
+    theta_comp: float | None = field(default=None, metadata={"help": (
+        "gate: R_comp >= theta_comp; None: the completeness score of 'setup + computation' "
+        "under reward.stage_weights")})
+    theta_qual: float = field(default=QUALITY_CUT, metadata={
+        "help": "gate: R_qual > theta_qual (0.1: a tenth of len_target, or 2.3 sigma_PPL)"})
     eps_div: float = field(default=1e-6, metadata={"help": "FLOPs-diversity alert threshold"})
     threshold_in_training: bool = field(
         default=False, metadata={"help": "also halt when phi <= tau while training (paper)"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping norm"})
+    max_grad_norm: float | None = field(default=1.0, metadata={
+        "help": "clip the gradient's norm to this before the step; None: no clipping (paper)"})
+    group_by: str = field(default="prompt", metadata={"help": (
+        "GRPO groups: 'prompt' (G samples of one prompt) | 'type' (all samples of the batch's "
+        "prompts of one problem type: arith level or dataset)")})
 
-    def validate(self) -> GRPOConfig:
+    def validate(self, reward: RewardConfig | None = None) -> GRPOConfig:
+        """Check the settings; resolve ``theta_comp=None`` with ``reward``'s stage weights (the
+        default reward's when the trainer runs without one)."""
         if self.num_generations < 2:
             raise PonderError(f"num_generations must be >= 2 (a group of one has no baseline), "
                               f"got {self.num_generations}")
@@ -79,10 +118,57 @@ class GRPOConfig:
             raise PonderError(f"stage1 must be one of {STAGE1_MODES}, got {self.stage1!r}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise PonderError(f"learning_rate must be a positive number, got {self.learning_rate}")
+        if self.optim not in OPTIMISERS:
+            raise PonderError(f"optim must be one of {OPTIMISERS}, got {self.optim!r}")
+        if self.group_by not in GROUPINGS:
+            raise PonderError(f"group_by must be one of {GROUPINGS}, got {self.group_by!r}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise PonderError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
+        if self.theta_comp is None:
+            self.theta_comp = completeness_threshold(reward or RewardConfig())
         return self
 
 
 # ----------------------------------------------------------------------------- equations
+def annealed_temperature(t: int, start: float, end: float | None, t1: int,
+                         max_steps: int) -> float:
+    """The controller's temperature at (0-based) step t: the paper's "gradually transition
+    from soft to hard decision boundaries" during curriculum learning (controller section).
+
+    ``start`` through stage 1 (t < T1), then geometric (T is a scale) from ``start`` at T1 to
+    ``end`` at the last step, max_steps - 1; ``end=None``: constant ``start``.
+    """
+    if end is None or end == start:
+        return start
+    span = max_steps - 1 - t1
+    progress = 1.0 if span <= 0 else min(1.0, max(0.0, (t - t1) / span))
+    return float(start * (end / start) ** progress)
+
+
+def completeness_threshold(reward: RewardConfig) -> float:
+    """theta_comp with the paper's meaning: R_comp of an answer showing exactly the
+    ``GATE_STAGES`` (setup and computation), taken from the completeness reward itself."""
+    return completeness_of({"stages": list(GATE_STAGES)}, reward)
+
+
+def check_finite(loss: torch.Tensor, t: int, cfg: GRPOConfig) -> None:
+    """Stop at a diverged update: NaN weights would ship a controller that halts at K_max
+    everywhere (phi = NaN is never <= tau) and samples depth 0 (u < NaN is False)."""
+    if not bool(torch.isfinite(loss.detach())):
+        raise PonderError(
+            f"GRPO diverged at step {t + 1} (loss {float(loss.detach())}) with optim="
+            f"{cfg.optim}, learning_rate={cfg.learning_rate}, max_grad_norm={cfg.max_grad_norm}: "
+            "lower the learning rate, set grpo.max_grad_norm, or use grpo.optim=adam")
+
+
+def make_optimizer(params, cfg: GRPOConfig) -> torch.optim.Optimizer:
+    """The controller's optimiser: plain SGD (Algorithm 1; the batch sum comes from
+    ``GRPOTrainer.batch_sum_scale``) or Adam, both at ``learning_rate``."""
+    if cfg.optim == "sgd":
+        return torch.optim.SGD(params, lr=cfg.learning_rate)
+    return torch.optim.Adam(params, lr=cfg.learning_rate)
+
+
 def curriculum_stage(t: int, t1: int, t2: int) -> int:
     """The curriculum stage of (0-based) step t: 1 teacher forcing (t < T1), 2 the teacher ->
     student transition (T1 <= t < T2), 3 autonomous (t >= T2), as eq. (curriculum_schedule)."""
@@ -105,21 +191,32 @@ def curriculum_sources(n: int, t: int, cfg: GRPOConfig, generator: torch.Generat
 
 
 def group_advantages(rewards: torch.Tensor, keep: torch.Tensor | None = None,
-                     scale_std: bool = False) -> torch.Tensor:
-    """A_i = r_i - b_G(i), eq. (advantage), for rewards [groups, G].
+                     scale_std: bool = False, groups: torch.Tensor | None = None) -> torch.Tensor:
+    """A_i = r_i - b_G(i), eq. (advantage), for rewards [prompts, G].
 
-    ``keep`` (bool [groups, G]) marks trajectories that passed the quality gates: baselines are
+    ``groups`` (one label per row, [prompts]): rows with the same label form one group, the
+    paper's "grouping by problem type"; None: each row (the G samples of a prompt) is a group.
+    ``keep`` (bool [prompts, G]) marks trajectories that passed the quality gates: baselines are
     over kept ones, dropped ones get A = 0, and groups with < 2 kept get A = 0.
     """
     keep = torch.ones_like(rewards, dtype=torch.bool) if keep is None else keep
-    k = keep.to(rewards.dtype)
-    n = k.sum(dim=1, keepdim=True)
-    baseline = (rewards * k).sum(dim=1, keepdim=True) / n.clamp(min=1)
-    adv = (rewards - baseline) * k
+    if groups is None:
+        labels = torch.arange(rewards.shape[0]).repeat_interleave(rewards.shape[1])
+    else:
+        labels = torch.unique(groups, return_inverse=True)[1].repeat_interleave(rewards.shape[1])
+    r, k = rewards.reshape(-1), keep.reshape(-1).to(rewards.dtype)
+    n_groups = int(labels.max()) + 1 if len(labels) else 0
+
+    def per_group(x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(n_groups, dtype=x.dtype).index_add_(0, labels, x)[labels]
+
+    n = per_group(k)
+    baseline = per_group(r * k) / n.clamp(min=1)
+    adv = (r - baseline) * k
     if scale_std:
-        var = ((rewards - baseline) ** 2 * k).sum(dim=1, keepdim=True) / (n - 1).clamp(min=1)
+        var = per_group((r - baseline) ** 2 * k) / (n - 1).clamp(min=1)
         adv = adv / (var.sqrt() + 1e-8)
-    return torch.where(n >= 2, adv, torch.zeros_like(adv))
+    return torch.where(n >= 2, adv, torch.zeros_like(adv)).view_as(rewards)
 
 
 def trajectory_log_prob(logits: torch.Tensor, depths: torch.Tensor,
@@ -165,8 +262,19 @@ def imitation_loss(log_probs: torch.Tensor) -> torch.Tensor:
 
 def quality_gate(comp: torch.Tensor, qual: torch.Tensor, theta_comp: float,
                  theta_qual: float) -> torch.Tensor:
-    """Q(tau) = 1[R_comp > theta_comp] 1[R_qual > theta_qual], eq. (quality_gates)."""
-    return (comp > theta_comp) & (qual > theta_qual)
+    """Q(tau) = 1[R_comp >= theta_comp] 1[R_qual > theta_qual], eq. (quality_gates).
+
+    The paper writes R_comp > theta_comp but sets theta_comp "to require at least" setup and
+    computation; with theta_comp = their score, ">" would demand a third stage, so the
+    completeness condition is inclusive (``gate_conditions``)."""
+    comp_ok, qual_ok = gate_conditions(comp, qual, theta_comp, theta_qual)
+    return comp_ok & qual_ok
+
+
+def gate_conditions(comp: torch.Tensor, qual: torch.Tensor, theta_comp: float,
+                    theta_qual: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two conditions of ``quality_gate`` apart, so the log can say what each drops."""
+    return comp >= theta_comp, qual > theta_qual
 
 
 def flops_diversity(flops: torch.Tensor) -> float:
@@ -210,16 +318,20 @@ def teacher_depths(n: int, cfg: GRPOConfig, k_max: int, generator: torch.Generat
 # ----------------------------------------------------------------------------- one step
 def batch_outcome(outcome: dict[str, torch.Tensor], t: int, cfg: GRPOConfig, n_prompts: int,
                   gather: Callable[[torch.Tensor], torch.Tensor] | None
-                  ) -> tuple[torch.Tensor, float, torch.Tensor]:
-    """(rewards [P, G], FLOPs diversity over all ranks' batch, quality-gate mask [P, G])."""
+                  ) -> tuple[torch.Tensor, float, torch.Tensor, torch.Tensor]:
+    """(rewards [P, G], FLOPs diversity over all ranks' batch, quality-gate mask [P, G], each
+    gate's drops [P, G, 2]: completeness, quality; all False where the gates are off)."""
     P, G = n_prompts, cfg.num_generations
     rewards = outcome["reward"].float().view(P, G)
     diversity = flops_diversity(gather(outcome["flops"]) if gather else outcome["flops"])
     keep = torch.ones(P, G, dtype=torch.bool)
+    dropped = torch.zeros(P, G, 2, dtype=torch.bool)
     if cfg.quality_gates and curriculum_stage(t, cfg.t1, cfg.t2) == 3 and "comp" in outcome and "qual" in outcome:
-        keep = quality_gate(outcome["comp"], outcome["qual"], cfg.theta_comp,
-                            cfg.theta_qual).view(P, G)
-    return rewards, diversity, keep
+        comp_ok, qual_ok = gate_conditions(outcome["comp"], outcome["qual"], cfg.theta_comp,
+                                           cfg.theta_qual)
+        keep = (comp_ok & qual_ok).view(P, G)
+        dropped = torch.stack([~comp_ok, ~qual_ok], -1).view(P, G, 2)
+    return rewards, diversity, keep, dropped
 
 
 RewardFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
@@ -239,6 +351,10 @@ class StepResult:
     # entropy of a trajectory (token level: per decoded token); nan where not computed
     advantage_abs: float = float("nan")
     entropy: float = float("nan")
+    # what each quality gate dropped (completeness, quality), bool [P, G, 2]; a trajectory may
+    # fail both
+    gate_drops: torch.Tensor | None = None
+    temperature: float = 1.0  # the controller's temperature at this step
 
 
 class GRPOTrainer:
@@ -247,10 +363,14 @@ class GRPOTrainer:
     ``reward_fn(prompt_index [N], depth [N])`` returns at least ``reward`` and ``flops`` (and
     ``comp``/``qual`` for the quality gates), each a float tensor [N]. It may be a cache lookup
     (training on a backbone) or a synthetic environment (tests).
+
+    ``temperature_end``: the controller's temperature is annealed from the one it was built
+    with to this across the curriculum (``annealed_temperature``); None keeps it constant.
     """
 
     def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
-                 tau: float, cfg: GRPOConfig, seed: int) -> None:
+                 tau: float, cfg: GRPOConfig, seed: int,
+                 temperature_end: float | None = None) -> None:
         self.controller = controller
         self.h = step_vector.detach().float()
         self.offsets = offsets.detach().float()
@@ -258,8 +378,27 @@ class GRPOTrainer:
         self.tau = tau
         self.cfg = cfg.validate()
         self.generator = torch.Generator().manual_seed(seed)
-        self.optimizer = torch.optim.Adam(controller.parameters(), lr=cfg.learning_rate)
+        self.optimizer = make_optimizer(controller.parameters(), cfg)
         self.reinitialisations = 0
+        self.temperature_start = float(controller.temperature)
+        self.temperature_end = temperature_end
+
+    def anneal(self, t: int) -> float:
+        """Set the controller's temperature for (0-based) step t and return it."""
+        temp = annealed_temperature(t, self.temperature_start, self.temperature_end,
+                                    self.cfg.t1, self.cfg.max_steps)
+        self.controller.temperature = temp
+        return temp
+
+    def batch_sum_scale(self, n_local: float,
+                        gather: Callable[[torch.Tensor], torch.Tensor] | None) -> float:
+        """The factor on this rank's mean loss that makes the update Algorithm 1's *sum* over
+        the batch (``optim="sgd"``): its n_local trajectories, times the ranks whose gradients
+        are then averaged. 1 for Adam, which is invariant to the loss's scale."""
+        if self.cfg.optim != "sgd":
+            return 1.0
+        world = len(gather(torch.zeros(1))) if gather is not None else 1
+        return float(n_local) * world
 
     def logits(self, z0: torch.Tensor) -> torch.Tensor:
         """Controller logits on all candidate states: [P, d] -> [P, K+1]."""
@@ -273,12 +412,14 @@ class GRPOTrainer:
 
     def update(self, backward: Callable[[], Any], gradient_hook: Callable[[], None] | None) -> None:
         """The update tail both granularities share: zero the gradients, let ``backward``
-        accumulate them, average them across ranks (``gradient_hook``), clip, step."""
+        accumulate them, average them across ranks (``gradient_hook``), clip (only with
+        ``max_grad_norm``), step."""
         self.optimizer.zero_grad(set_to_none=False)
         backward()
         if gradient_hook is not None:
             gradient_hook()
-        nn.utils.clip_grad_norm_(self.controller.parameters(), self.cfg.max_grad_norm)
+        if self.cfg.max_grad_norm is not None:
+            nn.utils.clip_grad_norm_(self.controller.parameters(), self.cfg.max_grad_norm)
         self.optimizer.step()
 
     def check_diversity(self, diversity: float) -> None:
@@ -294,19 +435,22 @@ class GRPOTrainer:
             for module in self.controller.modules():
                 if module is not self.controller and hasattr(module, "reset_parameters"):
                     module.reset_parameters()
-        self.optimizer = torch.optim.Adam(self.controller.parameters(), lr=self.cfg.learning_rate)
+        self.optimizer = make_optimizer(self.controller.parameters(), self.cfg)
         self.reinitialisations += 1
 
     def step(self, t: int, prompt_ids: torch.Tensor, z0: torch.Tensor, reward_fn: RewardFn,
              gradient_hook: Callable[[], None] | None = None,
-             gather: Callable[[torch.Tensor], torch.Tensor] | None = None) -> StepResult:
+             gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             types: torch.Tensor | None = None) -> StepResult:
         """One iteration of the appendix algorithm on P prompts x G trajectories.
 
         Data parallel: ``gradient_hook`` averages gradients across ranks and ``gather``
         concatenates a tensor over ranks, so the diversity check (and with it a
         re-initialisation) sees the whole batch and happens on every rank or none.
+        ``types``: each prompt's problem type (an integer label, [P]), needed for
+        ``group_by="type"``.
         """
-        cfg, temp = self.cfg, self.controller.temperature
+        cfg, temp = self.cfg, self.anneal(t)
         P, G = len(prompt_ids), cfg.num_generations
         logits = self.logits(z0)  # [P, K+1]
         flat = logits.repeat_interleave(G, dim=0)  # [P*G, K+1]
@@ -317,25 +461,40 @@ class GRPOTrainer:
         depths = torch.where(teacher, teacher_depths(P * G, cfg, self.k_max, self.generator),
                              student)
         outcome = reward_fn(prompt_ids.repeat_interleave(G), depths)
-        rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
+        rewards, diversity, keep, drops = batch_outcome(outcome, t, cfg, P, gather)
         log_probs = trajectory_log_prob(flat, depths, temp)
         adv_abs = ent = float("nan")
         if curriculum_stage(t, cfg.t1, cfg.t2) == 1:
             loss = imitation_loss(log_probs) if cfg.stage1 == "imitation" else None
+            n_mean = P * G
         else:
-            adv = group_advantages(rewards, keep, cfg.scale_rewards).view(-1)
+            adv = group_advantages(rewards, keep, cfg.scale_rewards,
+                                   self.groups_of(types)).view(-1)
             entropy = trajectory_entropy(flat, depths, temp)
             loss = grpo_loss(log_probs, adv, entropy, keep.view(-1), cfg.entropy_beta)
             kept = keep.view(-1)
             adv_abs = float(adv[kept].abs().mean()) if kept.any() else 0.0
             ent = float(entropy.detach().mean())
+            n_mean = max(int(kept.sum()), 1)  # grpo_loss's normaliser
         updated = loss is not None
         if updated:
-            self.update(loss.backward, gradient_hook)
+            check_finite(loss, t, cfg)
+            scale = self.batch_sum_scale(n_mean, gather)
+            self.update((loss * scale).backward, gradient_hook)
         self.check_diversity(diversity)
         return StepResult(depths.view(P, G), teacher.view(P, G), outcome, keep,
                           float(loss.detach()) if updated else float("nan"), updated, diversity,
-                          advantage_abs=adv_abs, entropy=ent)
+                          advantage_abs=adv_abs, entropy=ent, gate_drops=drops,
+                          temperature=temp)
+
+    def groups_of(self, types: torch.Tensor | None) -> torch.Tensor | None:
+        """The GRPO group label of each prompt: None (per prompt) or its problem type."""
+        if self.cfg.group_by == "prompt":
+            return None
+        if types is None:
+            raise PonderError("group_by='type' needs each prompt's problem type; this "
+                              "environment gives none")
+        return types
 
 
 # ----------------------------------------------------------------------------- token level
@@ -428,7 +587,8 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
                 rollout: TokenRollout, score: Callable[[list[dict]], dict[str, torch.Tensor]],
                 gradient_hook: Callable[[], None] | None = None,
                 gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                sampler: torch.Generator | None = None) -> StepResult:
+                sampler: torch.Generator | None = None,
+                types: torch.Tensor | None = None) -> StepResult:
     """One iteration with ``granularity="token"``: online rollouts, then the same objective.
 
     ``sampler`` draws the per-token halting decisions. It must not be ``trainer.generator``
@@ -443,6 +603,7 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     the one-shot loss. ``depths`` in the result are each trajectory's mean depth (rounded).
     """
     cfg = trainer.cfg
+    temp = trainer.anneal(t)
     P, G = len(prompt_ids), cfg.num_generations
     teacher = curriculum_sources(P * G, t, cfg, trainer.generator).view(P, G)
     t_depth = teacher_depths(P * G, cfg, trainer.k_max, trainer.generator).view(P, G)
@@ -450,11 +611,12 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
     records, flat = rollout(prompt_ids.tolist(), G, policy)
     trajs = [flat[j * G : (j + 1) * G] for j in range(P)]
     outcome = score(records)
-    rewards, diversity, keep = batch_outcome(outcome, t, cfg, P, gather)
+    rewards, diversity, keep, drops = batch_outcome(outcome, t, cfg, P, gather)
     imitate = curriculum_stage(t, cfg.t1, cfg.t2) == 1
     updated = not imitate or cfg.stage1 == "imitation"
-    adv = group_advantages(rewards, keep, cfg.scale_rewards)
+    adv = group_advantages(rewards, keep, cfg.scale_rewards, trainer.groups_of(types))
     norm = float(P * G) if imitate else float(keep.sum().clamp(min=1))
+    scale = trainer.batch_sum_scale(norm, gather) if updated else 1.0
     total, entropy_sum = 0.0, 0.0
 
     def backward() -> None:  # group by group: a whole batch's states need not fit at once
@@ -468,11 +630,12 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
             else:
                 loss = grpo_loss(lp, adv[j], ent, keep[j], cfg.entropy_beta) \
                     * keep[j].sum().clamp(min=1) / norm
-            loss.backward()
+            (loss * scale).backward()
             total += float(loss.detach())
 
     if updated:
         trainer.update(backward, gradient_hook)
+        check_finite(torch.tensor(total), t, cfg)
     trainer.check_diversity(diversity)
     mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group] for group in trajs])
     adv_abs = ent = float("nan")  # the collapse diagnostics, as at prompt level (stages 2-3)
@@ -482,4 +645,4 @@ def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
         ent = entropy_sum / max(decisions, 1)  # per decoded token
     return StepResult(mean_depth.round().long(), teacher, outcome, keep,
                       total if updated else float("nan"), updated, diversity, mean_depth,
-                      advantage_abs=adv_abs, entropy=ent)
+                      advantage_abs=adv_abs, entropy=ent, gate_drops=drops, temperature=temp)

@@ -31,7 +31,8 @@ from lm_eval_ponder.pondering.controller import PonderController, save_controlle
 from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key, split_prompts
 from lm_eval_ponder.training.online import OnlineEnvironment
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.training.grpo import GRPOTrainer, curriculum_probability, curriculum_stage
+from lm_eval_ponder.training.grpo import (GRPOTrainer, completeness_threshold,
+                                          curriculum_probability, curriculum_stage)
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.training.rewards import COMPONENTS
 from lm_eval_ponder.training.rollouts import RolloutCache, generate_missing, prepare_cache
@@ -80,6 +81,10 @@ def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, ste
         "weights": dict(weights),
         "balance_ratio": ratio, "balance_ok": 0.1 <= ratio <= 1.0,
         "gate_pass": float(cat["keep"].float().mean()),
+        # fraction of the window's trajectories each quality gate dropped (0 before stage 3)
+        "gate_drop_comp": float(cat["gate_drops"][:, 0].float().mean()),
+        "gate_drop_qual": float(cat["gate_drops"][:, 1].float().mean()),
+        "temperature": float(cat["temperature"][-1]),
         "loss": nan_mean(cat["loss"]),
         "min_diversity": float(cat["diversity"].min()),
         # collapse diagnostics: GRPO's signal (mean |advantage|) and the policy's entropy
@@ -100,6 +105,8 @@ def window_entry(outcome: dict[str, torch.Tensor], res, dist: "Distributed") -> 
     entry.update({"depths": dist.gather(res.depths.reshape(-1)),
                   "teacher": dist.gather(res.teacher.reshape(-1)),
                   "keep": dist.gather(res.keep.reshape(-1)),
+                  "gate_drops": dist.gather(res.gate_drops.reshape(-1, 2)),
+                  "temperature": torch.tensor([res.temperature]),
                   "loss": torch.tensor([res.loss]), "diversity": torch.tensor([res.diversity]),
                   "advantage_abs": torch.tensor([res.advantage_abs]),
                   "entropy": torch.tensor([res.entropy])})
@@ -284,6 +291,7 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
     if cfg.select == "best" and best is not None:
         controller.load_state_dict(best)
         chosen = best_step
+    trainer.anneal(chosen - 1)  # the weights of step `chosen` go with its temperature
     return chosen, train_wall
 
 
@@ -309,7 +317,7 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
 
     vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
     trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
-                          cfg.ponder.tau, cfg.grpo, cfg.seed)
+                          cfg.ponder.tau, cfg.grpo, cfg.seed, cfg.controller_temperature_end)
     train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
     chosen, train_wall = optimise(cfg, trainer, env, train_ids, val_ids, out, dist)
     if dist.rank == 0:
@@ -325,6 +333,24 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
     return out  # run's Distributed holds every rank until rank 0 has written
 
 
+def optimiser_line(cfg: TrainConfig) -> str:
+    """The card's words for the optimiser and clipping."""
+    g = cfg.grpo
+    kind = ("plain SGD on the batch sum (Algorithm 1)" if g.optim == "sgd"
+            else "Adam on the batch mean")
+    clip = "no clipping" if g.max_grad_norm is None else f"gradient norm clipped at {g.max_grad_norm}"
+    return f"{kind}, eta {g.learning_rate}, {clip}"
+
+
+def temperature_line(cfg: TrainConfig) -> str:
+    """The card's words for the temperature schedule (``grpo.annealed_temperature``)."""
+    start, end = cfg.controller_temperature, cfg.controller_temperature_end
+    if end is None or end == start:
+        return f"constant {start:g}"
+    return (f"{start:g} through stage 1, annealed geometrically to {end:g} at step "
+            f"{cfg.grpo.max_steps} (soft to hard); shipped with the temperature of its step")
+
+
 def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
     """The controller's card: what it was trained for, on what, at what cost, and its
     inference-time figures on training-split prompts (never test data)."""
@@ -334,6 +360,8 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
                 f"{f['depth']:.2f} | {score} |")
 
     token = cfg.ponder.granularity == "token"
+    theta_comp = (cfg.grpo.theta_comp if cfg.grpo.theta_comp is not None
+                  else completeness_threshold(cfg.reward))
     tasks = ", ".join(f"{k} ({v} train-split prompts)" for k, v in cfg.rollout.prompts.items())
     cost, data, figures = extra["cost"], extra["data"], extra["figures"]
     lines = [
@@ -364,6 +392,12 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
         f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.learning_rate}, "
         f"T1={cfg.grpo.t1}, T2={cfg.grpo.t2}, stage 1 = {cfg.grpo.stage1}; seed {cfg.seed}; "
         f"{cost['train_wall_s']} s",
+        f"- Optimiser: {optimiser_line(cfg)}; groups: "
+        f"{'per prompt' if cfg.grpo.group_by == 'prompt' else 'per problem type'}",
+        f"- Quality gates (stage 3): "
+        + (f"R_comp >= {theta_comp:g} and R_qual > {cfg.grpo.theta_qual:g}"
+           if cfg.grpo.quality_gates else "off"),
+        f"- Controller temperature: {temperature_line(cfg)}",
         f"- Shipped weights: step {extra['selected_step']} ("
         f"{'the final weights' if cfg.select == 'last' else 'the best held-out figures'})", "",
     ]

@@ -9,7 +9,9 @@ same reward (``environment.RewardBook``) and updates on the recorded decisions
 (``grpo.step_tokens``): log pi(trajectory) is the sum of every token's halting log-probability.
 
 Cost. One step is one batched generation of its P x G rows and one perplexity pass, so the
-paper's 2500 steps x 8 x 8 answers are 160k generations: a GPU job. docs/results.md gives the
+default 2500 steps x 8 prompts x G = 8 answers are 160k generations: a GPU job. (G = 8, T1 = 500
+and T2 = 1500 are the paper's; it states neither the number of steps nor the batch: 2500 gives
+stage 3 as many steps as stage 2, and 8 prompts per step are our choice.) docs/results.md gives the
 measured seconds per step on this CPU. The loop itself is the prompt-level trainer's (``training.loop``): the
 paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
 ``logging_steps`` steps, atomic checkpoints with exact resume, the same seed giving the same
@@ -33,7 +35,7 @@ from lm_eval_ponder.flops import generation_flops
 from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.pondering.hook import SteeringHook
 from lm_eval_ponder.training.config import TrainConfig
-from lm_eval_ponder.training.environment import RewardBook
+from lm_eval_ponder.training.environment import RewardBook, problem_types
 from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
 from lm_eval_ponder.training.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
                                               response_perplexities)
@@ -142,7 +144,8 @@ class OnlineEnvironment(RewardBook):
 
         return step_tokens(trainer, t, local, self.rollout, score,
                            gradient_hook=lambda: dist.average_gradients(trainer.controller),
-                           gather=dist.gather, sampler=sampler)
+                           gather=dist.gather, sampler=sampler,
+                           types=problem_types(self.prompts)[local])
 
     def held_out(self, trainer: GRPOTrainer, train_ids: list[int], val_ids: list[int]) -> dict:
         """Inference-time figures on the held-out prompts (generation: the costly part)."""

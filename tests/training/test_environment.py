@@ -9,7 +9,7 @@ import torch
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.training.environment import (CachedEnvironment, RewardBook, outcome_key,
-                                                 split_prompts)
+                                                 problem_types, split_prompts)
 from lm_eval_ponder.training.rollouts import Prompt, RolloutCache
 
 
@@ -25,6 +25,20 @@ def test_split_is_deterministic_disjoint_and_complete():
     assert sorted(train + val) == list(range(200)) and 20 < len(val) < 60
     with pytest.raises(PonderError, match="no training prompts"):
         split_prompts(["a"], 0.999999)
+
+
+def test_problem_types_are_task_and_level():
+    """GRPO's "grouping by problem type": one label per (task, level); a dataset without
+    levels is one type."""
+    def prompt(task, level, i):
+        return Prompt(f"{task}{level}{i}", task, str(i), level, "q", "1", "numeric")
+
+    prompts = [prompt("arith_ponder", 1, 0), prompt("gsm8k_ponder", None, 1),
+               prompt("arith_ponder", 3, 2), prompt("arith_ponder", 1, 3),
+               prompt("gsm8k_ponder", None, 4)]
+    labels = problem_types(prompts).tolist()
+    assert labels[0] == labels[3] and labels[1] == labels[4]
+    assert len({labels[0], labels[1], labels[2]}) == 3
 
 
 def test_reward_book_scores_then_balances_flops_weight():

@@ -84,9 +84,10 @@ def test_grpo_loss_and_gate():
     keep = torch.tensor([True, True])
     # -((-1*1 + 0.1*0.5) + (-2*-1 + 0.1*0.5)) / 2 = -(-0.95 + 2.05) / 2
     assert grpo.grpo_loss(lp, adv, ent, keep, 0.1).item() == pytest.approx(-0.55)
-    gate = grpo.quality_gate(torch.tensor([0.0, 0.5, 0.5]), torch.tensor([0.5, 0.0, 0.5]),
-                             0.0, 0.0)
-    assert gate.tolist() == [False, False, True]
+    gate = grpo.quality_gate(torch.tensor([0.25, 0.5, 0.5, 0.75]),
+                             torch.tensor([0.5, 0.0, 0.5, 0.5]), 0.5, 0.0)
+    # R_comp >= theta_comp (inclusive: "at least setup and computation"), R_qual > theta_qual
+    assert gate.tolist() == [False, False, True, True]
 
 
 def test_flops_diversity():
@@ -107,6 +108,12 @@ def test_sample_depths_follows_probabilities():
 
 
 def test_config_validation():
+    with pytest.raises(PonderError, match="optim"):
+        GRPOConfig(optim="rmsprop").validate()
+    with pytest.raises(PonderError, match="group_by"):
+        GRPOConfig(group_by="cluster").validate()
+    with pytest.raises(PonderError, match="max_grad_norm"):
+        GRPOConfig(max_grad_norm=0.0).validate()
     with pytest.raises(PonderError, match="num_generations"):
         GRPOConfig(num_generations=1).validate()
     with pytest.raises(PonderError, match="stage1"):
@@ -119,10 +126,12 @@ def test_config_validation():
 K, D, N = 4, 16, 512
 
 
-def synthetic_run(steps: int = 1200, seed: int = 0):
+def synthetic_run(steps: int = 1200, seed: int = 0, optim: str = "adam", lr: float = 1e-3,
+                  max_grad_norm: float | None = 1.0, temperature_end: float | None = None):
     """States whose best depth is a known function of the input: class c in 0..K lives at
     z[1] ~ 2c - K (+-0.5), the steering direction is e_0 (so the controller sees the step
-    count), and the reward is 1 for halting exactly at the class's depth."""
+    count), and the reward is 1 for halting exactly at the class's depth. Adam with clipping
+    by default (the sign checks below); ``optim="sgd"`` is Algorithm 1's plain step."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(123)
     z = 0.3 * torch.randn(N, D, generator=gen)
@@ -131,10 +140,11 @@ def synthetic_run(steps: int = 1200, seed: int = 0):
     z[:, 1] = 2.0 * best - K + torch.rand(N, generator=gen) - 0.5
     h = torch.zeros(D)
     h[0] = 1.0
-    cfg = GRPOConfig(prompts_per_step=16, learning_rate=1e-3, t1=0, t2=0, max_steps=steps,
-                     quality_gates=False, entropy_beta=0.01)
+    cfg = GRPOConfig(prompts_per_step=16, learning_rate=lr, t1=0, t2=0, max_steps=steps,
+                     quality_gates=False, entropy_beta=0.01, optim=optim,
+                     max_grad_norm=max_grad_norm)
     trainer = GRPOTrainer(PonderController(D, hidden=64), h, torch.arange(K + 1.0), 0.2, cfg,
-                          seed)
+                          seed, temperature_end)
 
     def reward_fn(ids, depths):
         return {"reward": (depths == best[ids]).float(), "flops": 1.0 + depths.float()}
@@ -152,6 +162,14 @@ def learned():
 
 def test_trainer_learns_the_optimal_depth(learned):
     assert learned >= 0.95
+
+
+def test_the_papers_plain_step_learns():
+    """Algorithm 1's step (SGD on the batch sum, eta = 5e-4, no clipping) learns the synthetic
+    task (0.70 of states at their best depth after 1200 steps; chance is 0.2); clipped at 1.0
+    it barely moves (0.22): clipping a summed gradient caps the step at eta."""
+    assert synthetic_run(optim="sgd", lr=5e-4, max_grad_norm=None) >= 0.6
+    assert synthetic_run(optim="sgd", lr=5e-4, max_grad_norm=1.0) < 0.4
 
 
 def test_flipped_advantage_does_not_learn(monkeypatch):
@@ -182,7 +200,8 @@ def test_imitation_stage_teaches_the_teacher():
         torch.manual_seed(0)
         ctrl = PonderController(D, hidden=32)
         before = {k: v.clone() for k, v in ctrl.state_dict().items()}
-        cfg = GRPOConfig(stage1=mode, t1=300, t2=400, learning_rate=3e-3, prompts_per_step=8)
+        cfg = GRPOConfig(stage1=mode, t1=300, t2=400, learning_rate=3e-3, prompts_per_step=8,
+                         optim="adam", max_grad_norm=1.0)
         trainer = GRPOTrainer(ctrl, h, offsets, 0.2, cfg, 0)
         for t in range(300):
             ids = torch.randint(0, 64, (8,), generator=gen)
@@ -223,6 +242,7 @@ def test_token_level_update_learns_the_rewarded_direction(sign, want_depth):
     torch.manual_seed(0)
     ctrl = PonderController(8, hidden=16)
     cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=0, t2=0, learning_rate=5e-3,
+                     optim="adam", max_grad_norm=1.0,
                      quality_gates=False, eps_div=0.0)
     offsets = torch.tensor([0.0, 0.5, 1.0])
     trainer = GRPOTrainer(ctrl, torch.ones(8), offsets, 0.5, cfg, seed=0)
@@ -256,6 +276,7 @@ def test_imitation_stage_learns_the_teacher_depth():
     torch.manual_seed(0)
     ctrl = PonderController(8, hidden=16)
     cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=1000, t2=1000, learning_rate=5e-3,
+                     optim="adam", max_grad_norm=1.0,
                      teacher_min=1, teacher_max=1, eps_div=0.0)
     # a step about as long as the states and not along (1,..,1), which LayerNorm removes, so
     # z_0, z_1 and z_2 can be told apart
@@ -306,3 +327,160 @@ def test_token_policy_decides_without_host_syncs(host_syncs, greedy):
     if not greedy:  # teacher rows ponder their teacher depth, also after others left
         assert offsets[0][0] == trainer.offsets[2] and offsets[3][1] == trainer.offsets[1]
     assert [o.shape[0] for o in offsets] == [4, 4, 4, 2]
+
+
+# ------------------------------------------------------------------ issue 38: paper training
+def test_annealed_temperature_is_monotone_and_hits_its_end_points():
+    """Soft (start) through stage 1, hard (end) at the last step, never rising in between;
+    geometric, so the midpoint of the anneal is the geometric mean."""
+    t1, steps = 500, 2500
+    temps = [grpo.annealed_temperature(t, 1.0, 0.1, t1, steps) for t in range(steps)]
+    assert all(a >= b for a, b in zip(temps, temps[1:]))
+    assert temps[0] == temps[t1] == 1.0 and temps[-1] == pytest.approx(0.1)
+    assert temps[t1 + (steps - 1 - t1) // 2] == pytest.approx(math.sqrt(0.1), rel=1e-3)
+    assert grpo.annealed_temperature(10**6, 1.0, 0.1, t1, steps) == pytest.approx(0.1)
+    assert grpo.annealed_temperature(700, 1.0, None, t1, steps) == 1.0  # off: constant
+
+
+def test_trainer_anneals_the_controllers_temperature():
+    ctrl = PonderController(D, hidden=8)
+    cfg = GRPOConfig(prompts_per_step=2, num_generations=2, t1=2, t2=3, max_steps=6,
+                     quality_gates=False, eps_div=0.0)
+    trainer = GRPOTrainer(ctrl, torch.ones(D), torch.arange(3.0), 0.2, cfg, 0,
+                          temperature_end=0.1)
+
+    def reward_fn(ids, depths):
+        return {"reward": depths.float(), "flops": 1.0 + depths.float()}
+
+    seen = [trainer.step(t, torch.tensor([0, 1]), torch.randn(2, D), reward_fn).temperature
+            for t in range(6)]
+    assert seen[:3] == [1.0, 1.0, 1.0] and seen[-1] == pytest.approx(0.1)
+    assert ctrl.temperature == pytest.approx(0.1)
+
+
+def test_theta_comp_is_the_completeness_of_setup_and_computation():
+    """theta_comp is derived from the completeness reward, not written down: the score of an
+    answer that shows a setup and a computation and nothing else, under the run's stage
+    weights; with it, such an answer passes the gate and one without its setup fails."""
+    from lm_eval_ponder.training.rewards import RewardConfig, completeness_reward
+
+    reward = RewardConfig()
+    both = "Let x be the sum. 3 + 4 = 7"
+    assert grpo.completeness_threshold(reward) == completeness_reward(both, reward) == 0.5
+    assert GRPOConfig().validate().theta_comp == 0.5
+    weighted = RewardConfig(stage_weights={"setup": 0.1, "computation": 0.2,
+                                           "verification": 0.3, "conclusion": 0.4})
+    assert GRPOConfig().validate(weighted).theta_comp == pytest.approx(0.3)
+    assert GRPOConfig(theta_comp=0.25).validate(weighted).theta_comp == 0.25  # explicit wins
+    comp = torch.tensor([completeness_reward(both, reward),
+                         completeness_reward("3 + 4 = 7", reward)], dtype=torch.float64)
+    gate = grpo.quality_gate(comp, torch.ones(2), grpo.completeness_threshold(reward),
+                             grpo.QUALITY_CUT)
+    assert gate.tolist() == [True, False]
+
+
+def test_each_gates_drops_are_reported_in_stage_3_only():
+    cfg = GRPOConfig(prompts_per_step=2, num_generations=4, t1=1, t2=2, max_steps=4,
+                     eps_div=0.0)
+    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+                          cfg, 0)
+    comp = torch.tensor([0.0, 0.5, 0.5, 0.75, 0.25, 0.5, 1.0, 0.5], dtype=torch.float64)
+    qual = torch.tensor([0.5, 0.05, 0.9, 0.9, 0.0, 0.5, 0.5, 0.5], dtype=torch.float64)
+
+    def reward_fn(ids, depths):
+        return {"reward": depths.double(), "flops": 1.0 + depths.double(), "comp": comp,
+                "qual": qual}
+
+    z = torch.randn(2, D)
+    early = trainer.step(1, torch.tensor([0, 1]), z, reward_fn)  # stage 2: no gate
+    assert not early.gate_drops.any() and early.keep.all()
+    late = trainer.step(2, torch.tensor([0, 1]), z, reward_fn)  # stage 3
+    drops = late.gate_drops.view(-1, 2)
+    assert drops[:, 0].tolist() == [True, False, False, False, True, False, False, False]
+    assert drops[:, 1].tolist() == [False, True, False, False, True, False, False, False]
+    assert late.keep.view(-1).tolist() == [False, False, True, True, False, True, True, True]
+
+
+def test_group_advantages_by_problem_type_by_hand():
+    """Rows with one label share one baseline (the paper's grouping by problem type); per
+    prompt (no labels) is each row alone; gates and the two-survivor rule apply per group."""
+    r = torch.tensor([[1.0, 0.0], [3.0, 2.0], [5.0, 5.0]])
+    per_prompt = grpo.group_advantages(r)
+    assert torch.allclose(per_prompt, torch.tensor([[0.5, -0.5], [0.5, -0.5], [0.0, 0.0]]))
+    by_type = grpo.group_advantages(r, groups=torch.tensor([7, 7, 2]))
+    assert torch.allclose(by_type, torch.tensor([[-0.5, -1.5], [1.5, 0.5], [0.0, 0.0]]))
+    assert torch.allclose(grpo.group_advantages(r, groups=torch.tensor([0, 1, 2])), per_prompt)
+    keep = torch.tensor([[True, False], [False, False], [True, True]])
+    # type 7 keeps one trajectory: no baseline, no advantage
+    assert torch.equal(grpo.group_advantages(r, keep, groups=torch.tensor([7, 7, 2])),
+                       torch.zeros(3, 2))
+    scaled = grpo.group_advantages(r, groups=torch.tensor([7, 7, 2]), scale_std=True)
+    std = torch.tensor([1.0, 0.0, 3.0, 2.0]).std()
+    assert torch.allclose(scaled[:2].reshape(-1), by_type[:2].reshape(-1) / std, atol=1e-6)
+
+
+def test_type_groups_reach_the_advantages(monkeypatch):
+    seen = {}
+    real = grpo.group_advantages
+
+    def spy(rewards, keep=None, scale_std=False, groups=None):
+        seen["groups"] = groups
+        return real(rewards, keep, scale_std, groups)
+
+    monkeypatch.setattr(grpo, "group_advantages", spy)
+    cfg = GRPOConfig(prompts_per_step=2, num_generations=2, t1=0, t2=0, group_by="type",
+                     quality_gates=False, eps_div=0.0)
+    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+                          cfg, 0)
+
+    def reward_fn(ids, depths):
+        return {"reward": depths.float(), "flops": 1.0 + depths.float()}
+
+    with pytest.raises(PonderError, match="problem type"):
+        trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D), reward_fn)
+    trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D), reward_fn,
+                 types=torch.tensor([3, 3]))
+    assert seen["groups"].tolist() == [3, 3]
+
+
+def test_a_diverged_update_stops_training(monkeypatch):
+    """A non-finite loss raises instead of leaving NaN weights, which would ship a controller
+    that halts at K_max everywhere under the threshold rule."""
+    monkeypatch.setattr(grpo, "grpo_loss", lambda *a, **k: torch.tensor(float("nan"),
+                                                                      requires_grad=True))
+    cfg = GRPOConfig(prompts_per_step=2, num_generations=2, t1=0, t2=0, quality_gates=False,
+                     eps_div=0.0)
+    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+                          cfg, 0)
+    before = {k: v.clone() for k, v in trainer.controller.state_dict().items()}
+    with pytest.raises(PonderError, match="diverged at step 1"):
+        trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D),
+                     lambda ids, d: {"reward": d.float(), "flops": 1.0 + d.float()})
+    assert all(torch.equal(before[k], v) for k, v in trainer.controller.state_dict().items())
+
+
+def test_sgd_step_is_the_algorithms_sum_over_the_batch(monkeypatch):
+    """optim="sgd" at eta equals SGD at eta x (trajectories in the batch) on the mean loss:
+    Algorithm 1's theta += eta sum_i A_i grad log pi_i. Stage 1's imitation loss is a mean over
+    all P x G trajectories; no clipping unless max_grad_norm is set."""
+    def trained(lr, scale_fn=None):
+        torch.manual_seed(0)
+        ctrl = PonderController(D, hidden=8)
+        cfg = GRPOConfig(prompts_per_step=2, num_generations=4, t1=5, t2=5, optim="sgd",
+                         learning_rate=lr, eps_div=0.0, max_grad_norm=None)
+        trainer = GRPOTrainer(ctrl, torch.ones(D), torch.arange(3.0), 0.2, cfg, 0)
+        if scale_fn is not None:
+            monkeypatch.setattr(trainer, "batch_sum_scale", scale_fn)
+        trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D, generator=torch.Generator()
+                                                           .manual_seed(1)),
+                     lambda ids, d: {"reward": d.float(), "flops": 1.0 + d.float()})
+        return ctrl.state_dict()
+
+    summed = trained(1e-4)
+    mean_at_n = trained(1e-4 * 2 * 4, scale_fn=lambda n, gather: 1.0)
+    assert all(torch.allclose(summed[k], mean_at_n[k], atol=1e-7) for k in summed)
+    clipped = []
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_",
+                        lambda params, norm: clipped.append(norm))
+    trained(1e-4)
+    assert clipped == []  # max_grad_norm None: no clipping

@@ -50,11 +50,67 @@ def test_outputs_config_log_and_card(run_a):
     assert [x["step"] for x in logs] == [10, 20, 30]
     for key in ("accuracy", "flops_mean", "flops_std", "depth_hist", "R_acc", "R_flops",
                 "R_comp", "R_qual", "R_rep", "balance_ratio", "weights", "val_greedy",
-                "advantage_abs", "entropy"):
+                "advantage_abs", "entropy", "gate_drop_comp", "gate_drop_qual",
+                "temperature"):
         assert key in logs[-1]
     assert [x["stage"] for x in logs] == [2, 3, 3]
     card = (run_a / "card.md").read_text()
     assert "No test split is used" in card and "held-out" in card
+
+
+def test_paper_training_defaults_are_recorded(run_a):
+    """The defaults of issue 38: temperature annealed 1 -> 0.1 (the controller ships at 0.1),
+    gates with theta_comp = R_comp(setup + computation), Adam clipped at 1.0 (Algorithm 1's plain
+    step diverged on a real cache); the card says each, and the log shows each gate's drops
+    (none before stage 3) and the temperature falling."""
+    controller, config = load_controller(run_a, expected_hidden_size=64)
+    assert controller.temperature == pytest.approx(0.1)
+    grpo_cfg = config["train_config"]["grpo"]
+    assert (grpo_cfg["optim"], grpo_cfg["max_grad_norm"], grpo_cfg["group_by"]) == \
+        ("adam", 1.0, "prompt")
+    assert grpo_cfg["theta_comp"] == 0.5 and grpo_cfg["theta_qual"] == grpo.QUALITY_CUT
+    assert config["train_config"]["controller_temperature_end"] == 0.1
+    logs = [json.loads(x) for x in (run_a / "train_log.jsonl").read_text().splitlines()
+            if "alert" not in x]
+    assert logs[0]["gate_drop_comp"] == logs[0]["gate_drop_qual"] == 0.0  # stage 2 window
+    assert all(0.0 <= x["gate_drop_comp"] <= 1.0 for x in logs)
+    temps = [x["temperature"] for x in logs]
+    assert temps == sorted(temps, reverse=True) and temps[-1] == pytest.approx(0.1)
+    card = (run_a / "card.md").read_text()
+    assert "annealed geometrically to 0.1" in card and "Adam on the batch mean" in card
+    assert "clipped at 1.0" in card and "R_comp >= 0.5" in card
+
+
+def halting_entropy(directory, states):
+    """Mean Bernoulli entropy of a controller's first halting decision (on z_0) over the cache's
+    prompts, at the temperature it ships with."""
+    controller, _ = load_controller(directory)
+    with torch.no_grad():
+        p = controller(states).clamp(1e-7, 1 - 1e-7)
+    return float(-(p * p.log() + (1 - p) * (1 - p).log()).mean())
+
+
+def test_annealed_controller_halts_with_less_entropy(run_a, tiny_model_dir, tiny_vector_dir,
+                                                     tmp_path):
+    """A controller trained with the anneal (T 1 -> 0.1) decides more sharply than the same run
+    at a constant T = 1: lower mean halting entropy on the cache's prompts."""
+    out = tmp_path / "constant"
+    assert main(args(tiny_model_dir, tiny_vector_dir, out, "--cache_dir",
+                     str(run_a / "rollouts"), "--controller_temperature_end", "null")) == 0
+    assert load_controller(out)[0].temperature == 1.0
+    assert "constant 1" in (out / "card.md").read_text()
+    states = load_file(str(run_a / "rollouts" / "states.safetensors"))["z0"].float()
+    assert halting_entropy(run_a, states) < halting_entropy(out, states)
+
+
+def test_type_groups_train_end_to_end(run_a, tiny_model_dir, tiny_vector_dir, tmp_path):
+    """group_by=type runs through the loop with the cache's prompts' types (arith levels and
+    GSM8K) and says so on the card."""
+    out = tmp_path / "types"
+    assert main(args(tiny_model_dir, tiny_vector_dir, out, "--cache_dir",
+                     str(run_a / "rollouts"), "--grpo.group_by", "type",
+                     "--grpo.max_steps", "20")) == 0
+    assert "groups: per problem type" in (out / "card.md").read_text()
 
 
 def test_same_seed_same_controller(run_a, tiny_model_dir, tiny_vector_dir, tmp_path):

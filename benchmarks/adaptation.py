@@ -506,7 +506,8 @@ def analyse(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = directory.name
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    # compact: the .md beside it is the readable form, and the tree must travel (< 10 MiB)
+    (out / f"{name}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
     write_markdown(out / f"{name}.md", summary)
     plot(out / f"{name}.png", summary)
     print((out / f"{name}.md").read_text())

@@ -471,7 +471,8 @@ def taus(args) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"taus-{args.form}"
-    path.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    # compact: the .md beside it is the readable form, and the tree must travel (< 10 MiB)
+    path.with_suffix(".json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
     lines = [f"# Halting threshold tau on the arith test sweep, form `{args.form}` "
              f"({summary['documents']} documents, {args.dtype})", "",
              "Depths from each controller's continue probabilities at each tau (halt at the "

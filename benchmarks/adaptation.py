@@ -38,10 +38,18 @@ import sys
 import time
 from pathlib import Path
 
-from headroom import (FORMS, PROMPTS, accuracy_at_tokens, bootstrap, cache_arguments, cache_dir,
-                      fixed_by_fold, fold_of, outcome_matrices)
-
 import heldout
+from headroom import (
+    FORMS,
+    PROMPTS,
+    accuracy_at_tokens,
+    bootstrap,
+    cache_arguments,
+    cache_dir,
+    fixed_by_fold,
+    fold_of,
+    outcome_matrices,
+)
 
 ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
                                  "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
@@ -480,7 +488,7 @@ def analyse(args) -> None:
             ws = [depth_weights(runs[(arm, s)]["p"], rule) for s in seeds]
             entry[rule] = {
                 "figures": controller_figures(mats, ws, fixed_depths, ids),
-                "ci95": bootstrap(lambda idx: controller_figures(mats, ws, fixed_depths, idx),
+                "ci95": bootstrap(lambda idx, ws=ws: controller_figures(mats, ws, fixed_depths, idx),
                                   len(ids), args.bootstrap),
                 "per_seed": {str(s): controller_figures(mats, [w], fixed_depths, ids)
                              for s, w in zip(seeds, ws)},

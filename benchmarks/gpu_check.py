@@ -30,8 +30,8 @@ import json
 import math
 import os
 import resource
-import sys
 import shutil
+import sys
 import tempfile
 import time
 import traceback

@@ -78,7 +78,8 @@ def block_range(text: str) -> range:
         lo = int(start) if start else 0
         hi = int(stop) if stop else sys.maxsize
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--blocks wants START:STOP, e.g. 6:8, not {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"--blocks wants START:STOP, e.g. 6:8, not {text!r}") from None
     if lo < 0 or hi <= lo:
         raise argparse.ArgumentTypeError(f"--blocks {text!r} is empty or negative")
     return range(lo, hi)

@@ -25,9 +25,9 @@ def main() -> None:
     parser.add_argument("--k-max", type=int, default=8)
     args = parser.parse_args()
 
-    from lm_eval_ponder.pondering.controller import PonderController, save_controller
     from lm_eval_ponder.data import load_arith
     from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.pondering.controller import PonderController, save_controller
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:

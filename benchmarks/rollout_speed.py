@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> float:
     gen = rollouts.generation_kwargs(cfg)
     from lm_eval_ponder.backbone import device_description
 
-    print(f"# {device_description(str(lm.device))}, {lm.model.dtype}, {lm.backbone_info.name}, {len(prompts)} prompts x "
+    print(f"# {device_description(str(lm.device))}, {lm.model.dtype}, {lm.backbone_info.name}, "
+          f"{len(prompts)} prompts x "
           f"{len(offsets)} depths = {len(contexts)} rows, max_rows {lm.max_rows}, "
           f"max_gen_toks {args.max_tokens}, threads {torch.get_num_threads()}")
 

@@ -55,13 +55,13 @@ def draw_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
 
 
 def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int) -> None:
-    import lm_eval_ponder.evaluation.sampling as generation
     from generation_loop import build_prompts
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import lm_eval_ponder.evaluation.sampling as generation
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.evaluation.generation import generate_rows
     from lm_eval_ponder.evaluation.sampling import SamplingConfig
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = bb.resolve_backbone(None, None).path
     tok = AutoTokenizer.from_pretrained(path)

@@ -21,7 +21,8 @@ def main(n: int = 30) -> None:
         out = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"],
                              capture_output=True, text=True, cwd="/")
         wall_ms.append((time.perf_counter() - start) * 1e3)
-        lines = [l for l in out.stderr.splitlines() if l.rstrip().endswith("lm_eval_ponder_autoload")]
+        lines = [line for line in out.stderr.splitlines()
+             if line.rstrip().endswith("lm_eval_ponder_autoload")]
         if not lines:
             sys.exit("lm_eval_ponder.pth is not installed in this environment (pip install .)")
         hook_us.append(int(lines[-1].split("|")[1]))

@@ -409,7 +409,7 @@ def analyse(args) -> None:
         for name, directory in controllers.items():
             depth, ctrl_flops, _ = controller_depths(directory, z0, offsets)
             rows[name] = controller_row(
-                lambda idx, depth=depth, ctrl_flops=ctrl_flops:
+                lambda idx, depth=depth, ctrl_flops=ctrl_flops, s=s:
                     composed_figures(s, depth, ctrl_flops, idx),
                 depth, s["level"], directory, args.bootstrap)
         for extra in args.generated:
@@ -420,7 +420,7 @@ def analyse(args) -> None:
                 continue
             g = load_generated(args.root, args.form, task, directory, s["docs"], tau)
             rows[f"generated/{directory.name}" + (f" tau={tau:g}" if tau else "")] = \
-                controller_row(lambda idx, g=g: generated_figures(s, g, idx), g["depth"],
+                controller_row(lambda idx, g=g, s=s: generated_figures(s, g, idx), g["depth"],
                                s["level"], directory, args.bootstrap)
         # the naive per-document oracle: the cheapest depth that is right, knowing the answers
         pick = oracle_choice(s["correct"].T, s["gen_tokens"].T)
@@ -446,7 +446,6 @@ def taus(args) -> None:
     evaluation", re-examined: each controller's depths at every tau of ``--taus`` (the same
     inference path, ``pondering.dynamics.ponder``), composed with the finished arith sweep as
     ``analyse`` composes them, against the fixed-alpha curve at equal tokens. No generation."""
-    import numpy as np
 
     offsets = offsets_of(args.form)
     s = load_sweep(args.root, args.form, "arith", len(offsets) - 1)

@@ -24,8 +24,8 @@ everywhere below:
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch

@@ -41,7 +41,7 @@ def embedded_dir() -> str:
 
 
 def build_tiny_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = list(string.ascii_letters + string.digits + string.punctuation + " \n")

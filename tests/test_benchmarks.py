@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO
+
 from lm_eval_ponder.pondering.dynamics import halting_depth
 from lm_eval_ponder.training.grpo import sample_depths
 

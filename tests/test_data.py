@@ -323,7 +323,7 @@ def ladder() -> dict[str, list[dict]]:
 
 
 def test_arith_shape(ladder):
-    for split, docs in ladder.items():
+    for _split, docs in ladder.items():
         assert len(docs) == 500
         # interleaved by level, so `--limit N` covers every level
         assert [d["level"] for d in docs] == [lv for _ in range(100) for lv in D.ARITH_LEVELS]

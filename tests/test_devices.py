@@ -214,6 +214,7 @@ def test_steering_extraction_on_the_accelerator(monkeypatch):
     """The paper's extraction with the backbone on the device gives the CPU's vector (to float
     rounding: the stand-in's attention takes another kernel)."""
     from conftest import QUESTIONS, _model, _tokenizer
+
     from lm_eval_ponder.steering import extraction as E
 
     tok = _tokenizer()

@@ -9,8 +9,15 @@ from pathlib import Path
 import pytest
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import (append_jsonl, atomic_write_text, exact_float32, file_sha256,
-                                  read_jsonl, short_float32, write_jsonl_xz)
+from lm_eval_ponder.files import (
+    append_jsonl,
+    atomic_write_text,
+    exact_float32,
+    file_sha256,
+    read_jsonl,
+    short_float32,
+    write_jsonl_xz,
+)
 
 
 def test_file_sha256_matches_hashlib_across_chunks(tmp_path):

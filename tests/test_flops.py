@@ -9,8 +9,8 @@ matmuls that the counter sees.
 Eager prefill computes the full n x n score matrix and masks it, while ``forward_flops`` counts
 causal work (n(n+1)/2 positions); that gap is about half the attention term (~4% here, inside
 the 5% tolerance). The sizes are picked so that attention is 7-10% of the total: a formula that
-forgot attention would miss by more than 5% (8.3% prefill, 8.6% decode for Llama) and fail. A second, exact check
-adds the masked-out half back, so any other discrepancy shows up at once.
+forgot attention would miss by more than 5% (8.3% prefill, 8.6% decode for Llama) and fail.
+A second, exact check adds the masked-out half back, so any other discrepancy shows up at once.
 """
 
 from __future__ import annotations

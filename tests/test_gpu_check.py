@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, needs_embedded
 
 pytestmark = pytest.mark.slow

@@ -86,7 +86,8 @@ def test_installed_package_ships_tasks_and_controllers():
 
 @pytest.mark.skipif(not INSTALLED_PTH.exists(), reason="needs `pip install .` (installs the .pth)")
 def test_startup_hook_imports_nothing_heavy():
-    out = run_python("import sys; print(sorted(m for m in sys.modules if m.startswith(('lm_eval', 'torch'))))")
+    out = run_python("import sys; print(sorted(m for m in sys.modules "
+                     "if m.startswith(('lm_eval', 'torch'))))")
     assert out.strip() == "['lm_eval_ponder_autoload']"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-
 from conftest import REPO
 
 LIMIT = 15 * 1024 * 1024  # bytes; the target is 10 MiB, this leaves room to notice and act

@@ -63,8 +63,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
 from lm_eval_ponder.errors import UnsupportedGeneration
-from lm_eval_ponder.evaluation.rowbatch import (RowBatch, cache_keyword, check_model_supported,
-                                                supports_logits_to_keep, text_config)
+from lm_eval_ponder.evaluation.rowbatch import (
+    RowBatch,
+    cache_keyword,
+    check_model_supported,
+    supports_logits_to_keep,
+    text_config,
+)
 from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser
 from lm_eval_ponder.evaluation.stops import StopStrings
 

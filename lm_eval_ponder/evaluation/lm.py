@@ -23,29 +23,32 @@ import hashlib
 import json
 import logging
 import os
-from dataclasses import dataclass
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder import backbone as bb
-from lm_eval_ponder.errors import PonderError, install_excepthook
-from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
-from lm_eval_ponder.errors import UnsupportedGeneration
+from lm_eval_ponder.errors import PonderError, UnsupportedGeneration, install_excepthook
 from lm_eval_ponder.evaluation import lmeval_output
+from lm_eval_ponder.evaluation.accounting import GenerationText, RowCollector, count_generated_tokens
 from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings, exit_accounting
 from lm_eval_ponder.evaluation.generation import RowObserver, generate_rows
 from lm_eval_ponder.evaluation.progress import RowProgress
+from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
 from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token, check_model_supported
 from lm_eval_ponder.evaluation.sampling import SamplingConfig
-from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
-from lm_eval_ponder.evaluation.settings import (PonderArgs, Pondering, load_pondering,
-                                                model_arg_number, no_hook)
+from lm_eval_ponder.evaluation.settings import (
+    PonderArgs,
+    Pondering,
+    load_pondering,
+    model_arg_number,
+    no_hook,
+)
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.pondering.hook import SteeringHook
@@ -433,8 +436,11 @@ class PonderLM(HFLM):
         requests by their generation kwargs, so an offset per request would split a call into
         one small batch per depth. Contexts keep the caller's order (rows join the loop in it).
         """
-        from lm_eval.models.utils import (handle_stop_sequences, normalize_gen_kwargs,
-                                          postprocess_generated_text)
+        from lm_eval.models.utils import (
+            handle_stop_sequences,
+            normalize_gen_kwargs,
+            postprocess_generated_text,
+        )
 
         if not contexts:
             return []

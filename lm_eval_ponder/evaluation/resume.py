@@ -19,9 +19,9 @@ from __future__ import annotations
 import gzip
 import json
 import sqlite3
-from contextlib import closing
 from collections import defaultdict, deque
 from collections.abc import MutableMapping, Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 

@@ -174,7 +174,8 @@ def load_controller(
         hidden_size, hidden = int(config["hidden_size"]), int(config["hidden"])
         temperature = float(config["temperature"])
     except (ValueError, KeyError, TypeError) as error:
-        raise PonderError(f"unreadable controller config {directory / CONFIG_FILE}: {error}")
+        raise PonderError(
+            f"unreadable controller config {directory / CONFIG_FILE}: {error}") from None
     if expected_hidden_size is not None and hidden_size != expected_hidden_size:
         raise PonderError(
             f"controller {directory} was trained for hidden size {hidden_size}, but the backbone "
@@ -188,7 +189,8 @@ def load_controller(
     try:
         tensors = load_file(str(directory / WEIGHTS_FILE))
     except Exception as error:  # safetensors raises its own error types on corrupt files
-        raise PonderError(f"unreadable controller weights {directory / WEIGHTS_FILE}: {error}")
+        raise PonderError(
+            f"unreadable controller weights {directory / WEIGHTS_FILE}: {error}") from None
     wanted = {k: tuple(v.shape) for k, v in controller.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in tensors.items()}
     if wanted != found:

@@ -26,7 +26,13 @@ from typing import Protocol
 
 from lm_eval_ponder.reporting.images import save_figure
 from lm_eval_ponder.reporting.measures import (
-    by_level, figures, pareto_front, strong_win_rate, strong_wins, wilson)
+    by_level,
+    figures,
+    pareto_front,
+    strong_win_rate,
+    strong_wins,
+    wilson,
+)
 
 FAMILY_COLOURS = {
     "Direct": "#1f77b4", "CoT": "#ff7f0e", "BoN": "#2ca02c", "FR": "#555555",
@@ -137,7 +143,8 @@ def cost_axis(ax, label: str, nbins: int = 5, span: tuple[float, float] | None =
     """A log cost axis, called after the data are drawn. Over a decade or more it is labelled
     at 1, 2 and 5 per decade; over less (methods of one backbone often are), at 1, 2, 3 and 5,
     and under a factor of 3 at up to ``nbins`` evenly spaced ticks, since 1-2-5 would leave one
-    label or none. No minor labels, so narrow panels stay legible. ``span``: the data range of every panel sharing the axis."""
+    label or none. No minor labels, so narrow panels stay legible. ``span``: the data range of
+    every panel sharing the axis."""
     from matplotlib import ticker
 
     ax.set_xscale("log")

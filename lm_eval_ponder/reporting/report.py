@@ -48,11 +48,10 @@ from lm_eval_ponder.backbone import EMBEDDED_DESCRIPTION, EMBEDDED_NAME
 from lm_eval_ponder.errors import PonderError, command, run_program
 from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.files import read_json
-from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
-from lm_eval_ponder.reporting.identity import (Identity, distinguish, flatten, parse_model_args,
-                                               render)
-from lm_eval_ponder.reporting.measures import by_level, figures, spearman
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
+from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
+from lm_eval_ponder.reporting.identity import Identity, distinguish, flatten, parse_model_args, render
+from lm_eval_ponder.reporting.measures import by_level, figures, spearman
 from lm_eval_ponder.reporting.plots import plots, table_rank
 from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
 

@@ -45,10 +45,14 @@ from pathlib import Path
 from lm_eval_ponder import allocator
 from lm_eval_ponder.backbone import EMBEDDED_NAME
 from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
-from lm_eval_ponder.files import HeldLock, LockHeld, acquire_lock, atomic_write_text, read_json
 from lm_eval_ponder.evaluation.resume import (
-    KEPT_SUFFIX, export_kept, kept_answers, kept_path, restore_kept,
+    KEPT_SUFFIX,
+    export_kept,
+    kept_answers,
+    kept_path,
+    restore_kept,
 )
+from lm_eval_ponder.files import HeldLock, LockHeld, acquire_lock, atomic_write_text, read_json
 from lm_eval_ponder.reporting.compact import compact_tree
 
 LOGGER = logging.getLogger(__name__)
@@ -268,8 +272,7 @@ def run_dir(out: Path, r: dict) -> Path:
 
 def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None) -> str:
     """What ``--plan`` prints: the runs, which are done, and with ``--pilot`` the estimate."""
-    from lm_eval_ponder.reporting.budget import (estimate, questions, read_pilot,
-                                                 render_estimate)
+    from lm_eval_ponder.reporting.budget import estimate, questions, read_pilot, render_estimate
 
     done = {(r["label"], r["decoding"], r["dataset"], r.get("seed", 0)) for r in runs
             if list(run_dir(out, r).rglob("results_*.json"))}

@@ -46,7 +46,7 @@ def _build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--layer", type=int, default=None,
                     help="default steering layer recorded in the vector (0-based decoder block); "
                          "default: int(DEFAULT_LAYER_FRACTION * n_layers), see "
-                         "lm_eval_ponder.steering (15 of 30 on SmolLM2-135M). All layers are stored.")  # fmt: skip
+                         "lm_eval_ponder.steering (15 of 30 on SmolLM2-135M). All layers are stored.")
     ex.add_argument(*spellings("--n-questions"), type=int, default=DEFAULT_N_QUESTIONS,
                     help=f"number of GSM8K questions (default {DEFAULT_N_QUESTIONS})")
     ex.add_argument("--split", choices=TRAIN_SPLITS, default="train",

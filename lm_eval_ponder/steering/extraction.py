@@ -289,7 +289,8 @@ def paper_direction(pos: torch.Tensor, neg: torch.Tensor, stored: list[int]) -> 
     return vectors, {"raw_norm": {"sum": [float(x) for x in raw], "mean": [float(x) for x in raw / n]}}
 
 
-def fractional_direction(pos: torch.Tensor, neg: torch.Tensor, stored: list[int]) -> tuple[torch.Tensor, dict]:
+def fractional_direction(pos: torch.Tensor, neg: torch.Tensor,
+                         stored: list[int]) -> tuple[torch.Tensor, dict]:
     """Mean difference + sign-aligned PC1 of the differences concatenated over layers."""
     diffs = pos - neg  # [N, L, d] float64
     n, n_stored, d = diffs.shape

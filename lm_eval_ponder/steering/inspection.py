@@ -110,7 +110,7 @@ def inspect_vector(
                  f"{'mean/resid':>10} {'cos(l-1,l)':>10} {'cos(l,default)':>14}")  # fmt: skip
     vd = sv.vector(layer)
     for j, lay in enumerate(sv.layers):
-        def fmt(values, width, spec):
+        def fmt(values, width, spec, j=j):
             return f"{values[j]:{width}{spec}}" if values is not None else f"{'-':>{width}}"
 
         ratio = (
@@ -125,7 +125,7 @@ def inspect_vector(
         )
         mark = " *" if lay == layer else ""
         lines.append(f"  {lay:5d} {fmt(raw_sum, 11, '.2f')} {fmt(raw_mean, 9, '.3f')} "
-                     f"{fmt(residual, 9, '.2f')} {ratio} {adj} {_cos(sv.vectors[j], vd):14.3f}{mark}")  # fmt: skip
+                     f"{fmt(residual, 9, '.2f')} {ratio} {adj} {_cos(sv.vectors[j], vd):14.3f}{mark}")
     lines.append("")
 
     n = len(sv.layers)

@@ -29,11 +29,10 @@ from typing import Any
 
 from lm_eval_ponder.backbone import check_dtype
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.training.grpo import GRPOConfig
 from lm_eval_ponder.pondering.dynamics import PonderConfig
+from lm_eval_ponder.training.grpo import GRPOConfig
 from lm_eval_ponder.training.rewards import RewardConfig
 from lm_eval_ponder.training.rollouts import RolloutConfig
-
 
 LOGGER = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from collections import defaultdict
 
 import torch
 
-from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.training.rollouts import RolloutCache
 
 

@@ -326,7 +326,8 @@ def batch_outcome(outcome: dict[str, torch.Tensor], t: int, cfg: GRPOConfig, n_p
     diversity = flops_diversity(gather(outcome["flops"]) if gather else outcome["flops"])
     keep = torch.ones(P, G, dtype=torch.bool)
     dropped = torch.zeros(P, G, 2, dtype=torch.bool)
-    if cfg.quality_gates and curriculum_stage(t, cfg.t1, cfg.t2) == 3 and "comp" in outcome and "qual" in outcome:
+    if (cfg.quality_gates and curriculum_stage(t, cfg.t1, cfg.t2) == 3
+            and "comp" in outcome and "qual" in outcome):
         comp_ok, qual_ok = gate_conditions(outcome["comp"], outcome["qual"], cfg.theta_comp,
                                            cfg.theta_qual)
         keep = (comp_ok & qual_ok).view(P, G)

@@ -26,19 +26,23 @@ from typing import Protocol
 
 import torch
 
-from lm_eval_ponder.training import checkpoint as ckpt
-from lm_eval_ponder.pondering.controller import PonderController, save_controller
-from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key, split_prompts
-from lm_eval_ponder.training.online import OnlineEnvironment
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.training.grpo import (GRPOTrainer, completeness_threshold,
-                                          curriculum_probability, curriculum_stage)
+from lm_eval_ponder.files import append_jsonl
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
-from lm_eval_ponder.training.rewards import COMPONENTS
-from lm_eval_ponder.training.rollouts import RolloutCache, generate_missing, prepare_cache
+from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.training.config import TrainConfig, config_dict
 from lm_eval_ponder.training.distributed import Distributed
-from lm_eval_ponder.files import append_jsonl
+from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key, split_prompts
+from lm_eval_ponder.training.grpo import (
+    GRPOTrainer,
+    completeness_threshold,
+    curriculum_probability,
+    curriculum_stage,
+)
+from lm_eval_ponder.training.online import OnlineEnvironment
+from lm_eval_ponder.training.rewards import COMPONENTS
+from lm_eval_ponder.training.rollouts import RolloutCache, generate_missing, prepare_cache
 
 LOG = "train_log.jsonl"
 LOGGER = logging.getLogger(__name__)
@@ -394,7 +398,7 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
         f"{cost['train_wall_s']} s",
         f"- Optimiser: {optimiser_line(cfg)}; groups: "
         f"{'per prompt' if cfg.grpo.group_by == 'prompt' else 'per problem type'}",
-        f"- Quality gates (stage 3): "
+        "- Quality gates (stage 3): "
         + (f"R_comp >= {theta_comp:g} and R_qual > {cfg.grpo.theta_qual:g}"
            if cfg.grpo.quality_gates else "off"),
         f"- Controller temperature: {temperature_line(cfg)}",

@@ -37,8 +37,13 @@ from lm_eval_ponder.pondering.hook import SteeringHook
 from lm_eval_ponder.training.config import TrainConfig
 from lm_eval_ponder.training.environment import RewardBook, problem_types
 from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
-from lm_eval_ponder.training.rollouts import (Prompt, build_prompts, prompts_sha, relative_error,
-                                              response_perplexities)
+from lm_eval_ponder.training.rollouts import (
+    Prompt,
+    build_prompts,
+    prompts_sha,
+    relative_error,
+    response_perplexities,
+)
 
 
 class OnlineEnvironment(RewardBook):

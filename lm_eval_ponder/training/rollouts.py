@@ -44,10 +44,16 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
-from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import (atomic_write, atomic_write_text, atomic_write_xz,
-                                  exact_float32, read_text, short_float32)
+from lm_eval_ponder.evaluation import grading
+from lm_eval_ponder.files import (
+    atomic_write,
+    atomic_write_text,
+    atomic_write_xz,
+    exact_float32,
+    read_text,
+    short_float32,
+)
 from lm_eval_ponder.training.rewards import TEXT_FEATURES, text_features
 
 MANIFEST = "manifest.json"

@@ -11,16 +11,22 @@ import copy
 import pytest
 import torch
 from lm_eval.api.model import CachingLM
+from test_lm import requests
 
 from lm_eval_ponder.backbone import decoder_layers
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.early_exit import (ExitHook, ExitSettings, exit_accounting,
-                                                  exit_label, parse_layers, exit_tests)
+from lm_eval_ponder.evaluation.early_exit import (
+    ExitHook,
+    ExitSettings,
+    exit_accounting,
+    exit_label,
+    exit_tests,
+    parse_layers,
+)
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.evaluation.rowbatch import cache_keyword
 from lm_eval_ponder.evaluation.settings import PonderArgs
 from lm_eval_ponder.flops import early_exit_generation_flops, generation_flops
-from test_lm import requests
 
 # stop strings that end rows at different steps (as the steering loop test uses)
 KWARGS = {"until": ["I", "]", "7", "v"], "max_gen_toks": 12, "do_sample": False}

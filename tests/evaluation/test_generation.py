@@ -9,17 +9,22 @@ import inspect
 
 import pytest
 import torch
-from lm_eval.models.utils_hf import stop_sequences_criteria
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
-from transformers import Qwen2Config, Qwen2ForCausalLM
-
 from conftest import build_tiny_llama, build_tiny_tokenizer
+from lm_eval.models.utils_hf import stop_sequences_criteria
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
 from lm_eval_ponder.errors import UnsupportedGeneration
-from lm_eval_ponder.evaluation.generation import generate_rows, prefill_parts
-from lm_eval_ponder.evaluation.rowbatch import (cache_bytes_per_token, cache_keyword,
-                                                check_model_supported)
-from lm_eval_ponder.evaluation.sampling import SamplingConfig
 from lm_eval_ponder.evaluation.accounting import count_generated_tokens
+from lm_eval_ponder.evaluation.generation import generate_rows, prefill_parts
+from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token, cache_keyword, check_model_supported
+from lm_eval_ponder.evaluation.sampling import SamplingConfig
 
 torch.set_num_threads(2)
 

@@ -16,8 +16,8 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
-from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token
 from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token
 from lm_eval_ponder.flops import flops_floor, generation_flops, spec_from_modules
 
 PROMPTS = ["What is 3 + 5?", "Add 12 and 30.", "Hi", "Compute 7 times 8 please, then stop."]

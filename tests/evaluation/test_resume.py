@@ -10,11 +10,17 @@ from lm_eval.api.model import CachingLM
 from lm_eval.models.huggingface import HFLM
 from sqlitedict import SqliteDict
 
+from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.resume import (
-    CACHE_MARKER, PREFIX, SampledAnswers, export_kept, is_sampled, kept_answers, kept_path,
+    CACHE_MARKER,
+    PREFIX,
+    SampledAnswers,
+    export_kept,
+    is_sampled,
+    kept_answers,
+    kept_path,
     restore_kept,
 )
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from conftest import build_tiny_llama, build_tiny_tokenizer
+
 from lm_eval_ponder.evaluation import rowbatch
 from lm_eval_ponder.evaluation.generation import generate_rows
 from lm_eval_ponder.evaluation.sampling import SamplingConfig

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_ponder.evaluation.sampling import (ChoiceRows, SamplingConfig, TokenChooser,
-                                                draw_tokens)
+from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser, draw_tokens
 
 PAD = 3
 

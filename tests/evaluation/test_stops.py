@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
-
 from conftest import build_tiny_tokenizer, needs_embedded
+
 from lm_eval_ponder.evaluation.stops import StopStrings, candidate_table
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.pondering.controller import (
     MAX_PARAMS,
     PROJECTION_DIM,
@@ -16,7 +17,6 @@ from lm_eval_ponder.pondering.controller import (
     load_controller,
     save_controller,
 )
-from lm_eval_ponder.errors import PonderError
 
 
 @pytest.mark.parametrize("d", [576, 896, 1024])

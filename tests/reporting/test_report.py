@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import needs_embedded
 
-from lm_eval_ponder.reporting import report as rp
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.reporting import report as rp
 
 
 def write_results(root, name, config, task, samples, configs=None, stamp="2026-01-01T00-00-00.0"):

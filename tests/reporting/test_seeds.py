@@ -5,10 +5,10 @@ over questions; a run's seed comes from lm-eval's results JSON."""
 from __future__ import annotations
 
 import pytest
+from test_report import GEN, ponder_config, write_run
 
 from lm_eval_ponder.reporting import report as rp
 from lm_eval_ponder.reporting.seeds import bootstrap_interval, merge_seeds, run_seed
-from test_report import GEN, ponder_config, write_run
 
 
 def sample(doc_id: int, correct: bool, tokens: float) -> dict:

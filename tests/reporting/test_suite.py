@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import json
 
-
-from lm_eval_ponder.reporting import suite
 from lm_eval_ponder.errors import USAGE_ERROR
+from lm_eval_ponder.reporting import suite
 
 
 def test_plan_covers_methods_and_decodings():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import QUESTIONS, _tokenizer
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.steering import extraction as E
 from lm_eval_ponder.steering import vector as S
-from conftest import QUESTIONS, _tokenizer
 
 
 def _single_states(model, tok, text: str, chat: bool = True) -> list[torch.Tensor]:
@@ -23,7 +23,8 @@ def _single_states(model, tok, text: str, chat: bool = True) -> list[torch.Tenso
     seen: dict[int, torch.Tensor] = {}
     handles = [
         block.register_forward_hook(
-            lambda _m, _i, out, k=k: seen.__setitem__(k, (out[0] if isinstance(out, tuple) else out)[0, -1].double())
+            lambda _m, _i, out, k=k: seen.__setitem__(
+                k, (out[0] if isinstance(out, tuple) else out)[0, -1].double())
         )
         for k, block in enumerate(model.model.layers)
     ]  # fmt: skip

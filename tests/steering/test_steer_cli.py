@@ -6,8 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lm_eval_ponder.steering import vector as S
 from conftest import QUESTIONS, _model
+
+from lm_eval_ponder.steering import vector as S
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import QUESTIONS
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.steering import extraction as E
 from lm_eval_ponder.steering import vector as S
-from conftest import QUESTIONS
-
 
 PICKLE_SUFFIXES = {".bin", ".ckpt", ".pickle", ".pkl", ".pt", ".pth"}
 

@@ -8,8 +8,13 @@ import torch
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.training import rewards as R
-from lm_eval_ponder.training.environment import (CachedEnvironment, RewardBook, outcome_key,
-                                                 problem_types, split_prompts)
+from lm_eval_ponder.training.environment import (
+    CachedEnvironment,
+    RewardBook,
+    outcome_key,
+    problem_types,
+    split_prompts,
+)
 from lm_eval_ponder.training.rollouts import Prompt, RolloutCache
 
 

@@ -181,7 +181,7 @@ def test_flipped_advantage_does_not_learn(monkeypatch):
 def test_wrong_log_probability_does_not_learn(monkeypatch):
     real = grpo.trajectory_log_prob
     # log(1 - p) where log p belongs (and vice versa): the classic sign slip in a logit
-    monkeypatch.setattr(grpo, "trajectory_log_prob", lambda l, d, t=1.0: real(-l, d, t))
+    monkeypatch.setattr(grpo, "trajectory_log_prob", lambda logits, d, t=1.0: real(-logits, d, t))
     assert synthetic_run() < 0.5
 
 

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.training import rewards as R
 
 CFG = R.RewardConfig()
 

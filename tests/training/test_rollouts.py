@@ -9,15 +9,23 @@ import torch
 from lm_eval.api.instance import Instance
 
 from lm_eval_ponder import data
-from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
 from lm_eval_ponder.files import atomic_write_xz, read_text
+from lm_eval_ponder.pondering.controller import PonderController, save_controller
+from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
 from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.training.rollouts import (
-    OUTCOME_FIELDS, OUTCOMES, RolloutCache, RolloutConfig, build_cache, generate_missing,
-    generation_kwargs, prepare_cache, train_documents)
+    OUTCOME_FIELDS,
+    OUTCOMES,
+    RolloutCache,
+    RolloutConfig,
+    build_cache,
+    generate_missing,
+    generation_kwargs,
+    prepare_cache,
+    train_documents,
+)
 
 OFFSETS = cumulative_offsets(PonderConfig(k_max=2, alpha0=0.5, alpha_start=-0.5)).tolist()
 CFG = RolloutConfig(prompts={"arith_ponder": 4, "gsm8k_ponder": 1}, max_completion_length=6,

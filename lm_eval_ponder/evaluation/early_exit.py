@@ -242,7 +242,7 @@ class ExitHook:
         if state.device.type != "cpu":
             return self.top1_probability(state).masked_fill(self._exited, 0.0)
         running = (~self._exited).nonzero().squeeze(1)
-        probability = torch.zeros(state.shape[0], dtype=torch.float32)
+        probability = torch.zeros(state.shape[0], dtype=torch.float32, device=state.device)
         if len(running):
             probability[running] = self.top1_probability(state.index_select(0, running))
         return probability

@@ -5,8 +5,9 @@ Why: the loop (``evaluation.generation``) decodes up to ``max_rows`` rows at onc
 row finishes only after most of the work of the first wave is done. A bar that extrapolates
 from finished rows then shows ``1/300 [01:33<7:44:00]`` while the run is on course for under an
 hour, and at the end the last long answers decode alone for minutes with the bar frozen at
-``45/50``. The loop reports nothing but ``on_finish(row)``, and it is not ours to change, so
-this module reads two things it can see from outside:
+``45/50``. Both generation paths must be counted, our loop and transformers' ``generate``
+(``generation=hf``), and only the second has no ``RowObserver`` protocol, so this module
+reads two things it can see from outside either:
 
 - finished rows: ``finish`` is the ``on_finish`` callback;
 - forward passes: a forward pre-hook on the model (``watch``) sees each pass's batch. A pass

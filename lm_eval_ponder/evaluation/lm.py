@@ -577,8 +577,12 @@ class PonderLM(HFLM):
         saved = self.batch_size_per_gpu
         if self.generation == "loop" and isinstance(saved, int):
             # rows in flight are max_rows whatever lm-eval's batch_size (its CLI default is 1):
-            # hand the loop enough requests at once to keep that many rows busy
-            self.batch_size_per_gpu = max(saved, self.requests_per_call)
+            # hand the loop enough requests at once to keep that many rows busy. HFLM hands
+            # answers to the cache hook only when a call returns, so while sampled answers are
+            # kept a call holds max_rows requests: an interrupted run loses at most that many
+            # (with 4x max_rows, a 500-question run was one call and kept nothing).
+            per_call = self.max_rows if sampled and fresh_sampled else self.requests_per_call
+            self.batch_size_per_gpu = max(saved, per_call)
         fresh = [requests[i] for i in todo]
         # HFLM's bar moves once per batch of 512 requests: a GPQA run would sit at 0% for its
         # whole length. This one moves as each row finishes, and says what is in flight

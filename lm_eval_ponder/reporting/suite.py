@@ -514,7 +514,7 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
            "--seed", str(r["seed"])]
     if a.limit:
         cmd += ["--limit", str(a.limit)]
-    if a.resume_within:  # answers are kept per batch: a killed run loses at most one batch
+    if a.resume_within:  # answers are kept per call of max_rows requests: a kill loses at most one
         cmd += ["--use_cache", str(target / "answers")]
     LOGGER.info("[%d/%d] %s %s seed %d: %s", i, n, r["label"], r["dataset"], r["seed"],
                 " ".join(cmd[2:]))

@@ -122,6 +122,39 @@ def test_use_cache_keeps_sampled_answers(ponder, tmp_path, monkeypatch):
     assert [str(resumed[i]) for i in kept] == [str(first[i]) for i in kept]
 
 
+def test_an_interrupted_run_keeps_the_calls_it_finished(tiny_model_dir, tmp_path, monkeypatch):
+    """While sampled answers are kept, HFLM is called with max_rows requests at a time (it
+    hands answers to the store only when a call returns): a run killed in its second call keeps
+    the first call's answers. With 4 x max_rows per call, a 500-question arith run was a single
+    call and a kill kept nothing."""
+    lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=2, device="cpu")
+    assert lm.requests_per_call == 8  # six requests would be one call without the store
+    cache = str(tmp_path / "cache")
+    calls = []
+    real = PonderLM.generate_batch
+
+    def killed_in_second_call(self, *args, **kwargs):
+        calls.append(args[0].shape[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PonderLM, "generate_batch", killed_in_second_call)
+    with pytest.raises(KeyboardInterrupt):
+        CachingLM(lm, cache).generate_until(requests(SAMPLED))
+    assert calls == [2, 2] and kept_answers(cache) == 2
+
+    monkeypatch.setattr(PonderLM, "generate_batch", real)
+    drawn = count_drawn(monkeypatch)
+    resumed = CachingLM(lm, cache).generate_until(requests(SAMPLED))
+    assert len(resumed) == 6 and len(drawn) == 4
+    # greedy requests are lm-eval's to keep: they still go to the loop 4 x max_rows at a time
+    calls.clear()
+    monkeypatch.setattr(PonderLM, "generate_batch", killed_in_second_call)
+    CachingLM(lm, str(tmp_path / "greedy")).generate_until(requests(GREEDY))
+    assert calls == [6]
+
+
 def test_kept_answers_survive_a_new_machine_as_text(ponder, tmp_path, monkeypatch):
     """``export_kept`` writes the store as text that can be committed; on a machine without the
     store, ``restore_kept`` rebuilds it and the resumed run draws nothing: the same texts with

@@ -38,18 +38,17 @@ import sys
 import time
 from pathlib import Path
 
-import heldout
-from headroom import (
-    FORMS,
-    PROMPTS,
+from lib import heldout
+from lib.analysis import (
     accuracy_at_tokens,
     bootstrap,
-    cache_arguments,
-    cache_dir,
+    depth_by_level,
     fixed_by_fold,
+    fixed_curve,
     fold_of,
     outcome_matrices,
 )
+from lib.caches import FORMS, PROMPTS, cache_arguments, cache_dir
 
 ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
                                  "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
@@ -130,7 +129,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
               fold: int | None, folds: int, steps: int, out: Path,
               max_prompts: int | None = None) -> dict:
     """One controller, trained on every fold but ``fold``; its held-out depths, to
-    out/heldout.json and the sweep's pack (``heldout.py``). ``fold=None``: the arm's final
+    out/heldout.json and the sweep's pack (``lib/heldout.py``). ``fold=None``: the arm's final
     controller, trained on every prompt and saved to out/controller as ``--model ponder
     controller=DIR`` loads it (out/final.json)."""
     import torch
@@ -369,13 +368,6 @@ def load_runs(root: Path, keys: list[str], folds: int) -> dict[tuple[str, int], 
     return runs
 
 
-def fixed_curve(mats, idx):
-    """The fixed-depth curve on prompts ``idx``: [depths, (mean tokens, mean accuracy)]."""
-    import numpy as np
-
-    return np.stack([mats["gen_tokens"][idx].mean(axis=0), mats["accuracy"][idx].mean(axis=0)], 1)
-
-
 def controller_figures(mats, weights_by_seed, fixed_depths, idx) -> dict:
     """Seed-mean expected figures of one arm under one rule on (a resample ``idx`` of) the
     prompts, its gap to the fixed-depth curve at equal tokens and to the cross-fitted best fixed
@@ -392,29 +384,26 @@ def controller_figures(mats, weights_by_seed, fixed_depths, idx) -> dict:
             per[k].append((m[k] * w).sum(axis=1).mean())
         per["depth"].append((w * depth_axis).sum(axis=1).mean())
     out = {k: float(np.mean(v)) for k, v in per.items()}
-    out["fixed_curve_accuracy_at_tokens"] = accuracy_at_tokens(fixed_curve(mats, idx),
-                                                               out["gen_tokens"])
+    out["fixed_curve_accuracy_at_tokens"] = accuracy_at_tokens(
+        fixed_curve(m["gen_tokens"], m["accuracy"]), out["gen_tokens"])
     out["gap_accuracy_at_equal_tokens"] = out["accuracy"] - out["fixed_curve_accuracy_at_tokens"]
     out["gap_score_vs_best_fixed"] = out["score"] - float(
         m["score"][rows, fixed_depths[idx]].mean())
     return out
 
 
-def depth_profile(weights: list, prompts) -> dict:
-    """Where an arm's depths go: histogram, mean by level, Spearman with the arith level."""
+def expected_depth_profile(weights: list, prompts) -> dict:
+    """Where an arm's depths go: histogram of the expected depth weights, mean expected depth by
+    arith level and on GSM8K, Spearman with the arith level (``lib.analysis.depth_by_level``)."""
     import numpy as np
-    from scipy.stats import spearmanr
 
     w = np.concatenate(weights)
     depth = (w * np.arange(w.shape[1])).sum(axis=1)
     level = np.array([p.level if p.level is not None else -1 for p in prompts] * len(weights))
     arith = np.array([p.task == "arith_ponder" for p in prompts] * len(weights))
-    by_level = {f"L{lvl}": float(depth[arith & (level == lvl)].mean())
-                for lvl in sorted(set(level[arith]))}
+    by_level, rho = depth_by_level(depth, np.where(arith, level, -1))
     if (~arith).any():
         by_level["gsm8k"] = float(depth[~arith].mean())
-    rho = (float(spearmanr(level[arith], depth[arith]).statistic)
-           if np.ptp(depth[arith]) > 0 else float("nan"))
     hist = w.sum(axis=0)
     return {"depth_hist": [round(float(h), 1) for h in hist],
             "modal_depth_share": float(hist.max() / hist.sum()),
@@ -492,9 +481,9 @@ def analyse(args) -> None:
                                   len(ids), args.bootstrap),
                 "per_seed": {str(s): controller_figures(mats, [w], fixed_depths, ids)
                              for s, w in zip(seeds, ws)},
-                **depth_profile(ws, prompts)}
+                **expected_depth_profile(ws, prompts)}
         arms[arm] = entry
-    curve = fixed_curve(mats, ids)
+    curve = fixed_curve(mats["gen_tokens"][ids], mats["accuracy"][ids])
     summary = {
         "form": args.form, "samples": args.samples, "cache": str(directory),
         "manifest": cache.manifest["fingerprint"], "sweep": str(root),

@@ -21,21 +21,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import statistics
 import sys
 import time
 
-
-def build_prompts(tok, n: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    prompts = []
-    for i in range(n):
-        hi = 10 if i % 2 == 0 else 100  # half single-digit, half two-digit additions
-        a, b = rng.randrange(hi), rng.randrange(hi)
-        msg = [{"role": "user", "content": f"Please solve the math problem: What is {a} + {b}?"}]
-        prompts.append(tok.apply_chat_template(msg, tokenize=False, add_generation_prompt=True))
-    return prompts
+from lib.decoding import ONE_AND_TWO_DIGITS, arith_chat_prompts
 
 
 def rows_until_eos(tokens: list[list[int]], eos: set[int]) -> list[list[int]]:
@@ -88,8 +78,8 @@ def main() -> None:
           f"{torch.get_num_threads()}, cpu {torch.backends.cpu.get_cpu_capability()}, "
           f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}")
 
-    enc = tok(build_prompts(tok, args.prompts), return_tensors="pt", padding=True,
-              add_special_tokens=False)
+    enc = tok(arith_chat_prompts(tok, args.prompts, bounds=ONE_AND_TWO_DIGITS), return_tensors="pt",
+              padding=True, add_special_tokens=False)
     ids, mask = enc.input_ids, enc.attention_mask
     width = ids.shape[1]
     until = [tok.eos_token]  # HFLM with `until: []` stops on the EOS string only

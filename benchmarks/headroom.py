@@ -33,31 +33,21 @@ defaults); ``paper`` starts unsteered (alpha_start=0), as FR-Ponder's appendix d
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 from pathlib import Path
 
-FORMS = {"ours": -0.2, "paper": 0.0}
-PROMPTS = {"arith_ponder": 400, "gsm8k_ponder": 200}
-
-
-def train_config(form: str, samples: int, max_tokens: int, batch_size: int,
-                 dtype: str | None = None):
-    from lm_eval_ponder.training.config import TrainConfig
-
-    cfg = TrainConfig(output="unused", dtype=dtype)
-    cfg.ponder.alpha_start = FORMS[form]
-    cfg.rollout.prompts = dict(PROMPTS)
-    cfg.rollout.samples = samples
-    cfg.rollout.max_completion_length = max_tokens
-    cfg.rollout.batch_size = batch_size
-    return cfg.validate()
-
-
-def cache_dir(root: str, form: str, samples: int) -> Path:
-    return Path(root) / f"{form}-{'greedy' if samples == 1 else f's{samples}'}"
+from lib.analysis import (
+    accuracy_at_tokens,
+    bootstrap,
+    fixed_by_fold,
+    fixed_curve,
+    fold_of,
+    oracle_choice,
+    outcome_matrices,
+)
+from lib.caches import cache_arguments, cache_dir, train_config
 
 
 def recorded_dtype(directory: Path) -> str | None:
@@ -112,29 +102,6 @@ def build(args) -> None:
 
 
 # ----------------------------------------------------------------------------- analysis
-def outcome_matrices(env, ids: list[int], samples: list[int] | None = None) -> dict:
-    """[prompt, depth] arrays of expected accuracy, tokens, FLOPs and score."""
-    import numpy as np
-
-    keys = ("accuracy", "gen_tokens", "flops", "score")
-    out = {k: np.zeros((len(ids), env.k_max + 1)) for k in keys}
-    for row, i in enumerate(ids):
-        for k in range(env.k_max + 1):
-            e = env.expected(i, k, samples)
-            for name in keys:
-                out[name][row, k] = e[name]
-    return out
-
-
-def oracle_choice(value, tokens):
-    """Per row, the column with the highest value; ties go to the fewest tokens."""
-    import numpy as np
-
-    best = value.max(axis=1, keepdims=True)
-    masked = np.where(np.isclose(value, best), tokens, np.inf)
-    return masked.argmin(axis=1)
-
-
 def lagrangian_curve(acc_choose, tok_choose, acc_eval, tok_eval, lambdas):
     """Per-prompt oracle curve: for each lambda choose argmax(acc - lambda*tokens) on one set of
     samples, report mean accuracy and tokens of those choices on another. [len(lambdas), 2]."""
@@ -146,18 +113,6 @@ def lagrangian_curve(acc_choose, tok_choose, acc_eval, tok_eval, lambdas):
         pick = oracle_choice(acc_choose - lam * tok_choose, tok_choose)
         pts.append((tok_eval[rows, pick].mean(), acc_eval[rows, pick].mean()))
     return np.array(pts)
-
-
-def accuracy_at_tokens(curve, tokens: float) -> float:
-    """Oracle accuracy at a token budget: the curve's upper envelope linearly interpolated at
-    ``tokens``; nan below the curve's cheapest point (beyond a 2% tolerance)."""
-    import numpy as np
-
-    order = np.argsort(curve[:, 0])
-    x, y = curve[order, 0], np.maximum.accumulate(curve[order, 1])
-    if tokens < x[0]:
-        return float(y[0]) if tokens >= 0.98 * x[0] else float("nan")
-    return float(np.interp(tokens, x, y))
 
 
 def crossfit_curve(halves, idx, lambdas):
@@ -209,32 +164,14 @@ def headroom_figures(val_mats, halves, fixed: dict, lambdas, idx=None) -> dict:
         # are not chosen on other folds (the max over 9 noisy means flatters fixed steering),
         # so a gap against it is the conservative one; a comparator chosen on other folds can
         # be a poor depth (e.g. by accuracy, where depths differ by noise) and flatter the oracle.
-        fixed_curve = np.stack([m["gen_tokens"].mean(axis=0), m["accuracy"].mean(axis=0)], 1)
+        fixed_depth_curve = fixed_curve(m["gen_tokens"], m["accuracy"])
         for name in fixed:
             at = accuracy_at_tokens(curve, out[f"{name}_tokens"])
             out[f"oracle_cf_accuracy_at_{name}_tokens"] = at
             out[f"gap_accuracy_at_{name}_tokens_cf"] = at - out[f"{name}_accuracy"]
             out[f"gap_accuracy_vs_fixed_curve_at_{name}_tokens_cf"] = \
-                at - accuracy_at_tokens(fixed_curve, out[f"{name}_tokens"])
+                at - accuracy_at_tokens(fixed_depth_curve, out[f"{name}_tokens"])
     return out
-
-
-def fold_of(keys: list[str], folds: int) -> list[int]:
-    """Cross-fitting folds by key hash, so a prompt is in the same fold in every analysis."""
-    return [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % folds for k in keys]
-
-
-def fixed_by_fold(values, fold, folds: int):
-    """Each prompt's fixed depth: the one with the best mean ``values`` [prompt, depth] on the
-    other folds. Returns (depth per prompt, depth per fold)."""
-    import numpy as np
-
-    depths, chosen = np.zeros(len(fold), dtype=int), []
-    for f in range(folds):
-        k = int(values[fold != f].mean(axis=0).argmax())
-        depths[fold == f] = k
-        chosen.append(k)
-    return depths, chosen
 
 
 def probe(z0, labels, seed: int = 0) -> dict:
@@ -262,19 +199,6 @@ def probe(z0, labels, seed: int = 0) -> dict:
             "classes": {str(c): int(n) for c, n in zip(classes, counts)},
             "probe_accuracy": float((pred == labels).mean()),
             "majority_accuracy": float(sum(majority) / len(labels))}
-
-
-def bootstrap(fn, n: int, draws: int, seed: int = 0) -> dict[str, tuple[float, float]]:
-    """Percentile 95% intervals of every figure ``fn(idx)`` returns, resampling prompts."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    samples: dict[str, list[float]] = {}
-    for _ in range(draws):
-        for k, v in fn(rng.integers(0, n, n)).items():
-            samples.setdefault(k, []).append(v)
-    return {k: (float(np.nanpercentile(v, 2.5)), float(np.nanpercentile(v, 97.5)))
-            for k, v in samples.items()}
 
 
 def analyse(args) -> None:
@@ -481,13 +405,6 @@ def plot(path: Path, s: dict, halves, lambdas) -> None:
     fig.tight_layout()
     save_figure(fig, path, dpi=120)  # a palette PNG: a third the bytes
     plt.close(fig)
-
-
-def cache_arguments(parser: argparse.ArgumentParser) -> None:
-    """Which cache: form, samples per (prompt, depth), root folder (shared with adaptation.py)."""
-    parser.add_argument("--form", choices=sorted(FORMS), default="ours")
-    parser.add_argument("--samples", type=int, default=4)
-    parser.add_argument("--root", default="results/headroom", help="where the caches live")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,5 +1,6 @@
 """Profile of decode steps (torch.profiler) on our loop and on HFLM's path: which ops, syncs
-and copies cost host and device time. A diagnostic beside ``step_cost.py``, which times phases.
+and copies cost host and device time. A diagnostic beside ``step_cost.py``, which times the
+phases of the same runs (``lib.decoding``).
 
     python benchmarks/profile_step.py --device cuda --rows 256 --model tiny
 """
@@ -7,11 +8,8 @@ and copies cost host and device time. A diagnostic beside ``step_cost.py``, whic
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_cost import prompts, run_hf, run_loop, tiny_model  # noqa: E402
+from lib.decoding import arith_chat_prompts, run_hf, run_loop, tiny_model
 
 
 def main() -> None:
@@ -37,7 +35,7 @@ def main() -> None:
         tok.pad_token = tok.eos_token
     model = tiny_model(len(tok), args.device, dtype) if args.model == "tiny" else \
         AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
-    enc = tok(prompts(tok, args.rows), return_tensors="pt", padding=True).to(args.device)
+    enc = tok(arith_chat_prompts(tok, args.rows), return_tensors="pt", padding=True).to(args.device)
     stop = [tok.decode([tok.eos_token_id])]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA]
                                            if args.device.startswith("cuda") else [])

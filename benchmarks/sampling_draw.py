@@ -15,13 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lib.decoding import ONE_AND_TWO_DIGITS, arith_chat_prompts
 
 
 def full_draw(probs: torch.Tensor, generator: torch.Generator | None = None,
@@ -55,7 +52,6 @@ def draw_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
 
 
 def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int) -> None:
-    from generation_loop import build_prompts
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import lm_eval_ponder.evaluation.sampling as generation
@@ -67,7 +63,7 @@ def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
-    enc = tok(build_prompts(tok, prompts), return_tensors="pt", padding=True)
+    enc = tok(arith_chat_prompts(tok, prompts, bounds=ONE_AND_TWO_DIGITS), return_tensors="pt", padding=True)
     eos = {tok.eos_token_id}
 
     def run(seed: int) -> tuple[float, int]:

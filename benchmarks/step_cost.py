@@ -27,151 +27,8 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
-
-def tiny_model(vocab: int, device: str, dtype):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
-                         pad_token_id=2, tie_word_embeddings=True)
-    return LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
-
-
-def prompts(tok, n: int) -> list[str]:
-    import random
-
-    rng = random.Random(0)
-    out = []
-    for _ in range(n):
-        a, b = rng.randrange(100), rng.randrange(100)
-        msg = [{"role": "user", "content": f"Please solve the math problem: What is {a} + {b}?"}]
-        out.append(tok.apply_chat_template(msg, tokenize=False, add_generation_prompt=True))
-    return out
-
-
-class ForwardClock:
-    """Seconds inside ``model(...)`` calls (hooks on the top module), and their count."""
-
-    def __init__(self, model, device) -> None:
-        import torch
-
-        self.seconds, self.calls, self.device, self.start = 0.0, 0, device, 0.0
-        cuda = torch.device(device).type == "cuda"
-
-        def before(*_):
-            if cuda:
-                torch.cuda.synchronize(device)
-            self.start = time.perf_counter()
-
-        def after(*_):
-            if cuda:
-                torch.cuda.synchronize(device)
-            self.seconds += time.perf_counter() - self.start
-            self.calls += 1
-
-        self.handles = [model.register_forward_pre_hook(before),
-                        model.register_forward_hook(after)]
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-DECODERS: dict = {}  # one decoder per tokenizer: the loop keeps its stop-token table per decoder
-
-
-def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
-             max_rows: int | None = None) -> dict:
-    import torch
-
-    from lm_eval_ponder.evaluation import generation
-
-    try:
-        from lm_eval_ponder.evaluation.sampling import SamplingConfig
-    except ImportError:  # before issue 36 (a baseline run on an older checkout)
-        SamplingConfig = generation.SamplingConfig
-    decode = DECODERS.setdefault(id(tok), lambda ids: tok.decode(ids, skip_special_tokens=True))
-    kwargs = dict(max_new_tokens=max_new, eos_token_ids={tok.eos_token_id},
-                  pad_token_id=tok.pad_token_id, stop=stop, decode=decode,
-                  sampling=SamplingConfig(), max_rows=max_rows)
-    timer = clock = None
-    if hasattr(generation, "StepTimer"):
-        timer = kwargs["timer"] = generation.StepTimer(sync=torch.device(device).type == "cuda")
-    else:
-        clock = ForwardClock(model, device)
-    start = time.perf_counter()
-    try:
-        res = generation.generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs)
-    finally:
-        if clock is not None:
-            clock.close()
-    wall = time.perf_counter() - start
-    if timer is not None:
-        phases, steps = dict(timer.seconds), max(timer.decode_steps, 1)
-    else:  # the prefill forwards cannot be told apart: charged at a decode forward's mean
-        steps = max(res.decode_forwards, 1)
-        per = clock.seconds / max(clock.calls, 1)
-        phases = {"prefill": per * res.prefill_forwards,
-                  "forward": clock.seconds - per * res.prefill_forwards}
-    decode_wall = wall - phases.get("prefill", 0.0)
-    return {"wall": wall, "steps": steps, "tokens": sum(res.gen_tokens),
-            "joins": res.joins, "compactions": getattr(res, "compactions", 0),
-            "join_ms": phases.get("join", 0.0) * 1e3, "compact_ms": phases.get("compact", 0.0) * 1e3,
-            "phases": {k: v / steps * 1e3 for k, v in phases.items() if k != "prefill"},
-            "host_ms": (decode_wall - phases.get("forward", 0.0)) / steps * 1e3,
-            "step_ms": decode_wall / steps * 1e3}
-
-
-def run_hf(model, tok, enc, max_new: int, stop: list[str], device: str) -> dict:
-    import torch
-    from lm_eval.models.utils_hf import stop_sequences_criteria
-
-    rows, width = enc.input_ids.shape
-    criteria = stop_sequences_criteria(tok, stop, width, rows)
-    spent = {"stop": 0.0}
-    inner = list(criteria)
-
-    class Timed:
-        def __init__(self, c) -> None:
-            self.c = c
-
-        def __call__(self, *a, **k):
-            t = time.perf_counter()
-            try:
-                return self.c(*a, **k)
-            finally:
-                spent["stop"] += time.perf_counter() - t
-
-    criteria.clear()
-    criteria.extend(Timed(c) for c in inner)
-    clock = ForwardClock(model, device)
-    try:
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(input_ids=enc.input_ids, attention_mask=enc.attention_mask,
-                                 max_new_tokens=max_new, stopping_criteria=criteria,
-                                 pad_token_id=tok.pad_token_id, do_sample=False,
-                                 use_cache=True)
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-        wall = time.perf_counter() - start
-    finally:
-        clock.close()
-    steps = max(clock.calls - 1, 1)
-    prefill = clock.seconds / clock.calls if clock.calls else 0.0  # not separable: an average
-    decode_forward = clock.seconds - prefill
-    decode_wall = wall - prefill
-    return {"wall": wall, "steps": steps, "tokens": int((out[:, width:] != tok.pad_token_id).sum()),
-            "phases": {"forward": decode_forward / steps * 1e3,
-                       "stop": spent["stop"] / steps * 1e3,
-                       "choose+rest": (decode_wall - decode_forward - spent["stop"]) / steps * 1e3},
-            "host_ms": (decode_wall - decode_forward) / steps * 1e3,
-            "step_ms": decode_wall / steps * 1e3}
+from lib.decoding import arith_chat_prompts, run_hf, run_loop, tiny_model
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -211,7 +68,8 @@ def main(argv: list[str] | None = None) -> float:
         model = tiny_model(len(tok), args.device, dtype) if name == "tiny" else \
             AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
         for rows in args.rows:
-            enc = tok(prompts(tok, rows), return_tensors="pt", padding=True).to(args.device)
+            enc = tok(arith_chat_prompts(tok, rows), return_tensors="pt",
+                      padding=True).to(args.device)
             runs: dict[str, list[dict]] = {"loop": [], "hf": []}
             for fn in (run_loop, run_hf):  # warm-up: kernels, allocator, the stop-token table
                 fn(model, tok, enc, 2, stop, args.device)
@@ -236,7 +94,7 @@ def main(argv: list[str] | None = None) -> float:
         for name in args.models:
             model = tiny_model(len(tok), args.device, dtype) if name == "tiny" else \
                 AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
-            enc = tok(prompts(tok, args.join_rows), return_tensors="pt",
+            enc = tok(arith_chat_prompts(tok, args.join_rows), return_tensors="pt",
                       padding=True).to(args.device)
             r = run_loop(model, tok, enc, args.max_new_tokens, stop, args.device,
                          max_rows=args.join_rows // 4)

@@ -44,7 +44,8 @@ import json
 import sys
 from pathlib import Path
 
-from headroom import FORMS, accuracy_at_tokens, bootstrap, oracle_choice, train_config
+from lib.analysis import accuracy_at_tokens, bootstrap, depth_by_level, fixed_curve, oracle_choice
+from lib.caches import FORMS, train_config
 
 from lm_eval_ponder.reporting.compact import answers_digest
 
@@ -227,10 +228,9 @@ def named_controllers(args) -> dict[str, Path]:
 
 
 # ----------------------------------------------------------------------------- figures
-def fixed_curve(s: dict, idx):
-    import numpy as np
-
-    return np.stack([s["gen_tokens"][:, idx].mean(axis=1), s["correct"][:, idx].mean(axis=1)], 1)
+def sweep_curve(s: dict, idx):
+    """The fixed-alpha curve on documents ``idx`` of a [depth, document] sweep."""
+    return fixed_curve(s["gen_tokens"][:, idx].T, s["correct"][:, idx].T)
 
 
 def composed_figures(s: dict, depth, ctrl_flops: float, idx) -> dict:
@@ -242,7 +242,7 @@ def composed_figures(s: dict, depth, ctrl_flops: float, idx) -> dict:
     d = depth[idx]
     acc = s["correct"][d, cols].mean()
     tok = s["gen_tokens"][d, cols].mean()
-    at = accuracy_at_tokens(fixed_curve(s, idx), tok)
+    at = accuracy_at_tokens(sweep_curve(s, idx), tok)
     return {"accuracy": float(acc), "gen_tokens": float(tok),
             "flops": float(s["flops"][d, cols].mean() + ctrl_flops), "depth": float(d.mean()),
             "fixed_curve_accuracy_at_tokens": at, "gap_accuracy_at_equal_tokens": acc - at}
@@ -254,7 +254,7 @@ def generated_figures(s: dict, g: dict, idx) -> dict:
     token granularity)."""
     acc = g["correct"][idx].mean()
     tok = g["gen_tokens"][idx].mean()
-    at = accuracy_at_tokens(fixed_curve(s, idx), tok)
+    at = accuracy_at_tokens(sweep_curve(s, idx), tok)
     return {"accuracy": float(acc), "gen_tokens": float(tok), "flops": float(g["flops"][idx].mean()),
             "depth": float(g["depth"][idx].mean()), "fixed_curve_accuracy_at_tokens": at,
             "gap_accuracy_at_equal_tokens": acc - at}
@@ -283,14 +283,11 @@ def depth_profile(depth, level) -> dict:
     """Depth histogram (of rounded depths: a token-level controller's are means per token),
     mean depth per level and Spearman(depth, level)."""
     import numpy as np
-    from scipy.stats import spearmanr
 
     out = {"depth_hist": np.bincount(np.rint(depth).astype(int), minlength=9).tolist()}
-    if (level >= 0).any():
-        out["mean_depth_by_level"] = {f"L{v}": float(depth[level == v].mean())
-                                      for v in sorted(set(level[level >= 0].tolist()))}
-        out["spearman_depth_vs_level"] = (float(spearmanr(level, depth).statistic)
-                                          if np.ptp(depth) > 0 else float("nan"))
+    levels = depth_by_level(depth, level)
+    if levels is not None:
+        out["mean_depth_by_level"], out["spearman_depth_vs_level"] = levels
     return out
 
 

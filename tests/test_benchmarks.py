@@ -3,7 +3,9 @@ a wrong helper there would silently print a wrong number."""
 
 from __future__ import annotations
 
+import ast
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -367,8 +369,8 @@ def test_headroom_blocks_read_as_a_slice_and_refuse_nonsense():
             headroom.block_range(bad)
 
 
-# ----------------------------------------------------------------------------- heldout.py
-import heldout  # noqa: E402
+# ----------------------------------------------------------------------------- lib/heldout.py
+from lib import heldout  # noqa: E402
 
 
 def test_a_packed_sweep_reads_bit_for_bit_as_its_runs_files(tmp_path):
@@ -399,3 +401,74 @@ def test_a_packed_sweep_reads_bit_for_bit_as_its_runs_files(tmp_path):
         assert np.array_equal(packed[key]["p"], loose[key]["p"])
         assert packed[key]["records"] == loose[key]["records"]
     assert heldout.record(tmp_path, tmp_path / "flops0" / "seed0" / "fold0") is None
+
+
+# ----------------------------------------------------------------------------- the scripts' layout
+BENCHMARKS = REPO / "benchmarks"
+# the scripts that take shared code from ``lib``: each must still run as ``python benchmarks/X.py``
+LIB_USERS = ("headroom", "adaptation", "testset", "step_cost", "profile_step", "generation_loop",
+             "sampling_draw")
+
+
+def script_imports(directory: Path) -> list[str]:
+    """Every import of a benchmark script (a ``*.py`` directly in ``directory``) by any file
+    under it, ``lib`` included, at any depth (a lazy import in a function counts), and every use
+    of ``sys.path``: the rule of ``benchmarks/lib/__init__.py``. Parsed, nothing is imported."""
+    scripts = {p.stem for p in directory.glob("*.py")}
+    found = []
+    for path in sorted(directory.rglob("*.py")):
+        where = path.relative_to(directory).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            elif (isinstance(node, ast.Attribute) and node.attr == "path"
+                  and isinstance(node.value, ast.Name) and node.value.id == "sys"):
+                found.append(f"{where}:{node.lineno} uses sys.path")
+                continue
+            else:
+                continue
+            found += [f"{where}:{node.lineno} imports {name}" for name in names
+                      if name.split(".")[0] in scripts]
+    return found
+
+
+def test_no_benchmark_script_imports_another():
+    """Shared code lives once, in ``benchmarks/lib`` (or the package), never in a script that
+    another script imports through ``sys.path``."""
+    found = script_imports(BENCHMARKS)
+    assert not found, "\n".join(found)
+
+
+def test_a_planted_script_import_is_reported(tmp_path):
+    """The rule can fail: a copy of benchmarks/ with a lazy script import, a ``from`` import of
+    a script in ``lib`` and a ``sys.path`` edit planted reports exactly those three."""
+    import shutil
+
+    copy = tmp_path / "benchmarks"
+    shutil.copytree(BENCHMARKS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert not script_imports(copy)
+    testset_copy = copy / "testset.py"
+    lines = testset_copy.read_text().splitlines()
+    testset_copy.write_text("\n".join([*lines, "", "", "def planted():",
+                                       "    import headroom", "    return headroom", ""]))
+    decoding = copy / "lib" / "decoding.py"
+    decoding.write_text(decoding.read_text() + "\nfrom step_cost import main\n")
+    profile = copy / "profile_step.py"
+    profile.write_text("import sys\nsys.path.insert(0, 'x')\n" + profile.read_text())
+    n = len(lines)
+    assert script_imports(copy) == [
+        f"lib/decoding.py:{len(decoding.read_text().splitlines())} imports step_cost",
+        "profile_step.py:2 uses sys.path",
+        f"testset.py:{n + 4} imports headroom"]
+
+
+@pytest.mark.parametrize("script", LIB_USERS)
+def test_scripts_find_lib_when_run_from_anywhere(script, tmp_path):
+    """``python benchmarks/X.py`` finds ``lib`` through the script's own folder, with no
+    ``sys.path`` edit and from any working directory (``--help``: nothing runs)."""
+    done = subprocess.run([sys.executable, str(BENCHMARKS / f"{script}.py"), "--help"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "usage:" in done.stdout

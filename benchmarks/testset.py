@@ -188,7 +188,7 @@ def controller_depths(directory: Path, z0, offsets: list[float],
     )
     from lm_eval_ponder.steering.vector import load_vector
 
-    controller, config = load_controller(directory, expected_hidden_size=z0.shape[1])
+    controller, config = load_controller(directory, expected_d_model=z0.shape[1])
     pcfg = PonderConfig(**config["ponder"])
     mine = cumulative_offsets(pcfg)
     if len(mine) != len(offsets) or not torch.allclose(mine, torch.tensor(offsets)):

@@ -381,17 +381,18 @@ def _linear_flops(n_in: int, n_out: int) -> int:
 
 
 def controller_flops(
-    hidden: int, controller_hidden: int = 512, n_evals: int = 1, projection_dim: int | None = None
+    d_model: int, width: int = 512, n_evals: int = 1, projection_dim: int | None = None
 ) -> int:
     """The ponder controller, LayerNorm(d) -> Linear(d,h) -> GELU -> Linear(h,h) -> GELU -> Linear(h,1).
 
+    ``d_model`` is the backbone's width d, ``width`` the controller's hidden width h.
     Counted separately from the LM so reports can show that the controller's overhead is tiny
     (about 2 * (d*h + h*h) per decision) next to the model it steers. ``projection_dim``: the
     fixed random projection d -> p that controllers of backbones wider than 1024 apply after
     the LayerNorm (``controller.PROJECTION_DIM``).
     """
-    _check_non_negative(hidden=hidden, controller_hidden=controller_hidden, n_evals=n_evals)
-    d, h = hidden, controller_hidden
+    _check_non_negative(d_model=d_model, width=width, n_evals=n_evals)
+    d, h = d_model, width
     projection = 0
     if projection_dim is not None and projection_dim < d:
         projection, d_in = _linear_flops(d, projection_dim), projection_dim

@@ -61,7 +61,7 @@ def ctrl_dir(tmp_path_factory):
     """A random controller for the tiny Llama (hidden 64), its continue probability near tau
     (sigmoid(-1.4) = 0.198 against 0.2), so that depths differ between prompts."""
     torch.manual_seed(3)
-    controller = PonderController(64, hidden=32)
+    controller = PonderController(64, width=32)
     with torch.no_grad():
         controller.head.bias.fill_(-1.4)
     return save_controller(controller, tmp_path_factory.mktemp("ctrl"))
@@ -71,7 +71,7 @@ def test_controller_decide_follows_the_state_when_the_step_is_already_there(monk
     """The H200 crash: ``Pondering.hook`` hands over the step vector on the device already, and
     ``ControllerDecide`` moved its offsets only when the step was elsewhere."""
     torch.manual_seed(0)
-    controller = PonderController(16, hidden=8)
+    controller = PonderController(16, width=8)
     offsets = cumulative_offsets(PonderConfig(k_max=3))
     z, vector = torch.randn(5, 16), torch.randn(16)
     want = ControllerDecide(controller, vector, 2.0, offsets, 0.5)(z)
@@ -206,7 +206,7 @@ def test_a_trainer_step_runs_on_the_accelerator(tiny_model_dir, tiny_vector_dir,
         assert all(torch.allclose(cpu[k], acc[k], rtol=1e-4, atol=1e-6) for k in cpu)
     config = json.loads((tmp_path / "acc" / "config.json").read_text())
     assert config["ponder"]["granularity"] == granularity
-    load_controller(tmp_path / "acc", expected_hidden_size=64)
+    load_controller(tmp_path / "acc", expected_d_model=64)
 
 
 # ----------------------------------------------------------------------------- steering
@@ -232,12 +232,12 @@ def test_steering_extraction_on_the_accelerator(monkeypatch):
 def test_controller_saved_on_one_device_loads_on_another(tmp_path, monkeypatch):
     """Saved from the device, loaded on the CPU (and back): the same weights and decisions."""
     torch.manual_seed(1)
-    controller = PonderController(16, hidden=8)
+    controller = PonderController(16, width=8)
     z = torch.randn(4, 9, 16)
     want = controller(z)
     with device_guard(monkeypatch):
         save_controller(controller.to(ACCELERATOR), tmp_path / "c")
-        loaded, _ = load_controller(tmp_path / "c", expected_hidden_size=16)
+        loaded, _ = load_controller(tmp_path / "c", expected_d_model=16)
         assert all(p.device.type == "cpu" for p in loaded.parameters())
         on_device = loaded.to(ACCELERATOR)(z.to(ACCELERATOR))
         assert torch.equal(on_device.cpu(), want.detach())

@@ -242,7 +242,7 @@ def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,
     if controller_arg is not None:
         controller_dir = Path(controller_arg)
         controller, config = load_controller(controller_dir,
-                                             expected_hidden_size=model_config.hidden_size)
+                                             expected_d_model=model_config.hidden_size)
         controller.to(device)
         if not args.allow_backbone_mismatch:
             check_controller_backbone(controller_dir, config.get("backbone") or {},

@@ -8,6 +8,9 @@ controller_hidden, controller_output):
     g2 = GELU(W2 g1 + b2)                   512 -> 512
     p  = sigmoid((w . g2 + b) / temperature)
 
+Two widths, two names: ``d_model`` is the backbone's width d (the hidden state the controller
+reads), ``width`` the controller's own hidden width (512 in the paper).
+
 The paper promises at most 1M parameters. With 512 hidden units that holds for d <= 1024
 (0.79M at d=1024, 0.72M at d=896 for Qwen2.5-0.5B, 0.56M at d=576 for SmolLM2-135M) but not for
 the paper's own larger backbones (d=2048..4096 would need 1.3M..2.4M). Our choice: for
@@ -17,7 +20,10 @@ written. The projection is a buffer, saved with the weights, and counted separat
 (``n_fixed``). Any other configuration that would exceed ``MAX_PARAMS`` is refused.
 
 Checkpoints are a directory with ``controller.safetensors`` (weights, never pickle) and
-``config.json`` (sizes and metadata), each written atomically.
+``config.json`` (sizes and metadata), each written atomically. ``config.json`` names the sizes
+``d_model`` and ``width``; until issue 40 it named them ``hidden_size`` and ``hidden``, which it
+still writes beside the new keys (so code from before can load a new controller) and which the
+loader reads where the new keys are absent (the shipped controllers have only those).
 """
 
 from __future__ import annotations
@@ -35,51 +41,57 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import atomic_write
 
 MAX_PARAMS = 1_000_000
-PROJECTION_DIM = 1024  # hidden sizes above this are randomly projected down to it
+PROJECTION_DIM = 1024  # backbone widths above this are randomly projected down to it
 PROJECTION_SEED = 0
 WEIGHTS_FILE = "controller.safetensors"
 CONFIG_FILE = "config.json"
+# config.json's size keys, and the names they had before issue 40 (still written and read)
+SIZE_KEYS = ("d_model", "width")
+LEGACY_SIZE_KEYS = {"d_model": "hidden_size", "width": "hidden"}
 
 
-def count_params(hidden_size: int, hidden: int = 512) -> int:
+def count_params(d_model: int, width: int = 512) -> int:
     """Learned parameters of a controller, without building it (LayerNorm + three Linears)."""
-    d_in = min(hidden_size, PROJECTION_DIM)
-    return 2 * hidden_size + (d_in * hidden + hidden) + (hidden * hidden + hidden) + (hidden + 1)
+    d_in = min(d_model, PROJECTION_DIM)
+    return 2 * d_model + (d_in * width + width) + (width * width + width) + (width + 1)
 
 
 class PonderController(nn.Module):
-    """phi(z) = P(continue pondering | z), the paper's <=1M-parameter halting controller."""
+    """phi(z) = P(continue pondering | z), the paper's <=1M-parameter halting controller.
 
-    def __init__(self, hidden_size: int, hidden: int = 512, temperature: float = 1.0) -> None:
+    ``d_model``: the backbone's width (the size of the state z it reads); ``width``: the
+    controller's hidden width (h, 512 in the paper)."""
+
+    def __init__(self, d_model: int, width: int = 512, temperature: float = 1.0) -> None:
         super().__init__()
-        if hidden_size < 1 or hidden < 1:
-            raise PonderError(f"controller sizes must be positive (got d={hidden_size}, "
-                              f"hidden={hidden})")
+        if d_model < 1 or width < 1:
+            raise PonderError(f"controller sizes must be positive (got d_model={d_model}, "
+                              f"width={width})")
         if not (math.isfinite(temperature) and temperature > 0):
             raise PonderError(f"controller temperature must be > 0 (got {temperature})")
-        n = count_params(hidden_size, hidden)
+        n = count_params(d_model, width)
         if n > MAX_PARAMS:
             raise PonderError(
-                f"a controller with hidden_size={hidden_size} and hidden={hidden} would have "
+                f"a controller with d_model={d_model} and width={width} would have "
                 f"{n:,} learned parameters, over the paper's budget of {MAX_PARAMS:,}; "
-                "use a smaller `hidden`"
+                "use a smaller `width`"
             )
-        self.hidden_size = hidden_size
-        self.hidden = hidden
+        self.d_model = d_model
+        self.width = width
         self.temperature = float(temperature)
-        self.norm = nn.LayerNorm(hidden_size)
-        d_in = hidden_size
-        if hidden_size > PROJECTION_DIM:
+        self.norm = nn.LayerNorm(d_model)
+        d_in = d_model
+        if d_model > PROJECTION_DIM:
             # Fixed, seeded, scaled so that a unit-variance input keeps its per-unit variance.
             gen = torch.Generator().manual_seed(PROJECTION_SEED)
-            proj = torch.randn(PROJECTION_DIM, hidden_size, generator=gen) / math.sqrt(hidden_size)
+            proj = torch.randn(PROJECTION_DIM, d_model, generator=gen) / math.sqrt(d_model)
             self.register_buffer("projection", proj)
             d_in = PROJECTION_DIM
         else:
             self.projection = None
-        self.fc1 = nn.Linear(d_in, hidden)
-        self.fc2 = nn.Linear(hidden, hidden)
-        self.head = nn.Linear(hidden, 1)
+        self.fc1 = nn.Linear(d_in, width)
+        self.fc2 = nn.Linear(width, width)
+        self.head = nn.Linear(width, 1)
 
     @property
     def n_params(self) -> int:
@@ -95,7 +107,7 @@ class PonderController(nn.Module):
         from lm_eval_ponder.flops import controller_flops
 
         projection = None if self.projection is None else int(self.projection.shape[0])
-        return controller_flops(self.hidden_size, self.hidden, n_evals, projection)
+        return controller_flops(self.d_model, self.width, n_evals, projection)
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Pre-temperature logit w.g2 + b (eqs. controller_norm, controller_hidden): z.shape[:-1].
@@ -136,9 +148,10 @@ def save_controller(
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    sizes = {"d_model": controller.d_model, "width": controller.width}
     config = {
-        "hidden_size": controller.hidden_size,
-        "hidden": controller.hidden,
+        **sizes,
+        **{LEGACY_SIZE_KEYS[k]: v for k, v in sizes.items()},  # for loaders before issue 40
         "temperature": controller.temperature,
         "n_params": controller.n_params,
         "n_fixed": controller.n_fixed,
@@ -154,14 +167,28 @@ def save_controller(
     return directory
 
 
+def config_sizes(config: dict) -> tuple[int, int]:
+    """(d_model, width) of a controller's config.json: its ``d_model``/``width``, else the keys
+    they had before issue 40 (``hidden_size``/``hidden``); refused where both are present and
+    disagree, since either could be the one the weights were trained with."""
+    sizes = []
+    for key in SIZE_KEYS:
+        legacy = LEGACY_SIZE_KEYS[key]
+        if key in config and legacy in config and int(config[key]) != int(config[legacy]):
+            raise ValueError(f"{key}={config[key]} but {legacy}={config[legacy]}")
+        sizes.append(int(config[key] if key in config else config[legacy]))
+    return sizes[0], sizes[1]
+
+
 def load_controller(
-    directory: str | os.PathLike, expected_hidden_size: int | None = None
+    directory: str | os.PathLike, expected_d_model: int | None = None
 ) -> tuple[PonderController, dict]:
-    """Load a checkpoint written by ``save_controller``; return (controller in eval mode, config).
+    """Load a checkpoint written by ``save_controller`` (of any version: see the module
+    docstring); return (controller in eval mode, config).
 
     Refuses, with a PonderError, anything that would silently give a wrong controller: missing
-    files, a controller trained for another backbone width, or tensors whose names/shapes do
-    not match the config.
+    files, a controller trained for another backbone width (``expected_d_model``), or tensors
+    whose names/shapes do not match the config.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -171,21 +198,21 @@ def load_controller(
             raise PonderError(f"controller checkpoint {directory} has no {name}")
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
-        hidden_size, hidden = int(config["hidden_size"]), int(config["hidden"])
+        d_model, width = config_sizes(config)
         temperature = float(config["temperature"])
     except (ValueError, KeyError, TypeError) as error:
         raise PonderError(
             f"unreadable controller config {directory / CONFIG_FILE}: {error}") from None
-    if expected_hidden_size is not None and hidden_size != expected_hidden_size:
+    if expected_d_model is not None and d_model != expected_d_model:
         raise PonderError(
-            f"controller {directory} was trained for hidden size {hidden_size}, but the backbone "
-            f"has hidden size {expected_hidden_size}: train a controller for this backbone"
+            f"controller {directory} was trained for a backbone of width {d_model}, but the "
+            f"backbone has width {expected_d_model}: train a controller for this backbone"
         )
     # The checkpoint overwrites the layers' random initialisation; drawing that from the global
     # generator would shift a seeded run's sampling stream, so that FP-Direct with a controller
     # that halts at once would not sample the tokens FR samples at the same offset and seed.
     with torch.random.fork_rng(devices=[]):
-        controller = PonderController(hidden_size, hidden, temperature)
+        controller = PonderController(d_model, width, temperature)
     try:
         tensors = load_file(str(directory / WEIGHTS_FILE))
     except Exception as error:  # safetensors raises its own error types on corrupt files

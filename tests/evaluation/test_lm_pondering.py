@@ -26,9 +26,9 @@ def vector_dir(tiny_model_dir, tmp_path_factory):
     return save_vector(SteeringVector(vectors, [0, 1, 2, 3], meta), tmp_path_factory.mktemp("vec"))
 
 
-def controller_dir(tmp_path, bias: float, hidden_size: int = 64):
+def controller_dir(tmp_path, bias: float, d_model: int = 64):
     """A controller whose continue probability is sigmoid(bias) everywhere (weights zeroed)."""
-    controller = PonderController(hidden_size, hidden=32)
+    controller = PonderController(d_model, width=32)
     with torch.no_grad():
         for p in controller.parameters():
             p.zero_()
@@ -73,7 +73,7 @@ def test_prompt_controller_depth_and_flops(tiny_model_dir, vector_dir, tmp_path,
         assert stats["ponder_steps"] == expected_depth
         assert stats["controller_evals"] == 9  # K_max + 1 candidates, once per prompt
         expected = generation_flops(lm.flops_spec, int(stats["prompt_tokens"]), int(stats["gen_tokens"]))
-        expected += controller_flops(64, controller_hidden=32, n_evals=9)
+        expected += controller_flops(64, width=32, n_evals=9)
         assert stats["flops"] == expected
 
 
@@ -107,7 +107,7 @@ def test_bad_ponder_args_are_clear_errors(tiny_model_dir, vector_dir, tmp_path):
         make(tiny_model_dir, steering=str(vector_dir), alpha=0.1, tau=2.0)
     with pytest.raises(PonderError, match="none is shipped"):
         make(tiny_model_dir, alpha=0.1)
-    wrong = controller_dir(tmp_path, 1.0, hidden_size=32)
+    wrong = controller_dir(tmp_path, 1.0, d_model=32)
     with pytest.raises(PonderError):
         make(tiny_model_dir, steering=str(vector_dir), controller=str(wrong))
 
@@ -137,7 +137,7 @@ def test_steering_follows_rows_that_leave_and_join(tiny_model_dir, vector_dir, t
     each row keeps its own prompt-level offset or per-token decisions, so texts and per-row
     accounting equal HF generate's, where every row stays in the batch to the end."""
     torch.manual_seed(3)  # a random controller with a sharp head: depths differ by row/token
-    controller = PonderController(64, hidden=32)
+    controller = PonderController(64, width=32)
     with torch.no_grad():
         controller.head.weight.mul_(30.0)
         controller.head.bias.fill_(-2.0)

@@ -33,7 +33,7 @@ def test_param_count_by_hand_at_qwen_width() -> None:
 
 
 def test_architecture_is_the_papers() -> None:
-    c = PonderController(64, hidden=32)
+    c = PonderController(64, width=32)
     assert isinstance(c.norm, torch.nn.LayerNorm) and c.norm.normalized_shape == (64,)
     assert (c.fc1.in_features, c.fc1.out_features) == (64, 32)
     assert (c.fc2.in_features, c.fc2.out_features) == (32, 32)
@@ -56,13 +56,13 @@ def test_wide_backbones_use_a_fixed_projection_within_budget(d: int) -> None:
 
 def test_over_budget_is_refused() -> None:
     with pytest.raises(PonderError, match="budget"):
-        PonderController(896, hidden=1024)
+        PonderController(896, width=1024)
     with pytest.raises(PonderError):
         PonderController(64, temperature=0.0)
 
 
 def test_shapes_and_range() -> None:
-    c = PonderController(64, hidden=32)
+    c = PonderController(64, width=32)
     p = c(torch.randn(2, 3, 64))
     assert p.shape == (2, 3) and bool(((p > 0) & (p < 1)).all())
     assert c(torch.randn(64, dtype=torch.bfloat16)).dtype == torch.float32  # casts its input
@@ -70,8 +70,8 @@ def test_shapes_and_range() -> None:
 
 def test_temperature_scales_logits() -> None:
     torch.manual_seed(0)
-    warm = PonderController(64, hidden=32, temperature=1.0)
-    cold = PonderController(64, hidden=32, temperature=0.1)
+    warm = PonderController(64, width=32, temperature=1.0)
+    cold = PonderController(64, width=32, temperature=0.1)
     cold.load_state_dict(warm.state_dict())
     z = torch.randn(16, 64)
     assert torch.allclose(cold.logits(z), warm.logits(z))
@@ -83,12 +83,14 @@ def test_temperature_scales_logits() -> None:
 @pytest.mark.parametrize("d", [64, 1100])
 def test_save_load_round_trip(tmp_path, d: int) -> None:
     torch.manual_seed(1)
-    c = PonderController(d, hidden=32, temperature=0.5)
+    c = PonderController(d, width=32, temperature=0.5)
     save_controller(c, tmp_path / "ckpt", extra_config={"layer": 1, "tau": 0.2})
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
         "config.json", "controller.safetensors"]  # no temp files left behind
-    loaded, config = load_controller(tmp_path / "ckpt", expected_hidden_size=d)
+    loaded, config = load_controller(tmp_path / "ckpt", expected_d_model=d)
     assert config["hidden_size"] == d and config["hidden"] == 32 and config["layer"] == 1
+    assert config["d_model"] == d and config["width"] == 32  # the names since issue 40
+    assert (loaded.d_model, loaded.width) == (d, 32)
     assert config["n_params"] == c.n_params and loaded.temperature == 0.5
     assert not loaded.training
     z = torch.randn(4, d)
@@ -97,7 +99,7 @@ def test_save_load_round_trip(tmp_path, d: int) -> None:
 
 def test_loading_leaves_the_seeded_random_stream_alone(tmp_path) -> None:
     """A seeded sampled run must draw the same numbers with or without a controller loaded."""
-    save_controller(PonderController(64, hidden=32), tmp_path)
+    save_controller(PonderController(64, width=32), tmp_path)
     torch.manual_seed(0)
     expected = torch.rand(3)
     torch.manual_seed(0)
@@ -106,15 +108,15 @@ def test_loading_leaves_the_seeded_random_stream_alone(tmp_path) -> None:
 
 
 def test_load_refuses_other_width(tmp_path) -> None:
-    save_controller(PonderController(64, hidden=32), tmp_path)
+    save_controller(PonderController(64, width=32), tmp_path)
     with pytest.raises(PonderError, match=r"64.*576"):
-        load_controller(tmp_path, expected_hidden_size=576)
+        load_controller(tmp_path, expected_d_model=576)
 
 
 def test_load_refuses_missing_and_mismatched(tmp_path) -> None:
     with pytest.raises(PonderError, match="not found"):
         load_controller(tmp_path / "nope")
-    save_controller(PonderController(64, hidden=32), tmp_path)
+    save_controller(PonderController(64, width=32), tmp_path)
     # tensors that disagree with config.json
     save_file({"fc1.weight": torch.zeros(3, 3)}, str(tmp_path / "controller.safetensors"))
     with pytest.raises(PonderError, match="do not match"):
@@ -126,7 +128,38 @@ def test_load_refuses_missing_and_mismatched(tmp_path) -> None:
 
 def test_extra_config_cannot_override_sizes(tmp_path) -> None:
     with pytest.raises(PonderError):
-        save_controller(PonderController(64, hidden=32), tmp_path, {"hidden_size": 9})
+        save_controller(PonderController(64, width=32), tmp_path, {"hidden_size": 9})
     assert not (tmp_path / "config.json").exists()
-    save_controller(PonderController(64, hidden=32), tmp_path, {"note": "x"})
+    save_controller(PonderController(64, width=32), tmp_path, {"note": "x"})
     assert json.loads((tmp_path / "config.json").read_text())["note"] == "x"
+
+
+def test_a_config_from_before_issue_40_loads(tmp_path) -> None:
+    """Controllers saved before the sizes were renamed (``hidden_size``/``hidden`` only, as the
+    shipped one) load to the same controller; a config whose old and new keys disagree is
+    refused rather than guessed."""
+    torch.manual_seed(2)
+    c = PonderController(64, width=32)
+    save_controller(c, tmp_path)
+    path = tmp_path / "config.json"
+    config = json.loads(path.read_text())
+    old = {k: v for k, v in config.items() if k not in ("d_model", "width")}
+    path.write_text(json.dumps(old))
+    loaded, _ = load_controller(tmp_path, expected_d_model=64)
+    assert (loaded.d_model, loaded.width) == (64, 32)
+    z = torch.randn(3, 64)
+    assert torch.equal(loaded(z), c(z))
+    path.write_text(json.dumps({**config, "width": 16}))
+    with pytest.raises(PonderError, match="width=16 but hidden=32"):
+        load_controller(tmp_path)
+
+
+def test_the_shipped_controller_loads() -> None:
+    from lm_eval_ponder.resources import shipped_controller_dir
+
+    shipped = shipped_controller_dir("smollm2-135m-instruct")
+    if shipped is None:
+        pytest.skip("no shipped controller in this install")
+    controller, config = load_controller(shipped, expected_d_model=576)
+    assert "d_model" not in config  # saved before issue 40: read through the old keys
+    assert (controller.d_model, controller.width) == (config["hidden_size"], config["hidden"])

@@ -82,7 +82,7 @@ def test_halting_depth_by_hand() -> None:
 
 def test_ponder_matches_a_step_by_step_loop() -> None:
     torch.manual_seed(0)
-    controller = PonderController(D, hidden=32).eval()
+    controller = PonderController(D, width=32).eval()
     cfg = PonderConfig(alpha0=0.5, beta=0.3, k_max=6)
     z0, h = torch.randn(16, D), 8.0 * torch.randn(D)
     offsets = cumulative_offsets(cfg)

@@ -184,7 +184,7 @@ def test_controller_decide_records_depths(model, vector) -> None:
     torch.manual_seed(0)
     cfg = PonderConfig(k_max=4, alpha0=0.5)
     offsets = cumulative_offsets(cfg)
-    decide = ControllerDecide(PonderController(D, hidden=32), vector, SCALE, offsets, tau=0.99)
+    decide = ControllerDecide(PonderController(D, width=32), vector, SCALE, offsets, tau=0.99)
     ids = torch.randint(3, 128, (2, 6))
     with torch.no_grad(), SteeringHook(model, LAYER, vector, SCALE, decide) as hook:
         generate(model, ids)
@@ -245,7 +245,7 @@ def test_per_token_steering_never_waits_for_the_host(model, vector, mode, host_s
     hook runs (``host_syncs``; where CUDA exists, its sync debug mode too)."""
     torch.manual_seed(0)
     offsets = cumulative_offsets(PonderConfig(k_max=4, alpha0=0.5))
-    decide = ControllerDecide(PonderController(D, hidden=32), vector, SCALE, offsets, tau=0.5)
+    decide = ControllerDecide(PonderController(D, width=32), vector, SCALE, offsets, tau=0.5)
     layer = decoder_layers(model)[LAYER]
     # forward hooks run in the order they were registered: ``enter`` before the steering
     # hook, ``leave`` after it, so only the steering work is counted (not transformers' own)

@@ -14,7 +14,7 @@ from lm_eval_ponder.training import checkpoint as ckpt
 
 def trained_state(seed: int):
     torch.manual_seed(seed)
-    controller = PonderController(16, hidden=8)
+    controller = PonderController(16, width=8)
     optimizer = torch.optim.Adam(controller.parameters(), lr=1e-2)
     for _ in range(3):
         optimizer.zero_grad()

@@ -39,7 +39,7 @@ def test_step_reports_collapse_diagnostics():
     """Stages 2-3 report mean |advantage| over kept trajectories and the policy entropy (what a
     collapse shows in the log); stage 1 has no advantages, so both are nan."""
     D = 8
-    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+    trainer = GRPOTrainer(PonderController(D, width=8), torch.ones(D), torch.arange(3.0), 0.2,
                           GRPOConfig(prompts_per_step=2, num_generations=4, t1=1, t2=1,
                                      quality_gates=False), seed=0)
     seen = {}
@@ -143,7 +143,7 @@ def synthetic_run(steps: int = 1200, seed: int = 0, optim: str = "adam", lr: flo
     cfg = GRPOConfig(prompts_per_step=16, learning_rate=lr, t1=0, t2=0, max_steps=steps,
                      quality_gates=False, entropy_beta=0.01, optim=optim,
                      max_grad_norm=max_grad_norm)
-    trainer = GRPOTrainer(PonderController(D, hidden=64), h, torch.arange(K + 1.0), 0.2, cfg,
+    trainer = GRPOTrainer(PonderController(D, width=64), h, torch.arange(K + 1.0), 0.2, cfg,
                           seed, temperature_end)
 
     def reward_fn(ids, depths):
@@ -198,7 +198,7 @@ def test_imitation_stage_teaches_the_teacher():
 
     for mode in ("imitation", "paper"):
         torch.manual_seed(0)
-        ctrl = PonderController(D, hidden=32)
+        ctrl = PonderController(D, width=32)
         before = {k: v.clone() for k, v in ctrl.state_dict().items()}
         cfg = GRPOConfig(stage1=mode, t1=300, t2=400, learning_rate=3e-3, prompts_per_step=8,
                          optim="adam", max_grad_norm=1.0)
@@ -240,7 +240,7 @@ def test_token_level_update_learns_the_rewarded_direction(sign, want_depth):
     """GRPO on per-token decisions moves the greedy depth to whichever end is rewarded; a
     wrong advantage sign or log-probability would send both cases the same way."""
     torch.manual_seed(0)
-    ctrl = PonderController(8, hidden=16)
+    ctrl = PonderController(8, width=16)
     cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=0, t2=0, learning_rate=5e-3,
                      optim="adam", max_grad_norm=1.0,
                      quality_gates=False, eps_div=0.0)
@@ -260,7 +260,7 @@ def test_token_step_reports_collapse_diagnostics():
     decisions: at most 2 log 2)."""
     cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=1, t2=1, quality_gates=False,
                      eps_div=0.0)
-    trainer = GRPOTrainer(PonderController(8, hidden=16), torch.ones(8),
+    trainer = GRPOTrainer(PonderController(8, width=16), torch.ones(8),
                           torch.tensor([0.0, 0.5, 1.0]), 0.5, cfg, seed=0)
     rollout, score = synthetic_rollout(1.0)
     first = step_tokens(trainer, 0, torch.tensor([0, 1]), rollout, score)
@@ -274,7 +274,7 @@ def test_token_step_reports_collapse_diagnostics():
 
 def test_imitation_stage_learns_the_teacher_depth():
     torch.manual_seed(0)
-    ctrl = PonderController(8, hidden=16)
+    ctrl = PonderController(8, width=16)
     cfg = GRPOConfig(num_generations=4, prompts_per_step=2, t1=1000, t2=1000, learning_rate=5e-3,
                      optim="adam", max_grad_norm=1.0,
                      teacher_min=1, teacher_max=1, eps_div=0.0)
@@ -314,7 +314,7 @@ def test_token_policy_decides_without_host_syncs(host_syncs, greedy):
     for the update."""
     torch.manual_seed(0)
     d, rows = 16, 4
-    trainer = GRPOTrainer(PonderController(d, hidden=8), torch.randn(d) / 4,
+    trainer = GRPOTrainer(PonderController(d, width=8), torch.randn(d) / 4,
                           torch.linspace(0, 0.4, 4), tau=0.5, cfg=GRPOConfig(), seed=0)
     policy = grpo.TokenPolicy(trainer, torch.tensor([True, False, False, True]),
                               torch.tensor([2, 0, 0, 1]), greedy=greedy)
@@ -343,7 +343,7 @@ def test_annealed_temperature_is_monotone_and_hits_its_end_points():
 
 
 def test_trainer_anneals_the_controllers_temperature():
-    ctrl = PonderController(D, hidden=8)
+    ctrl = PonderController(D, width=8)
     cfg = GRPOConfig(prompts_per_step=2, num_generations=2, t1=2, t2=3, max_steps=6,
                      quality_gates=False, eps_div=0.0)
     trainer = GRPOTrainer(ctrl, torch.ones(D), torch.arange(3.0), 0.2, cfg, 0,
@@ -382,7 +382,7 @@ def test_theta_comp_is_the_completeness_of_setup_and_computation():
 def test_each_gates_drops_are_reported_in_stage_3_only():
     cfg = GRPOConfig(prompts_per_step=2, num_generations=4, t1=1, t2=2, max_steps=4,
                      eps_div=0.0)
-    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+    trainer = GRPOTrainer(PonderController(D, width=8), torch.ones(D), torch.arange(3.0), 0.2,
                           cfg, 0)
     comp = torch.tensor([0.0, 0.5, 0.5, 0.75, 0.25, 0.5, 1.0, 0.5], dtype=torch.float64)
     qual = torch.tensor([0.5, 0.05, 0.9, 0.9, 0.0, 0.5, 0.5, 0.5], dtype=torch.float64)
@@ -430,7 +430,7 @@ def test_type_groups_reach_the_advantages(monkeypatch):
     monkeypatch.setattr(grpo, "group_advantages", spy)
     cfg = GRPOConfig(prompts_per_step=2, num_generations=2, t1=0, t2=0, group_by="type",
                      quality_gates=False, eps_div=0.0)
-    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+    trainer = GRPOTrainer(PonderController(D, width=8), torch.ones(D), torch.arange(3.0), 0.2,
                           cfg, 0)
 
     def reward_fn(ids, depths):
@@ -450,7 +450,7 @@ def test_a_diverged_update_stops_training(monkeypatch):
                                                                       requires_grad=True))
     cfg = GRPOConfig(prompts_per_step=2, num_generations=2, t1=0, t2=0, quality_gates=False,
                      eps_div=0.0)
-    trainer = GRPOTrainer(PonderController(D, hidden=8), torch.ones(D), torch.arange(3.0), 0.2,
+    trainer = GRPOTrainer(PonderController(D, width=8), torch.ones(D), torch.arange(3.0), 0.2,
                           cfg, 0)
     before = {k: v.clone() for k, v in trainer.controller.state_dict().items()}
     with pytest.raises(PonderError, match="diverged at step 1"):
@@ -465,7 +465,7 @@ def test_sgd_step_is_the_algorithms_sum_over_the_batch(monkeypatch):
     all P x G trajectories; no clipping unless max_grad_norm is set."""
     def trained(lr, scale_fn=None):
         torch.manual_seed(0)
-        ctrl = PonderController(D, hidden=8)
+        ctrl = PonderController(D, width=8)
         cfg = GRPOConfig(prompts_per_step=2, num_generations=4, t1=5, t2=5, optim="sgd",
                          learning_rate=lr, eps_div=0.0, max_grad_norm=None)
         trainer = GRPOTrainer(ctrl, torch.ones(D), torch.arange(3.0), 0.2, cfg, 0)

@@ -39,7 +39,7 @@ def weights(directory):
 
 
 def test_outputs_config_log_and_card(run_a):
-    controller, config = load_controller(run_a, expected_hidden_size=64)
+    controller, config = load_controller(run_a, expected_d_model=64)
     assert controller.n_params < 1_000_000
     assert config["ponder"]["k_max"] == 2 and config["seed"] == 0
     assert config["backbone"]["steering_sha256"] and config["layer"] == 2
@@ -63,7 +63,7 @@ def test_paper_training_defaults_are_recorded(run_a):
     gates with theta_comp = R_comp(setup + computation), Adam clipped at 1.0 (Algorithm 1's plain
     step diverged on a real cache); the card says each, and the log shows each gate's drops
     (none before stage 3) and the temperature falling."""
-    controller, config = load_controller(run_a, expected_hidden_size=64)
+    controller, config = load_controller(run_a, expected_d_model=64)
     assert controller.temperature == pytest.approx(0.1)
     grpo_cfg = config["train_config"]["grpo"]
     assert (grpo_cfg["optim"], grpo_cfg["max_grad_norm"], grpo_cfg["group_by"]) == \

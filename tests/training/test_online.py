@@ -28,7 +28,7 @@ OFFSETS = cumulative_offsets(PonderConfig(**PONDER))
 
 def fixed_controller(bias: float) -> PonderController:
     """phi = sigmoid(bias) on every state: halts at once (bias << 0) or never (bias >> 0)."""
-    ctrl = PonderController(64, hidden=16)
+    ctrl = PonderController(64, width=16)
     with torch.no_grad():
         for p in ctrl.parameters():
             p.zero_()

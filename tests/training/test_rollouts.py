@@ -85,7 +85,7 @@ def test_cached_outcome_is_what_a_controller_run_generates(lm, cache, tiny_model
     reqs = [Instance("generate_until", {}, (p.context, generation_kwargs(CFG)), i)
             for i, p in enumerate(prompts)]
     for bias, depth in ((-30.0, 0), (30.0, 2)):
-        ctrl = PonderController(64, hidden=16)
+        ctrl = PonderController(64, width=16)
         with torch.no_grad():
             for p in ctrl.parameters():
                 p.zero_()

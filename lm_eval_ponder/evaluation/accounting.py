@@ -12,7 +12,7 @@ their own extraction in ``process_results`` and keep every repeat (Best-of-N) wi
 filter. A response without stats (``--model hf`` or ``vllm``, or a filter that rebuilt the
 string) is reported as NaN in the sample log: ``process_results`` cannot see the model or its
 tokenizer. The report re-tokenises such responses with ``count_text_tokens`` and marks the
-figures as estimated (``reporting.estimate``).
+metrics as estimated (``reporting.estimate``).
 """
 
 from __future__ import annotations

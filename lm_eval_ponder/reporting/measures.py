@@ -27,7 +27,7 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(spearmanr(x, y).statistic)
 
 
-def figures(samples: list[dict]) -> dict[str, float]:
+def metrics(samples: list[dict]) -> dict[str, float]:
     """A run's cell of the leaderboard: accuracy, its 95% interval, n and mean costs. One seed:
     the Wilson interval of k/n; several (``n_seeds`` on the merged samples): a bootstrap over
     questions of the per-question means (``reporting.seeds``)."""

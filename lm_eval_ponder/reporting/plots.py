@@ -27,7 +27,7 @@ from typing import Protocol
 from lm_eval_ponder.reporting.images import save_figure
 from lm_eval_ponder.reporting.measures import (
     by_level,
-    figures,
+    metrics,
     pareto_front,
     strong_win_rate,
     strong_wins,
@@ -110,7 +110,7 @@ def curve_key(label: str) -> str | None:
 
 
 def distinguishability(stats: dict[str, dict], subject: str) -> str:
-    """One sentence on what the intervals of ``stats`` (label -> ``figures``) resolve: the
+    """One sentence on what the intervals of ``stats`` (label -> ``metrics``) resolve: the
     best accuracy, which labels are within its interval and which are below it beyond it."""
     if not stats:
         return f"{subject}: no runs."
@@ -209,7 +209,7 @@ def draw_accuracy_cost(ax, runs: list[tuple[str, dict]], cost: str = "flops",
 def pareto_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Path, str]:
     import matplotlib.pyplot as plt
 
-    stats = {r.label: figures(r.samples) for r in group}
+    stats = {r.label: metrics(r.samples) for r in group}
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     draw_accuracy_cost(ax, list(stats.items()))
     pts = [(f["flops"], f["acc"]) for f in stats.values()]
@@ -233,7 +233,7 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
     if not levelled:
         return []
     levels = sorted({k for _, lv in levelled for k in lv})
-    per = {level: {r.label: figures(lv[level]) for r, lv in levelled if level in lv}
+    per = {level: {r.label: metrics(lv[level]) for r, lv in levelled if level in lv}
            for level in levels}
     sentences = [distinguishability(per[level], f"level {level}") + coincident(per[level])
                  for level in levels]

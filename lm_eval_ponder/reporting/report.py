@@ -1,7 +1,7 @@
 """``python -m lm_eval_ponder.report DIR... [--output OUT]``: the paper's Table 1 and figures
 from lm-eval output directories (``--output_path`` with ``--log_samples``).
 
-Every figure is recomputed from the per-sample logs, so the report never trusts a number it
+Every metric is recomputed from the per-sample logs, so the report never trusts a number it
 cannot re-derive. Accuracy carries a Wilson 95% interval and n; the best accuracy of a dataset
 is bolded only when its interval does not overlap the runner-up's (otherwise the table says
 "tie within CI"). Per-level analyses use the documents' ``level`` (arith ladder, MATH500).
@@ -51,7 +51,7 @@ from lm_eval_ponder.files import read_json
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import Identity, distinguish, flatten, parse_model_args, render
-from lm_eval_ponder.reporting.measures import by_level, figures, spearman
+from lm_eval_ponder.reporting.measures import by_level, metrics, spearman
 from lm_eval_ponder.reporting.plots import plots, table_rank
 from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
 
@@ -234,8 +234,8 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     for dataset in dataset_order(common):
         group = common[dataset]
         group = [r for r in group if r.samples]
-        figs = {(r.backbone, r.label): figures(r.samples) for r in group}
-        ranked = sorted(figs.items(), key=lambda kv: -kv[1]["acc"])
+        cells = {(r.backbone, r.label): metrics(r.samples) for r in group}
+        ranked = sorted(cells.items(), key=lambda kv: -kv[1]["acc"])
         win = None
         if len(ranked) > 1 and ranked[0][1]["lo"] > ranked[1][1]["hi"]:
             win = ranked[0][0]
@@ -248,7 +248,7 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
             rows.setdefault(key, {"backbone": r.backbone, "method": r.method, "label": r.label,
                                   "identity": r.identity.model_digest,
                                   "model": r.identity.model})[dataset] = \
-                {**figs[key], "win": key == win, "identity": r.identity.digest,
+                {**cells[key], "win": key == win, "identity": r.identity.digest,
                  "generation": r.identity.generation}
             if r.note:
                 notes.append(f"{r.label} on {dataset}: {r.note}")

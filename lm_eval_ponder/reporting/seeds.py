@@ -7,7 +7,7 @@ averaged over the seeds that answered it (all of them: questions some seed lacks
 so every seed weighs the same), and the 95% interval is a percentile bootstrap over questions
 of those per-question means: resampling questions keeps each question's seeds together, so the
 interval covers the spread of questions and, through each mean, that of seeds. It is
-deterministic (a fixed generator), so a report rebuilds to the same figures.
+deterministic (a fixed generator), so a report rebuilds to the same metrics.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import math
 SEED_KEYS = ("torch_seed", "random_seed")
 BOOTSTRAP_ITERS = 2000
 BOOTSTRAP_SEED = 0
-# per-question figures averaged over seeds; everything else comes from the first seed
+# per-question metrics averaged over seeds; everything else comes from the first seed
 MEANS = ("exact_match", "gen_tokens", "flops", "ponder_steps")
 
 

@@ -1,5 +1,5 @@
 """Compact sample logs: nothing of a benchmark question or answer survives, our own data keeps
-what the reports quote, and the report reads them to the same figures as the full logs."""
+what the reports quote, and the report reads them to the same metrics as the full logs."""
 
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def test_the_newest_run_and_its_best_form_are_read(tmp_path):
 
 
 @pytest.mark.parametrize("task", ["gsm8k_ponder", "arith_ponder"])
-def test_report_reads_a_compact_run_to_the_same_figures(tmp_path, task):
+def test_report_reads_a_compact_run_to_the_same_metrics(tmp_path, task):
     rows = [(i % 3 == 0, 40 + i, i % 4, 1 + i % 5) for i in range(30)]
     full, only = tmp_path / "full", tmp_path / "compact"
     for root in (full, only):

@@ -42,7 +42,7 @@ def test_a_dataset_without_levels_has_one_strong_win_rate():
     assert ms.strong_wins(fp, base) == (2, 3)  # doc 3 has no baseline answer
 
 
-def test_figures_mean_costs_and_interval():
-    f = ms.figures([sample(0, 1, True, 10), sample(1, 1, False, 30)])
+def test_metrics_mean_costs_and_interval():
+    f = ms.metrics([sample(0, 1, True, 10), sample(1, 1, False, 30)])
     assert (f["n"], f["acc"], f["tokens"]) == (2, 0.5, 20.0)
     assert f["lo"] < 0.5 < f["hi"] and f["log10_flops"] == pytest.approx(math.log10(2e10))

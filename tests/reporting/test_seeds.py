@@ -30,7 +30,7 @@ def test_merge_averages_each_question_over_the_seeds_that_all_answered():
 def test_bootstrap_interval_is_deterministic_and_shrinks_with_questions():
     few = [1.0, 0.0, 0.5, 1.0, 0.0, 0.5, 1 / 3, 2 / 3] * 5
     lo, hi = bootstrap_interval(few)
-    assert (lo, hi) == bootstrap_interval(few)  # a report rebuilds to the same figures
+    assert (lo, hi) == bootstrap_interval(few)  # a report rebuilds to the same metrics
     assert lo < sum(few) / len(few) < hi
     lo4, hi4 = bootstrap_interval(few * 4)
     assert hi4 - lo4 < hi - lo

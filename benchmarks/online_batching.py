@@ -40,7 +40,7 @@ def main() -> None:
     cfg.rollout.max_completion_length = args.max_tokens
     cfg.validate()
     offsets = cumulative_offsets(cfg.ponder)
-    lm = load_backbone(cfg, offsets.tolist())
+    lm = load_backbone(cfg)
     torch.manual_seed(0)
     ctrl = PonderController(lm.model.config.hidden_size, cfg.controller_hidden)
     trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, offsets, cfg.ponder.tau,

@@ -48,15 +48,18 @@ LOG = "train_log.jsonl"
 LOGGER = logging.getLogger(__name__)
 
 
-def load_backbone(cfg: TrainConfig, offsets: list[float]):
+def load_backbone(cfg: TrainConfig):
+    """The frozen backbone with the run's steering vector. It ponders no call by itself: the
+    rollout cache steers each row at its depth's offset and the token-level trainer steers
+    through its policy's hook, each call saying how."""
     from lm_eval_ponder.evaluation.lm import PonderLM
 
     kwargs = {"batch_size": cfg.rollout.batch_size, "dtype": cfg.dtype,
               "parallelize": cfg.parallelize}
     if cfg.device:
         kwargs["device"] = cfg.device
-    return PonderLM(pretrained=cfg.pretrained, gguf_file=cfg.gguf_file, steering=cfg.steering,
-                    layer=cfg.layer, alpha=offsets[0], **kwargs)
+    return PonderLM.unsteered(cfg.steering, cfg.layer, pretrained=cfg.pretrained,
+                              gguf_file=cfg.gguf_file, **kwargs)
 
 
 def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, step: int,
@@ -179,7 +182,7 @@ def identity_of(lm) -> dict:
             "dtype": str(lm.model.dtype).removeprefix("torch."),
             "steering_dir": str(lm.steering_dir), "layer": lm.steer_layer,
             "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
-            "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
+            "steering_sha256": lm.require_steering().sha()}
 
 
 class TrainingEnvironment(Protocol):
@@ -309,7 +312,7 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     offsets = cumulative_offsets(cfg.ponder)
-    lm = load_backbone(cfg, offsets.tolist())
+    lm = load_backbone(cfg)
     identity = identity_of(lm)
     torch.manual_seed(cfg.seed)
     controller = PonderController(identity["hidden_size"], cfg.controller_hidden,

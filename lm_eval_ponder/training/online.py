@@ -90,7 +90,7 @@ class OnlineEnvironment(RewardBook):
         hook = SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, policy,
                             mode="token")
         out = lm.generate_batch(input_ids, mask, max_new_tokens=self.max_gen_toks,
-                                stop=self.until, steering=hook, do_sample=False)
+                                stop=self.until, hook=hook, do_sample=False)
         generated = out.sequences[:, input_ids.shape[1]:].tolist()
         used = out.gen_tokens
         texts = [postprocess_generated_text(generation=lm.tok_decode(t), stop=self.until,

@@ -1,10 +1,10 @@
 """Training environments: (prompt, ponder decisions) -> outcome -> reward.
 
 ``RewardBook`` turns outcomes into the paper's reward (``rewards.py``) and keeps its running
-state (FLOPs statistics, adaptive weights, perplexity reference); the online token-level
-trainer (``online.py``) uses it directly. ``CachedEnvironment`` adds the rollout cache's
-(prompt, depth) lookups and evaluates a controller's inference-time
-choices (first phi <= tau) on any prompt subset. The FLOPs of an outcome are the backbone's
+state (FLOPs statistics, adaptive weights, perplexity reference). Each environment holds one
+(``rewards``): ``CachedEnvironment`` here (the rollout cache's (prompt, depth) lookups, and a
+controller's inference-time choices, first phi <= tau, evaluated on any prompt subset) and
+``online.OnlineEnvironment`` (token level). The FLOPs of an outcome are the backbone's
 (prefill and decode, from the cache) plus the controller's K_max+1 evaluations, exactly what
 ``--model ponder`` logs.
 """
@@ -101,9 +101,10 @@ class RewardBook:
             self._magnitudes.clear()
 
 
-class CachedEnvironment(RewardBook):
+class CachedEnvironment:
     """Prompt granularity: outcomes are rollout-cache lookups by (prompt, depth), so a GRPO
-    step costs no generation. Implements the training loop's ``TrainingEnvironment``."""
+    step costs no generation. Implements the training loop's ``TrainingEnvironment``; scores
+    with its ``rewards`` (a ``RewardBook`` whose perplexity reference is the cache's)."""
 
     def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
                  reward_cfg: R.RewardConfig, generator: torch.Generator,
@@ -112,7 +113,7 @@ class CachedEnvironment(RewardBook):
         analysis of a cache that is still being built); training refuses an incomplete cache.
         ``max_prompts``: only the first that many (complete) prompts, so an analysis of a
         growing cache can be repeated on the prefix it was first made on."""
-        super().__init__(reward_cfg)
+        self.rewards = RewardBook(reward_cfg)
         self.cache = cache
         self.cache_wall = 0.0  # seconds the training run spent building/checking the cache
         self.prompts = cache.prompts()
@@ -145,10 +146,10 @@ class CachedEnvironment(RewardBook):
         correct_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
                        if r["correct"] and r.get("ppl") is not None]
         all_ppl = [r.get("ppl") for rows in self.records for d in rows for r in d]
-        self.set_ppl_reference(correct_ppl or all_ppl)
+        self.rewards.set_ppl_reference(correct_ppl or all_ppl)
         # Frozen reference for model selection: the same reward with whole-cache FLOPs stats.
         flops = [self.flops(r) for rows in self.records for d in rows for r in d]
-        self.reference_stats = R.RunningStats(self.cfg.ema_momentum)
+        self.reference_stats = R.RunningStats(self.rewards.cfg.ema_momentum)
         self.reference_stats.update(flops)
 
     def flops(self, record: dict) -> float:
@@ -166,7 +167,7 @@ class CachedEnvironment(RewardBook):
     def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
         """The GRPO reward_fn: rewards and reward inputs of each (prompt, depth) pair."""
         recs = [self._record(int(i), int(d)) for i, d in zip(prompt_ids, depths)]
-        return self.score(recs, [self.flops(r) for r in recs])
+        return self.rewards.score(recs, [self.flops(r) for r in recs])
 
     def expected(self, i: int, depth: int, samples: list[int] | None = None) -> dict[str, float]:
         """Expected outcome of prompt ``i`` at ``depth``: the mean over its samples (or the
@@ -175,8 +176,9 @@ class CachedEnvironment(RewardBook):
         rows = self.records[i][depth]
         if samples is not None:
             rows = [rows[s] for s in samples]
+        book = self.rewards
         score = [R.total_reward(R.reward_components(r, self.flops(r), self.reference_stats,
-                                                    self.ppl_ref, self.cfg), self.cfg.weights)
+                                                    book.ppl_ref, book.cfg), book.cfg.weights)
                  for r in rows]
         n = len(rows)
         return {"accuracy": sum(r["correct"] for r in rows) / n,

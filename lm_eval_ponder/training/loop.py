@@ -33,7 +33,12 @@ from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.training.config import TrainConfig, config_dict
 from lm_eval_ponder.training.distributed import Distributed
-from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key, split_prompts
+from lm_eval_ponder.training.environment import (
+    CachedEnvironment,
+    RewardBook,
+    outcome_key,
+    split_prompts,
+)
 from lm_eval_ponder.training.grpo import (
     GRPOTrainer,
     completeness_threshold,
@@ -131,7 +136,7 @@ def iteration(t: int, step, train_ids: torch.Tensor, n_prompts: int, gen: torch.
     dist.assert_equal(ids, "ranks drew different global batches (generator out of step)")
     res = step(ids[dist.rank :: dist.world])
     outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
-    env.observe(outcome, t)
+    env.rewards.observe(outcome, t)
     window.append(window_entry(outcome, res, dist))
     if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
         append_jsonl(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
@@ -143,7 +148,7 @@ def save_state(path: Path, trainer: GRPOTrainer, generators: dict, best, env,
                meta: dict) -> None:
     """The checkpoint: controller, optimiser, generators, best weights, reward state, meta."""
     ckpt.save_checkpoint(path, trainer.controller, trainer.optimizer, generators, best, {
-        **meta, "stats": env.stats.state(), "weights": env.weights,
+        **meta, "stats": env.rewards.stats.state(), "weights": env.rewards.weights,
         "reinitialisations": trainer.reinitialisations})
 
 
@@ -160,8 +165,8 @@ def load_state(path: Path, trainer: GRPOTrainer, generators: dict, env, run_conf
         raise PonderError(f"{path.parent} holds a checkpoint of a run with another config; use "
                           "another --output or delete the checkpoint to start over")
     meta, best = ckpt.load_checkpoint(path, trainer.controller, trainer.optimizer, generators)
-    env.stats.load(meta["stats"])
-    env.weights = meta["weights"]
+    env.rewards.stats.load(meta["stats"])
+    env.rewards.weights = meta["weights"]
     trainer.reinitialisations = meta["reinitialisations"]
     LOGGER.info("resuming %s at step %d", path.parent, meta["step"])
     return meta, best
@@ -189,7 +194,7 @@ class TrainingEnvironment(Protocol):
     """What the loop needs from whatever produces outcomes (see the module docstring)."""
 
     prompts: list
-    weights: dict[str, float]
+    rewards: RewardBook  # the reward and its running state (weights, FLOPs statistics)
     k_max: int
 
     def generators(self) -> dict[str, torch.Generator]:
@@ -197,8 +202,6 @@ class TrainingEnvironment(Protocol):
 
     def step(self, trainer: GRPOTrainer, t: int, local: torch.Tensor,
              dist: Distributed): ...
-
-    def observe(self, outcome: dict[str, torch.Tensor], step: int) -> None: ...
 
     def held_out(self, trainer: GRPOTrainer, train_ids: list[int],
                  val_ids: list[int]) -> dict: ...
@@ -275,7 +278,7 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
                   trainer.generator, env, dist, window, log_path, cfg)
         if (t + 1) % cfg.logging_steps and t + 1 != cfg.grpo.max_steps:
             continue
-        summary = batch_figures(window, env.weights, env.k_max, t + 1, cfg,
+        summary = batch_figures(window, env.rewards.weights, env.k_max, t + 1, cfg,
                                 time.time() - t_train, trainer.reinitialisations)
         window = []
         if dist.rank != 0:  # held-out figures, selection and files: rank 0's job

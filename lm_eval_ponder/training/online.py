@@ -46,15 +46,17 @@ from lm_eval_ponder.training.rollouts import (
 )
 
 
-class OnlineEnvironment(RewardBook):
-    """Generates answers to training prompts with a token-level policy in the loop."""
+class OnlineEnvironment:
+    """Generates answers to training prompts with a token-level policy in the loop; scores
+    them with its ``rewards``, whose perplexity reference comes from the config or, unless
+    configured, from the first step's answers."""
 
     def __init__(self, lm, cfg: TrainConfig, controller: PonderController,
                  prompts: list[Prompt] | None = None) -> None:
         ppl_ref = None
         if cfg.reward.ppl_baseline is not None and cfg.reward.sigma_ppl is not None:
             ppl_ref = (cfg.reward.ppl_baseline, cfg.reward.sigma_ppl)
-        super().__init__(cfg.reward, ppl_ref)
+        self.rewards = RewardBook(cfg.reward, ppl_ref)
         from lm_eval.models.utils import handle_stop_sequences
 
         self.lm, self.train_cfg = lm, cfg
@@ -139,13 +141,13 @@ class OnlineEnvironment(RewardBook):
         sampler = torch.Generator().manual_seed(seed)
 
         def score(records: list[dict]) -> dict[str, torch.Tensor]:
-            if self.ppl_ref is None:  # first step: the reference from every rank's answers
+            if self.rewards.ppl_ref is None:  # first step: from every rank's answers
                 ppl = dist.gather(torch.tensor([r["ppl"] if r["ppl"] is not None else math.nan
                                                 for r in records], dtype=torch.float64))
                 ok = dist.gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
                 chosen = ppl[ok] if bool(ok.any()) else ppl
-                self.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
-            return self.score(records, [r["flops"] for r in records])
+                self.rewards.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
+            return self.rewards.score(records, [r["flops"] for r in records])
 
         return step_tokens(trainer, t, local, self.rollout, score,
                            gradient_hook=lambda: dist.average_gradients(trainer.controller),
@@ -163,10 +165,10 @@ class OnlineEnvironment(RewardBook):
         return (figures.get("accuracy", -math.inf), -figures.get("flops", math.inf))
 
     def state(self) -> dict:
-        return {"ppl_ref": self.ppl_ref}
+        return {"ppl_ref": self.rewards.ppl_ref}
 
     def restore(self, meta: dict) -> None:
-        self.ppl_ref = meta["ppl_ref"]
+        self.rewards.ppl_ref = meta["ppl_ref"]
 
     def final_figures(self, trainer: GRPOTrainer, train_ids: list[int],
                       val_ids: list[int]) -> dict:

@@ -5,7 +5,7 @@
 One process, the embedded backbone and vector, a freshly initialised controller (it ponders
 about K_max steps per token: the expensive end), teacher-free sampled halting as in stage 3.
 Each pair runs (a) ``OnlineEnvironment.rollout`` once per prompt, as the trainer did before,
-and (b) once for all prompts, which ``grpo.step_tokens`` does now; the order alternates.
+and (b) once for all prompts, which ``GRPOTrainer.step`` does now; the order alternates.
 Prints every run and the median wall ratio (a)/(b).
 """
 

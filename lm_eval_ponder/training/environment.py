@@ -12,7 +12,9 @@ controller's inference-time choices, first phi <= tau, evaluated on any prompt s
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
+from typing import Callable
 
 import torch
 
@@ -67,6 +69,16 @@ class RewardBook:
         base, sigma = R.quality_reference([p for p in ppls if p is not None])
         self.ppl_ref = (self.cfg.ppl_baseline if self.cfg.ppl_baseline is not None else base,
                         self.cfg.sigma_ppl if self.cfg.sigma_ppl is not None else sigma)
+
+    def set_reference_from_batch(self, records: list[dict],
+                                 gather: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """The reference from a batch of answers (``gather``: concatenated over ranks): every
+        rank's correct answers, else all of them (online training's first step)."""
+        ppl = gather(torch.tensor([r["ppl"] if r["ppl"] is not None else math.nan
+                                   for r in records], dtype=torch.float64))
+        ok = gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
+        chosen = ppl[ok] if bool(ok.any()) else ppl
+        self.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
 
     def score(self, records: list[dict], flops: list[float]) -> dict[str, torch.Tensor]:
         """Rewards and reward inputs of each outcome, each a float64 tensor [N]."""
@@ -164,10 +176,20 @@ class CachedEnvironment:
             return rows[0]
         return rows[int(torch.randint(0, len(rows), (1,), generator=self.generator))]
 
-    def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The GRPO reward_fn: rewards and reward inputs of each (prompt, depth) pair."""
+    def states(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """z_0 of each prompt [P, d]: the state its one halting decision is made on."""
+        return self.z0[prompt_ids]
+
+    def outcomes(self, prompt_ids: torch.Tensor,
+                 depths: torch.Tensor) -> tuple[list[dict], list[float]]:
+        """The outcome of each (prompt, depth) pair: its cached record (a drawn sample, where
+        the cache holds several) and FLOPs."""
         recs = [self._record(int(i), int(d)) for i, d in zip(prompt_ids, depths)]
-        return self.rewards.score(recs, [self.flops(r) for r in recs])
+        return recs, [self.flops(r) for r in recs]
+
+    def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rewards and reward inputs of each (prompt, depth) pair, scored by ``rewards``."""
+        return self.rewards.score(*self.outcomes(prompt_ids, depths))
 
     def expected(self, i: int, depth: int, samples: list[int] | None = None) -> dict[str, float]:
         """Expected outcome of prompt ``i`` at ``depth``: the mean over its samples (or the
@@ -205,15 +227,15 @@ class CachedEnvironment:
 
 
     # ------------------------------------------------------------- the training loop's interface
+    granularity = "prompt"
+
     def generators(self) -> dict[str, torch.Generator]:
         return {"env": self.generator}
 
-    def step(self, trainer, t: int, local: torch.Tensor, dist):
-        if getattr(self, "types", None) is None or len(self.types) != len(self.prompts):
-            self.types = problem_types(self.prompts)
-        return trainer.step(t, local, self.z0[local], self,
-                            gradient_hook=lambda: dist.average_gradients(trainer.controller),
-                            gather=dist.gather, types=self.types[local])
+    def types(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "_types", None) is None or len(self._types) != len(self.prompts):
+            self._types = problem_types(self.prompts)
+        return self._types[prompt_ids]
 
     def held_out(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
         out = {"train_greedy": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}

@@ -1,11 +1,12 @@
 """The one training loop behind ``python -m lm_eval_ponder.train``, for both granularities.
 
 The loop is the same whatever produces the outcomes: draw a global batch of training prompts,
-let the *environment* run one GRPO step on this rank's shard, gather outcomes, update the
+let the trainer run one GRPO step on this rank's shard (``GRPOTrainer.step`` asks the
+*environment* for outcomes and scores them with the reward book), gather outcomes, update the
 reward state, log every ``logging_steps`` steps with held-out figures, keep the best weights,
 checkpoint atomically, and at the end write the controller, its config and card. Two
-environments implement the step: ``environment.CachedEnvironment`` (prompt granularity: GRPO
-on rollout-cache lookups) and ``online.OnlineEnvironment`` (token granularity: every step
+environments produce outcomes: ``environment.CachedEnvironment`` (prompt granularity:
+rollout-cache lookups) and ``online.OnlineEnvironment`` (token granularity: every step
 generates its answers with the controller in the loop). Their interface is
 ``TrainingEnvironment`` below.
 
@@ -200,8 +201,10 @@ class TrainingEnvironment(Protocol):
     def generators(self) -> dict[str, torch.Generator]:
         """Generators besides the trainer's that a checkpoint must restore."""
 
-    def step(self, trainer: GRPOTrainer, t: int, local: torch.Tensor,
-             dist: Distributed): ...
+    granularity: str  # "prompt": outcomes(ids, depths) and states(ids); "token": rollout
+
+    def types(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Each prompt's problem type (``environment.problem_types``)."""
 
     def held_out(self, trainer: GRPOTrainer, train_ids: list[int],
                  val_ids: list[int]) -> dict: ...
@@ -223,7 +226,7 @@ def build_environment(cfg: TrainConfig, lm, controller: PonderController, offset
     """Prompt granularity: build (or finish) the rollout cache with ``lm``, then train on
     lookups. Token granularity: train online with ``lm`` in the loop."""
     if cfg.ponder.granularity == "token":
-        return OnlineEnvironment(lm, cfg, controller)
+        return OnlineEnvironment(lm, cfg, controller, rank=dist.rank)
     t0 = time.time()
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "rollouts"
     if dist.rank == 0:
@@ -274,7 +277,9 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
                               else ""))
     train_tensor = torch.tensor(train_ids)
     for t in bar:
-        iteration(t, lambda local, t=t: env.step(trainer, t, local, dist), train_tensor, P,
+        iteration(t, lambda local, t=t: trainer.step(
+            t, local, env, gradient_hook=lambda: dist.average_gradients(controller),
+            gather=dist.gather, types=env.types(local)), train_tensor, P,
                   trainer.generator, env, dist, window, log_path, cfg)
         if (t + 1) % cfg.logging_steps and t + 1 != cfg.grpo.max_steps:
             continue
@@ -327,7 +332,8 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
 
     vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
     trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
-                          cfg.ponder.tau, cfg.grpo, cfg.seed, cfg.controller_temperature_end)
+                          cfg.ponder.tau, cfg.grpo, cfg.seed, cfg.controller_temperature_end,
+                          rewards=env.rewards)
     train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
     chosen, train_wall = optimise(cfg, trainer, env, train_ids, val_ids, out, dist)
     if dist.rank == 0:

@@ -19,12 +19,22 @@ from typing import Callable
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.training import rewards as R
+from lm_eval_ponder.training.rewards import (
+    COMPONENTS,
+    RewardConfig,
+    RunningStats,
+    balance_targets,
+    balance_weights,
+    quality_reference,
+    reward_components,
+    total_reward,
+)
 from lm_eval_ponder.training.rollouts import RolloutCache
 
 
-def outcome_key(component: str) -> str:
-    """Outcome dict key of a reward component ("flops" itself holds the FLOPs counts)."""
+def reward_key(component: str) -> str:
+    """The key of a reward component's values in a scored outcome: its name, except for
+    R_flops ("flops_reward"), since "flops" holds the FLOPs counts themselves."""
     return "flops_reward" if component == "flops" else component
 
 
@@ -56,17 +66,17 @@ class RewardBook:
     batch, so every rank of a data-parallel run scores with identical statistics.
     """
 
-    def __init__(self, reward_cfg: R.RewardConfig,
+    def __init__(self, reward_cfg: RewardConfig,
                  ppl_ref: tuple[float, float] | None = None) -> None:
         self.cfg = reward_cfg.validate()
         self.ppl_ref = ppl_ref
-        self.stats = R.RunningStats(self.cfg.ema_momentum)
+        self.stats = RunningStats(self.cfg.ema_momentum)
         self.weights = dict(self.cfg.weights)
         self._magnitudes: dict[str, list[float]] = defaultdict(list)
 
     def set_ppl_reference(self, ppls: list[float | None]) -> None:
         """PPL_base and sigma_PPL: the config's values, else median and IQR of ``ppls``."""
-        base, sigma = R.quality_reference([p for p in ppls if p is not None])
+        base, sigma = quality_reference([p for p in ppls if p is not None])
         self.ppl_ref = (self.cfg.ppl_baseline if self.cfg.ppl_baseline is not None else base,
                         self.cfg.sigma_ppl if self.cfg.sigma_ppl is not None else sigma)
 
@@ -84,11 +94,11 @@ class RewardBook:
         """Rewards and reward inputs of each outcome, each a float64 tensor [N]."""
         if self.ppl_ref is None:
             raise RuntimeError("internal: score() before the perplexity reference is set")
-        comps = [R.reward_components(r, f, self.stats, self.ppl_ref, self.cfg)
+        comps = [reward_components(r, f, self.stats, self.ppl_ref, self.cfg)
                  for r, f in zip(records, flops)]
-        out = {outcome_key(name): torch.tensor([c[name] for c in comps], dtype=torch.float64)
-               for name in R.COMPONENTS}
-        out["reward"] = torch.tensor([R.total_reward(c, self.weights) for c in comps],
+        out = {reward_key(name): torch.tensor([c[name] for c in comps], dtype=torch.float64)
+               for name in COMPONENTS}
+        out["reward"] = torch.tensor([total_reward(c, self.weights) for c in comps],
                                      dtype=torch.float64)
         out["flops"] = torch.tensor(flops, dtype=torch.float64)
         out["correct"] = torch.tensor([float(r["correct"]) for r in records], dtype=torch.float64)
@@ -102,14 +112,14 @@ class RewardBook:
         ``outcome`` must be the whole (all ranks') batch so every rank stays identical.
         """
         self.stats.update(outcome["flops"].tolist())
-        for name in R.COMPONENTS:
+        for name in COMPONENTS:
             self._magnitudes[name].append(
-                float((outcome[outcome_key(name)].abs() * self.weights[name]).mean()))
+                float((outcome[reward_key(name)].abs() * self.weights[name]).mean()))
         if self.cfg.balance and (step + 1) % self.cfg.balance_every == 0:
             mean_abs = {k: sum(v) / len(v) for k, v in self._magnitudes.items()}
-            self.weights = R.balance_weights(self.weights, mean_abs,
-                                             R.balance_targets(mean_abs, self.cfg),
-                                             self.cfg.balance_eta)
+            self.weights = balance_weights(self.weights, mean_abs,
+                                           balance_targets(mean_abs, self.cfg),
+                                           self.cfg.balance_eta)
             self._magnitudes.clear()
 
 
@@ -119,7 +129,7 @@ class CachedEnvironment:
     with its ``rewards`` (a ``RewardBook`` whose perplexity reference is the cache's)."""
 
     def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
-                 reward_cfg: R.RewardConfig, generator: torch.Generator,
+                 reward_cfg: RewardConfig, generator: torch.Generator,
                  complete_only: bool = False, max_prompts: int | None = None) -> None:
         """``complete_only``: keep only the prompts that have every depth and sample (an
         analysis of a cache that is still being built); training refuses an incomplete cache.
@@ -161,7 +171,7 @@ class CachedEnvironment:
         self.rewards.set_ppl_reference(correct_ppl or all_ppl)
         # Frozen reference for model selection: the same reward with whole-cache FLOPs stats.
         flops = [self.flops(r) for rows in self.records for d in rows for r in d]
-        self.reference_stats = R.RunningStats(self.rewards.cfg.ema_momentum)
+        self.reference_stats = RunningStats(self.rewards.cfg.ema_momentum)
         self.reference_stats.update(flops)
 
     def flops(self, record: dict) -> float:
@@ -199,8 +209,8 @@ class CachedEnvironment:
         if samples is not None:
             rows = [rows[s] for s in samples]
         book = self.rewards
-        score = [R.total_reward(R.reward_components(r, self.flops(r), self.reference_stats,
-                                                    book.ppl_ref, book.cfg), book.cfg.weights)
+        score = [total_reward(reward_components(r, self.flops(r), self.reference_stats,
+                                                book.ppl_ref, book.cfg), book.cfg.weights)
                  for r in rows]
         n = len(rows)
         return {"accuracy": sum(r["correct"] for r in rows) / n,
@@ -252,12 +262,12 @@ class CachedEnvironment:
     def restore(self, meta: dict) -> None:
         pass
 
-    def final_figures(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
-        figures = {"train": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}
+    def final_metrics(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
+        metrics = {"train": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}
         if val_ids:
-            figures["val"] = self.evaluate(val_ids, trainer.greedy_depths(self.z0[val_ids]))
-            figures["val_oracle"] = self.oracle(val_ids)
-        return figures
+            metrics["val"] = self.evaluate(val_ids, trainer.greedy_depths(self.z0[val_ids]))
+            metrics["val_oracle"] = self.oracle(val_ids)
+        return metrics
 
     def data_and_cost(self, cfg, n_train: int, n_val: int) -> tuple[dict, dict]:
         data = {"rollout_manifest": self.cache.manifest, "n_prompts": len(self.prompts),

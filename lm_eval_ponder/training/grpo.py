@@ -285,10 +285,11 @@ def flops_diversity(flops: torch.Tensor) -> float:
     return float(flops.double().var(unbiased=False) / mean**2)
 
 
-def candidate_logits(controller: nn.Module, z0: torch.Tensor, h: torch.Tensor,
+def candidate_logits(controller: nn.Module, z0: torch.Tensor, step_vector: torch.Tensor,
                      offsets: torch.Tensor) -> torch.Tensor:
-    """Controller logits on every candidate state z_0 + c_k h (float32): [N, d] -> [N, K+1]."""
-    return controller.logits(candidate_states(z0.float(), h, offsets))
+    """Controller logits on every candidate state z_0 + c_k h (float32): [N, d] -> [N, K+1],
+    ``step_vector`` being h (the steering vector times the residual norm)."""
+    return controller.logits(candidate_states(z0.float(), step_vector, offsets))
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -449,7 +450,7 @@ class GRPOTrainer:
                  temperature_end: float | None = None,
                  rewards: RewardScorer | None = None) -> None:
         self.controller = controller
-        self.h = step_vector.detach().float()
+        self.step_vector = step_vector.detach().float()  # h of z_k = z_0 + c_k h
         self.offsets = offsets.detach().float()
         self.k_max = len(offsets) - 1
         self.tau = tau
@@ -480,7 +481,7 @@ class GRPOTrainer:
 
     def logits(self, z0: torch.Tensor) -> torch.Tensor:
         """Controller logits on all candidate states: [P, d] -> [P, K+1]."""
-        return candidate_logits(self.controller, z0, self.h, self.offsets)
+        return candidate_logits(self.controller, z0, self.step_vector, self.offsets)
 
     @torch.no_grad()
     def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
@@ -659,7 +660,7 @@ class TokenPolicy:
             self.net = copy.deepcopy(tr.controller).to(device)
             self.sampler = torch.Generator(device=device).manual_seed(
                 int(torch.randint(0, 2**62, (1,), generator=self.generator)))
-        self.h, self.offsets = tr.h.to(device), tr.offsets.to(device)
+        self.step_vector, self.offsets = tr.step_vector.to(device), tr.offsets.to(device)
         self.teacher, self.teacher_depth = self.teacher.to(device), self.teacher_depth.to(device)
 
     @torch.no_grad()
@@ -667,7 +668,7 @@ class TokenPolicy:
         if self.device != z_last.device:
             self.to(z_last.device)
         z = z_last.detach().float()
-        p = self.net.probability(candidate_logits(self.net, z, self.h, self.offsets))
+        p = self.net.probability(candidate_logits(self.net, z, self.step_vector, self.offsets))
         if self.greedy:
             depth = halting_depth(p, self.trainer.tau)
         else:

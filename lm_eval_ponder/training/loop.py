@@ -37,7 +37,7 @@ from lm_eval_ponder.training.distributed import Distributed
 from lm_eval_ponder.training.environment import (
     CachedEnvironment,
     RewardBook,
-    outcome_key,
+    reward_key,
     split_prompts,
 )
 from lm_eval_ponder.training.grpo import (
@@ -90,7 +90,7 @@ def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, ste
         "depth_mean": float(depths.mean()),
         "depth_hist": torch.bincount(cat["depths"], minlength=k_max + 1).tolist(),
         "reward_mean": float(cat["reward"].mean()),
-        **{f"R_{k}": float(cat[outcome_key(k)].mean()) for k in COMPONENTS},
+        **{f"R_{k}": float(cat[reward_key(k)].mean()) for k in COMPONENTS},
         "weights": dict(weights),
         "balance_ratio": ratio, "balance_ok": 0.1 <= ratio <= 1.0,
         "gate_pass": float(cat["keep"].float().mean()),
@@ -215,7 +215,7 @@ class TrainingEnvironment(Protocol):
 
     def restore(self, meta: dict) -> None: ...
 
-    def final_figures(self, trainer: GRPOTrainer, train_ids: list[int],
+    def final_metrics(self, trainer: GRPOTrainer, train_ids: list[int],
                       val_ids: list[int]) -> dict: ...
 
     def data_and_cost(self, cfg: TrainConfig, n_train: int, n_val: int) -> tuple[dict, dict]: ...
@@ -338,11 +338,11 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
     chosen, train_wall = optimise(cfg, trainer, env, train_ids, val_ids, out, dist)
     if dist.rank == 0:
         run_config = config_dict(cfg)
-        figures = env.final_figures(trainer, train_ids, val_ids)
+        metrics = env.final_metrics(trainer, train_ids, val_ids)
         data, cost = env.data_and_cost(cfg, len(train_ids), len(val_ids))
         extra = {"backbone": identity, "ponder": run_config["ponder"], "layer": identity["layer"],
                  "train_config": run_config, "seed": cfg.seed, "selected_step": chosen,
-                 "data": data, "figures": figures,
+                 "data": data, "figures": metrics,
                  "cost": {**cost, "train_wall_s": round(train_wall, 1)}}
         save_controller(controller, out, extra_config=extra)
         (out / "card.md").write_text(card(cfg, identity, extra))

@@ -163,7 +163,7 @@ class OnlineEnvironment:
     def restore(self, meta: dict) -> None:
         self.rewards.ppl_ref = meta["ppl_ref"]
 
-    def final_figures(self, trainer: GRPOTrainer, train_ids: list[int],
+    def final_metrics(self, trainer: GRPOTrainer, train_ids: list[int],
                       val_ids: list[int]) -> dict:
         return {"val": self.evaluate(trainer, val_ids)} if val_ids else {}
 

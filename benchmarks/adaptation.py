@@ -162,7 +162,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
     f_of = fold_of(keys, folds) if fold is not None else [-1] * len(keys)
     train_ids = [i for i, f in enumerate(f_of) if f != fold]
     val_ids = [i for i, f in enumerate(f_of) if f == fold]
-    trainer = make_trainer(controller, step_vector, ident, cfg)
+    trainer = make_trainer(controller, step_vector, ident, cfg, env.rewards)
     # val_ids=[]: nothing about the held-out fold reaches training or its log
     try:
         _, wall = optimise(cfg, trainer, env, train_ids, [], out, Distributed())
@@ -225,14 +225,15 @@ def step_vector_of(ident: dict):
     return ident["scale"] * load_vector(steering_dir(ident)).vector(ident["layer"])
 
 
-def make_trainer(controller, step_vector, ident: dict, cfg):
-    """The trainer around ``controller`` at the cache's offsets."""
+def make_trainer(controller, step_vector, ident: dict, cfg, rewards=None):
+    """The trainer around ``controller`` at the cache's offsets, scoring with ``rewards`` (the
+    environment's reward book; None: it only reads depths out)."""
     import torch
 
     from lm_eval_ponder.training.grpo import GRPOTrainer
 
     return GRPOTrainer(controller, step_vector, torch.tensor(ident["offsets"]), cfg.ponder.tau,
-                       cfg.grpo, cfg.seed, cfg.controller_temperature_end)
+                       cfg.grpo, cfg.seed, cfg.controller_temperature_end, rewards=rewards)
 
 
 def p_continue(trainer, z0):

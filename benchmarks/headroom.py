@@ -87,7 +87,7 @@ def build(args) -> None:
     cfg = train_config(args.form, args.samples, args.max_tokens, args.batch_size,
                        args.dtype or recorded_dtype(directory))
     offsets = cumulative_offsets(cfg.ponder).tolist()
-    lm = load_backbone(cfg, offsets)
+    lm = load_backbone(cfg)
     t0 = time.time()
     cache, prompts = prepare_cache(lm, cfg.rollout, offsets, directory)
     print(f"cache {directory}: {len(prompts)} prompts x {len(offsets)} depths x "

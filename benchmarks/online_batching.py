@@ -5,7 +5,7 @@
 One process, the embedded backbone and vector, a freshly initialised controller (it ponders
 about K_max steps per token: the expensive end), teacher-free sampled halting as in stage 3.
 Each pair runs (a) ``OnlineEnvironment.rollout`` once per prompt, as the trainer did before,
-and (b) once for all prompts, which ``grpo.step_tokens`` does now; the order alternates.
+and (b) once for all prompts, which ``GRPOTrainer.step`` does now; the order alternates.
 Prints every run and the median wall ratio (a)/(b).
 """
 
@@ -40,7 +40,7 @@ def main() -> None:
     cfg.rollout.max_completion_length = args.max_tokens
     cfg.validate()
     offsets = cumulative_offsets(cfg.ponder)
-    lm = load_backbone(cfg, offsets.tolist())
+    lm = load_backbone(cfg)
     torch.manual_seed(0)
     ctrl = PonderController(lm.model.config.hidden_size, cfg.controller_hidden)
     trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, offsets, cfg.ponder.tau,

@@ -166,7 +166,7 @@ def test_states(root: str, form: str, task: str, contexts: list[str], dtype: str
     from lm_eval_ponder.training.rollouts import prompt_states
 
     cfg = train_config(form, 1, 256, 1, dtype)
-    lm = load_backbone(cfg, offsets_of(form))
+    lm = load_backbone(cfg)
     with torch.no_grad():
         z0 = prompt_states(lm, contexts, lm.steer_layer).float()
     save_file({"z0": z0.contiguous()}, str(path),

@@ -18,7 +18,7 @@ would silently be neither steered nor unsteered.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import hashlib
 import json
 import logging
@@ -45,7 +45,9 @@ from lm_eval_ponder.evaluation.sampling import SamplingConfig
 from lm_eval_ponder.evaluation.settings import (
     PonderArgs,
     Pondering,
+    Steering,
     load_pondering,
+    load_steering,
     model_arg_number,
     no_hook,
 )
@@ -247,7 +249,11 @@ class PonderLM(HFLM):
         self.ponder: Pondering | None = load_pondering(
             self.ponder_args, resolved.name, self.model.config, self.device,
             resolved.source_sha256)
-        self._ponder_override: Pondering | None = None
+        # the vector steered calls add to: the pondering's, or one the trainer loads
+        self.steering: Steering | None = self.ponder.steering if self.ponder else None
+        # how a call without a hook of its own is steered: this model's pondering, except
+        # inside ``steered``
+        self.call_pondering: Pondering | None = self.ponder
         if self.early_exit is not None:  # refuses a layer range or a model it cannot read
             ExitHook(self.model, self.early_exit)
         self._fallback_warned: set[str] = set()
@@ -275,24 +281,47 @@ class PonderLM(HFLM):
 
     @property
     def steer_layer(self) -> int:
-        return self._require_ponder().layer
+        return self.require_steering().layer
 
     @property
     def steer_vector(self) -> torch.Tensor:
-        return self._require_ponder().vector
+        return self.require_steering().vector
 
     @property
     def steer_scale(self) -> float:
-        return self._require_ponder().scale
+        return self.require_steering().scale
 
     @property
     def steering_dir(self):
-        return self._require_ponder().steering_dir
+        return self.require_steering().steering_dir
 
-    def _require_ponder(self) -> Pondering:
-        if self.ponder is None:
+    def require_steering(self) -> Steering:
+        if self.steering is None:
             raise PonderError("this model has no steering vector loaded (pondering is off)")
-        return self.ponder
+        return self.steering
+
+    @classmethod
+    def unsteered(cls, steering: str | None = None, layer: int | None = None,
+                  **kwargs) -> PonderLM:
+        """A model without pondering (``controller=none``: a call steers nothing unless it
+        says how) that holds the steering vector ``steering`` at ``layer`` (None: the shipped
+        vector, its default layer) for the calls that do: ``steered``, ``generate_rendered``
+        with offsets, ``generate_batch`` with a hook. The trainer's model."""
+        lm = cls(controller=None, **kwargs)
+        lm.steering = load_steering(steering, layer, lm.backbone_info.name, lm.model.config,
+                                    lm.backbone_info.source_sha256)
+        return lm
+
+    @contextlib.contextmanager
+    def steered(self, pondering: Pondering | None):
+        """Calls inside ponder with ``pondering`` (None: unsteered) in place of this model's
+        own pondering, which is restored on leaving, however the block ends. E.g.
+        ``with lm.steered(Pondering.fixed(lm.steering, c_k)): lm.generate_until(...)``."""
+        saved, self.call_pondering = self.call_pondering, pondering
+        try:
+            yield self
+        finally:
+            self.call_pondering = saved
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self) -> dict[str, Any]:
@@ -357,14 +386,15 @@ class PonderLM(HFLM):
 
     # ------------------------------------------------------------------ generation
     def generate_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
-                       max_new_tokens: int, stop: list[str], steering: Any = "model",
+                       max_new_tokens: int, stop: list[str], hook: SteeringHook | None = None,
                        on_finish: Callable[[int], None] | None = None,
                        **generation_kwargs) -> BatchGeneration:
         """Generate for one left-padded batch: the public call under ``generate_until`` (lm-eval)
         and the trainer's online rollouts.
 
-        ``steering``: ``"model"`` (this model's pondering, or none), ``None`` (unsteered) or a
-        ``SteeringHook`` the caller built (e.g. around a training policy). With
+        ``hook``: a ``SteeringHook`` the caller built to steer this batch (e.g. around a training
+        policy); None: the call's pondering (this model's own, or the one ``steered`` puts in
+        its place; with none, early exit if this model exits early, else unsteered). With
         ``generation="loop"`` (default) finished rows leave the batch and waiting rows join it
         (``evaluation.generation``); settings the loop cannot reproduce exactly fall back to
         HF's ``generate`` with one warning, as does ``generation="hf"``. ``on_finish(row)`` is
@@ -375,13 +405,12 @@ class PonderLM(HFLM):
             on_finish = self._progress.finish
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        if steering == "model":
-            ponder = self._active_ponder()
+        decider = None
+        if hook is None:
+            ponder = self.call_pondering
             hook, decider = ponder.hook(self.model, self.device) if ponder else no_hook()
             if ponder is None and self.early_exit is not None:
                 hook = ExitHook(self.model, self.early_exit)
-        else:
-            hook, decider = (steering, None) if steering is not None else no_hook()
         if isinstance(hook, SteeringHook):
             hook.expect_rows(n_rows)
         kwargs = hf_sampling_kwargs(generation_kwargs)
@@ -451,15 +480,14 @@ class PonderLM(HFLM):
         max_gen_toks = kwargs.pop("max_gen_toks")
         ids, mask = self.tok_batch_encode(contexts, left_truncate_len=self.max_length - max_gen_toks,
                                           truncation=self.truncation)
-        steering: Any = "model"
-        ponder = self._active_ponder()
+        hook, ponder = None, self.call_pondering
         if offsets is not None:
             if len(offsets) != len(contexts):
                 raise ValueError(f"internal: {len(offsets)} offsets for {len(contexts)} contexts")
-            steering = self.offset_hook(offsets)
+            hook = self.require_steering().offsets_hook(self.model, offsets, self.device)
             ponder = None
         out = self.generate_batch(ids.to(self.device), mask.to(self.device),
-                                  max_new_tokens=max_gen_toks, stop=until, steering=steering,
+                                  max_new_tokens=max_gen_toks, stop=until, hook=hook,
                                   on_finish=on_finish, **kwargs)
         think = self.think_end_token
         texts = []
@@ -473,19 +501,6 @@ class PonderLM(HFLM):
             texts.append(self.row_text(text, self.row_stats(out, row, ponder)))
         return texts
 
-    def offset_hook(self, offsets: list[float]) -> SteeringHook:
-        """A steering hook adding one fixed offset per row (fractions of the residual norm)."""
-        pondering = self._require_ponder()
-        table = torch.tensor([float(c) for c in offsets], dtype=torch.float32,
-                             device=self.device)
-
-        def decide(z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-            return table if rows is None else table[rows]
-
-        decide.takes_rows = True  # type: ignore[attr-defined]
-        return SteeringHook(self.model, pondering.layer, pondering.vector.to(self.device),
-                            pondering.scale, decide, mode="prompt")
-
     def generate(self, contexts: list[str], gen_kwargs: dict, *, alpha: float | None = None,
                  disable_tqdm: bool = True) -> list[GenerationText]:
         """Generate for rendered contexts through lm-eval's own path (``generate_until``: the
@@ -496,18 +511,10 @@ class PonderLM(HFLM):
 
         requests = [Instance("generate_until", {}, (c, dict(gen_kwargs)), i)
                     for i, c in enumerate(contexts)]
-        saved = self._ponder_override
-        if alpha is not None:
-            base = self._require_ponder()
-            self._ponder_override = dataclasses.replace(
-                base, controller=None, controller_dir=None, alpha=float(alpha))
-        try:
+        if alpha is None:
             return self.generate_until(requests, disable_tqdm=disable_tqdm)
-        finally:
-            self._ponder_override = saved
-
-    def _active_ponder(self) -> Pondering | None:
-        return self._ponder_override if self._ponder_override is not None else self.ponder
+        with self.steered(Pondering.fixed(self.require_steering(), alpha)):
+            return self.generate_until(requests, disable_tqdm=disable_tqdm)
 
     def _autocast(self):
         return torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
@@ -524,7 +531,7 @@ class PonderLM(HFLM):
         out = self.generate_batch(context, attention_mask,
                                   max_new_tokens=max_length - context.shape[1], stop=stop,
                                   **generation_kwargs)
-        ponder = self._active_ponder()
+        ponder = self.call_pondering
         for row in range(len(out.gen_tokens)):
             self._pending_rows.append(self.row_stats(out, row, ponder))
         return out.sequences

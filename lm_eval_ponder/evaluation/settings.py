@@ -146,6 +146,34 @@ class PonderArgs:
 
 
 @dataclass
+class Steering:
+    """A loaded steering vector at one layer: what every steered call adds its offsets to.
+
+    The model's own pondering holds one (``Pondering.steering``); the trainer loads one for a
+    model that steers no call unless the call says how (``PonderLM.unsteered``)."""
+
+    steering_dir: Path
+    layer: int
+    vector: torch.Tensor  # unit steering vector at ``layer``, float32 [d]
+    scale: float  # mean residual norm at ``layer``: offsets are fractions of it
+
+    def sha(self) -> str:
+        """The vector file's identity (``short_sha``), as fingerprints and caches record it."""
+        return short_sha(self.steering_dir / "steering.safetensors")
+
+    def offsets_hook(self, model: torch.nn.Module, offsets: list[float], device) -> SteeringHook:
+        """A steering hook adding one fixed offset per row (fractions of the residual norm)."""
+        table = torch.tensor([float(c) for c in offsets], dtype=torch.float32, device=device)
+
+        def decide(z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+            return table if rows is None else table[rows]
+
+        decide.takes_rows = True  # type: ignore[attr-defined]
+        return SteeringHook(model, self.layer, self.vector.to(device), self.scale, decide,
+                            mode="prompt")
+
+
+@dataclass
 class Pondering:
     """Loaded steering vector (+ controller, or a fixed alpha) for one backbone."""
 
@@ -158,13 +186,25 @@ class Pondering:
     scale: float  # mean residual norm at ``layer``: offsets are fractions of it
     alpha: float | None  # the fixed offset, when there is no controller
 
+    @classmethod
+    def fixed(cls, steering: Steering, alpha: float) -> Pondering:
+        """Pondering at one fixed offset ``alpha`` with ``steering``'s vector, no controller:
+        what ``--model ponder alpha=...`` does (the Fractional Reasoning baseline)."""
+        return cls(steering_dir=steering.steering_dir, controller_dir=None, controller=None,
+                   config=PonderConfig(), layer=steering.layer, vector=steering.vector,
+                   scale=steering.scale, alpha=float(alpha))
+
+    @property
+    def steering(self) -> Steering:
+        return Steering(self.steering_dir, self.layer, self.vector, self.scale)
+
     @property
     def granularity(self) -> str:
         return self.config.granularity if self.controller is not None else "prompt"
 
     def fingerprint(self) -> dict[str, Any]:
         return {
-            "steering": short_sha(self.steering_dir / "steering.safetensors"),
+            "steering": self.steering.sha(),
             "layer": self.layer,
             "alpha": self.alpha,
             "controller": None if self.controller_dir is None
@@ -228,14 +268,8 @@ def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,
         controller_arg = str(shipped)
     if args.alpha is None and controller_arg is None:
         return None
-    directory = args.steering or shipped
-    if directory is None:
-        raise PonderError(
-            f"pondering needs a steering vector and none is shipped for {backbone_name!r}: "
-            "pass steering=<dir> (make one with "
-            "`python -m lm_eval_ponder.steer extract --pretrained ... --output DIR`)")
-    steering_dir = Path(directory)
-    steering = load_vector(directory, model_config, backbone_sha256=backbone_sha256)
+    steering_dir = steering_directory(args.steering, backbone_name)
+    steering = load_vector(steering_dir, model_config, backbone_sha256=backbone_sha256)
     trained: dict = {}
     controller = controller_dir = None
     layer = args.layer
@@ -257,10 +291,39 @@ def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,
                 f"controller {controller_dir} was trained with steering vector {wanted}, but "
                 f"{steering_dir} holds {have}: pass the steering= it was trained with, or "
                 "train a controller for this vector")
-    layer = steering.default_layer if layer is None else layer
-    norm = steering.residual_norm(layer)
-    if norm is None:
-        raise PonderError(f"steering vector {directory} records no residual_norm: re-extract it")
+    at = steering_at(steering_dir, steering, layer)
     return Pondering(steering_dir=steering_dir, controller_dir=controller_dir,
-                     controller=controller, config=args.config(trained).validate(), layer=layer,
-                     vector=steering.vector(layer), scale=float(norm), alpha=args.alpha)
+                     controller=controller, config=args.config(trained).validate(),
+                     layer=at.layer, vector=at.vector, scale=at.scale, alpha=args.alpha)
+
+
+def load_steering(directory: str | None, layer: int | None, backbone_name: str, model_config,
+                  backbone_sha256: str | None) -> Steering:
+    """The steering vector ``directory`` (None: the one shipped for the backbone) at ``layer``
+    (None: its default layer), checked against the backbone as ``load_pondering`` checks it."""
+    from lm_eval_ponder.steering.vector import load_vector
+
+    steering_dir = steering_directory(directory, backbone_name)
+    loaded = load_vector(steering_dir, model_config, backbone_sha256=backbone_sha256)
+    return steering_at(steering_dir, loaded, layer)
+
+
+def steering_directory(given: str | None, backbone_name: str) -> Path:
+    """The steering vector's directory: the one given, else the one shipped for the backbone."""
+    directory = given or shipped_controller_dir(backbone_name)
+    if directory is None:
+        raise PonderError(
+            f"pondering needs a steering vector and none is shipped for {backbone_name!r}: "
+            "pass steering=<dir> (make one with "
+            "`python -m lm_eval_ponder.steer extract --pretrained ... --output DIR`)")
+    return Path(directory)
+
+
+def steering_at(steering_dir: Path, loaded, layer: int | None) -> Steering:
+    """A loaded vector file (``steering.vector.load_vector``) at ``layer`` (None: its
+    default), refused without the residual norm its offsets are fractions of."""
+    layer = loaded.default_layer if layer is None else layer
+    norm = loaded.residual_norm(layer)
+    if norm is None:
+        raise PonderError(f"steering vector {steering_dir} records no residual_norm: re-extract it")
+    return Steering(steering_dir, layer, loaded.vector(layer), float(norm))

@@ -1,10 +1,10 @@
 """Training environments: (prompt, ponder decisions) -> outcome -> reward.
 
 ``RewardBook`` turns outcomes into the paper's reward (``rewards.py``) and keeps its running
-state (FLOPs statistics, adaptive weights, perplexity reference); the online token-level
-trainer (``online.py``) uses it directly. ``CachedEnvironment`` adds the rollout cache's
-(prompt, depth) lookups and evaluates a controller's inference-time
-choices (first phi <= tau) on any prompt subset. The FLOPs of an outcome are the backbone's
+state (FLOPs statistics, adaptive weights, perplexity reference). Each environment holds one
+(``rewards``): ``CachedEnvironment`` here (the rollout cache's (prompt, depth) lookups, and a
+controller's inference-time choices, first phi <= tau, evaluated on any prompt subset) and
+``online.OnlineEnvironment`` (token level). The FLOPs of an outcome are the backbone's
 (prefill and decode, from the cache) plus the controller's K_max+1 evaluations, exactly what
 ``--model ponder`` logs.
 """
@@ -12,17 +12,29 @@ choices (first phi <= tau) on any prompt subset. The FLOPs of an outcome are the
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
+from typing import Callable
 
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.training import rewards as R
+from lm_eval_ponder.training.rewards import (
+    COMPONENTS,
+    RewardConfig,
+    RunningStats,
+    balance_targets,
+    balance_weights,
+    quality_reference,
+    reward_components,
+    total_reward,
+)
 from lm_eval_ponder.training.rollouts import RolloutCache
 
 
-def outcome_key(component: str) -> str:
-    """Outcome dict key of a reward component ("flops" itself holds the FLOPs counts)."""
+def reward_key(component: str) -> str:
+    """The key of a reward component's values in a scored outcome: its name, except for
+    R_flops ("flops_reward"), since "flops" holds the FLOPs counts themselves."""
     return "flops_reward" if component == "flops" else component
 
 
@@ -54,29 +66,39 @@ class RewardBook:
     batch, so every rank of a data-parallel run scores with identical statistics.
     """
 
-    def __init__(self, reward_cfg: R.RewardConfig,
+    def __init__(self, reward_cfg: RewardConfig,
                  ppl_ref: tuple[float, float] | None = None) -> None:
         self.cfg = reward_cfg.validate()
         self.ppl_ref = ppl_ref
-        self.stats = R.RunningStats(self.cfg.ema_momentum)
+        self.stats = RunningStats(self.cfg.ema_momentum)
         self.weights = dict(self.cfg.weights)
         self._magnitudes: dict[str, list[float]] = defaultdict(list)
 
     def set_ppl_reference(self, ppls: list[float | None]) -> None:
         """PPL_base and sigma_PPL: the config's values, else median and IQR of ``ppls``."""
-        base, sigma = R.quality_reference([p for p in ppls if p is not None])
+        base, sigma = quality_reference([p for p in ppls if p is not None])
         self.ppl_ref = (self.cfg.ppl_baseline if self.cfg.ppl_baseline is not None else base,
                         self.cfg.sigma_ppl if self.cfg.sigma_ppl is not None else sigma)
+
+    def set_reference_from_batch(self, records: list[dict],
+                                 gather: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """The reference from a batch of answers (``gather``: concatenated over ranks): every
+        rank's correct answers, else all of them (online training's first step)."""
+        ppl = gather(torch.tensor([r["ppl"] if r["ppl"] is not None else math.nan
+                                   for r in records], dtype=torch.float64))
+        ok = gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
+        chosen = ppl[ok] if bool(ok.any()) else ppl
+        self.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
 
     def score(self, records: list[dict], flops: list[float]) -> dict[str, torch.Tensor]:
         """Rewards and reward inputs of each outcome, each a float64 tensor [N]."""
         if self.ppl_ref is None:
             raise RuntimeError("internal: score() before the perplexity reference is set")
-        comps = [R.reward_components(r, f, self.stats, self.ppl_ref, self.cfg)
+        comps = [reward_components(r, f, self.stats, self.ppl_ref, self.cfg)
                  for r, f in zip(records, flops)]
-        out = {outcome_key(name): torch.tensor([c[name] for c in comps], dtype=torch.float64)
-               for name in R.COMPONENTS}
-        out["reward"] = torch.tensor([R.total_reward(c, self.weights) for c in comps],
+        out = {reward_key(name): torch.tensor([c[name] for c in comps], dtype=torch.float64)
+               for name in COMPONENTS}
+        out["reward"] = torch.tensor([total_reward(c, self.weights) for c in comps],
                                      dtype=torch.float64)
         out["flops"] = torch.tensor(flops, dtype=torch.float64)
         out["correct"] = torch.tensor([float(r["correct"]) for r in records], dtype=torch.float64)
@@ -90,29 +112,30 @@ class RewardBook:
         ``outcome`` must be the whole (all ranks') batch so every rank stays identical.
         """
         self.stats.update(outcome["flops"].tolist())
-        for name in R.COMPONENTS:
+        for name in COMPONENTS:
             self._magnitudes[name].append(
-                float((outcome[outcome_key(name)].abs() * self.weights[name]).mean()))
+                float((outcome[reward_key(name)].abs() * self.weights[name]).mean()))
         if self.cfg.balance and (step + 1) % self.cfg.balance_every == 0:
             mean_abs = {k: sum(v) / len(v) for k, v in self._magnitudes.items()}
-            self.weights = R.balance_weights(self.weights, mean_abs,
-                                             R.balance_targets(mean_abs, self.cfg),
-                                             self.cfg.balance_eta)
+            self.weights = balance_weights(self.weights, mean_abs,
+                                           balance_targets(mean_abs, self.cfg),
+                                           self.cfg.balance_eta)
             self._magnitudes.clear()
 
 
-class CachedEnvironment(RewardBook):
+class CachedEnvironment:
     """Prompt granularity: outcomes are rollout-cache lookups by (prompt, depth), so a GRPO
-    step costs no generation. Implements the training loop's ``TrainingEnvironment``."""
+    step costs no generation. Implements the training loop's ``TrainingEnvironment``; scores
+    with its ``rewards`` (a ``RewardBook`` whose perplexity reference is the cache's)."""
 
     def __init__(self, cache: RolloutCache, k_max: int, samples: int, controller_flops: float,
-                 reward_cfg: R.RewardConfig, generator: torch.Generator,
+                 reward_cfg: RewardConfig, generator: torch.Generator,
                  complete_only: bool = False, max_prompts: int | None = None) -> None:
         """``complete_only``: keep only the prompts that have every depth and sample (an
         analysis of a cache that is still being built); training refuses an incomplete cache.
         ``max_prompts``: only the first that many (complete) prompts, so an analysis of a
         growing cache can be repeated on the prefix it was first made on."""
-        super().__init__(reward_cfg)
+        self.rewards = RewardBook(reward_cfg)
         self.cache = cache
         self.cache_wall = 0.0  # seconds the training run spent building/checking the cache
         self.prompts = cache.prompts()
@@ -145,10 +168,10 @@ class CachedEnvironment(RewardBook):
         correct_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
                        if r["correct"] and r.get("ppl") is not None]
         all_ppl = [r.get("ppl") for rows in self.records for d in rows for r in d]
-        self.set_ppl_reference(correct_ppl or all_ppl)
+        self.rewards.set_ppl_reference(correct_ppl or all_ppl)
         # Frozen reference for model selection: the same reward with whole-cache FLOPs stats.
         flops = [self.flops(r) for rows in self.records for d in rows for r in d]
-        self.reference_stats = R.RunningStats(self.cfg.ema_momentum)
+        self.reference_stats = RunningStats(self.rewards.cfg.ema_momentum)
         self.reference_stats.update(flops)
 
     def flops(self, record: dict) -> float:
@@ -163,10 +186,20 @@ class CachedEnvironment(RewardBook):
             return rows[0]
         return rows[int(torch.randint(0, len(rows), (1,), generator=self.generator))]
 
-    def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The GRPO reward_fn: rewards and reward inputs of each (prompt, depth) pair."""
+    def states(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """z_0 of each prompt [P, d]: the state its one halting decision is made on."""
+        return self.z0[prompt_ids]
+
+    def outcomes(self, prompt_ids: torch.Tensor,
+                 depths: torch.Tensor) -> tuple[list[dict], list[float]]:
+        """The outcome of each (prompt, depth) pair: its cached record (a drawn sample, where
+        the cache holds several) and FLOPs."""
         recs = [self._record(int(i), int(d)) for i, d in zip(prompt_ids, depths)]
-        return self.score(recs, [self.flops(r) for r in recs])
+        return recs, [self.flops(r) for r in recs]
+
+    def __call__(self, prompt_ids: torch.Tensor, depths: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Rewards and reward inputs of each (prompt, depth) pair, scored by ``rewards``."""
+        return self.rewards.score(*self.outcomes(prompt_ids, depths))
 
     def expected(self, i: int, depth: int, samples: list[int] | None = None) -> dict[str, float]:
         """Expected outcome of prompt ``i`` at ``depth``: the mean over its samples (or the
@@ -175,8 +208,9 @@ class CachedEnvironment(RewardBook):
         rows = self.records[i][depth]
         if samples is not None:
             rows = [rows[s] for s in samples]
-        score = [R.total_reward(R.reward_components(r, self.flops(r), self.reference_stats,
-                                                    self.ppl_ref, self.cfg), self.cfg.weights)
+        book = self.rewards
+        score = [total_reward(reward_components(r, self.flops(r), self.reference_stats,
+                                                book.ppl_ref, book.cfg), book.cfg.weights)
                  for r in rows]
         n = len(rows)
         return {"accuracy": sum(r["correct"] for r in rows) / n,
@@ -203,15 +237,15 @@ class CachedEnvironment(RewardBook):
 
 
     # ------------------------------------------------------------- the training loop's interface
+    granularity = "prompt"
+
     def generators(self) -> dict[str, torch.Generator]:
         return {"env": self.generator}
 
-    def step(self, trainer, t: int, local: torch.Tensor, dist):
-        if getattr(self, "types", None) is None or len(self.types) != len(self.prompts):
-            self.types = problem_types(self.prompts)
-        return trainer.step(t, local, self.z0[local], self,
-                            gradient_hook=lambda: dist.average_gradients(trainer.controller),
-                            gather=dist.gather, types=self.types[local])
+    def types(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        if getattr(self, "_types", None) is None or len(self._types) != len(self.prompts):
+            self._types = problem_types(self.prompts)
+        return self._types[prompt_ids]
 
     def held_out(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
         out = {"train_greedy": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}
@@ -228,12 +262,12 @@ class CachedEnvironment(RewardBook):
     def restore(self, meta: dict) -> None:
         pass
 
-    def final_figures(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
-        figures = {"train": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}
+    def final_metrics(self, trainer, train_ids: list[int], val_ids: list[int]) -> dict:
+        metrics = {"train": self.evaluate(train_ids, trainer.greedy_depths(self.z0[train_ids]))}
         if val_ids:
-            figures["val"] = self.evaluate(val_ids, trainer.greedy_depths(self.z0[val_ids]))
-            figures["val_oracle"] = self.oracle(val_ids)
-        return figures
+            metrics["val"] = self.evaluate(val_ids, trainer.greedy_depths(self.z0[val_ids]))
+            metrics["val_oracle"] = self.oracle(val_ids)
+        return metrics
 
     def data_and_cost(self, cfg, n_train: int, n_val: int) -> tuple[dict, dict]:
         data = {"rollout_manifest": self.cache.manifest, "n_prompts": len(self.prompts),

@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 import torch.nn as nn
@@ -285,10 +285,11 @@ def flops_diversity(flops: torch.Tensor) -> float:
     return float(flops.double().var(unbiased=False) / mean**2)
 
 
-def candidate_logits(controller: nn.Module, z0: torch.Tensor, h: torch.Tensor,
+def candidate_logits(controller: nn.Module, z0: torch.Tensor, step_vector: torch.Tensor,
                      offsets: torch.Tensor) -> torch.Tensor:
-    """Controller logits on every candidate state z_0 + c_k h (float32): [N, d] -> [N, K+1]."""
-    return controller.logits(candidate_states(z0.float(), h, offsets))
+    """Controller logits on every candidate state z_0 + c_k h (float32): [N, d] -> [N, K+1],
+    ``step_vector`` being h (the steering vector times the residual norm)."""
+    return controller.logits(candidate_states(z0.float(), step_vector, offsets))
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -335,14 +336,84 @@ def batch_outcome(outcome: dict[str, torch.Tensor], t: int, cfg: GRPOConfig, n_p
     return rewards, diversity, keep, dropped
 
 
-RewardFn = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+class RewardScorer(Protocol):
+    """What the trainer scores outcomes with: ``environment.RewardBook`` (a stand-in in
+    synthetic tests). A book without a perplexity reference takes it from the first batch."""
+
+    ppl_ref: tuple[float, float] | None
+
+    def score(self, records: list, flops: list[float] | None) -> dict[str, torch.Tensor]: ...
+
+    def set_reference_from_batch(self, records: list[dict],
+                                 gather: Callable[[torch.Tensor], torch.Tensor]) -> None: ...
+
+
+@dataclass
+class Trajectories:
+    """One step's P x G trajectories, prompt-major, with their scored outcomes: what the update
+    reads, at either granularity. ``chunks`` yields (prompt rows, log pi, entropy) with
+    gradients, a group of rows at a time; ``share`` weights a chunk's loss within the batch."""
+
+    teacher: torch.Tensor  # bool [P, G]: the teacher acted
+    depths: torch.Tensor  # long [P, G] (token level: each trajectory's mean depth, rounded)
+    outcome: dict[str, torch.Tensor]  # the reward book's scores, each [P * G]
+
+    mean_depth = None  # token level: each trajectory's mean depth [P, G]
+
+    def chunks(self, trainer: "GRPOTrainer", temp: float):
+        raise NotImplementedError
+
+    def share(self, loss: torch.Tensor, kept: torch.Tensor, norm: int) -> torch.Tensor:
+        """A chunk's loss as its part of the batch's (one chunk: the loss itself)."""
+        return loss
+
+    def mean_entropy(self, entropies: list[torch.Tensor]) -> float:
+        raise NotImplementedError
+
+
+@dataclass
+class PromptTrajectories(Trajectories):
+    """Prompt level: one decision per trajectory, on the logits of its prompt's z_0 [P*G, K+1];
+    the whole batch is one chunk."""
+
+    logits: torch.Tensor | None = None  # [P*G, K+1], with gradients
+
+    def chunks(self, trainer: "GRPOTrainer", temp: float):
+        depths = self.depths.view(-1)
+        yield (slice(None), trajectory_log_prob(self.logits, depths, temp),
+               trajectory_entropy(self.logits, depths, temp))
+
+    def mean_entropy(self, entropies: list[torch.Tensor]) -> float:
+        return float(entropies[0].detach().mean())  # per trajectory
+
+
+@dataclass
+class TokenTrajectories(Trajectories):
+    """Token level: a decision at every decoded token, (states [n, d], depths [n]) per
+    trajectory, grouped by prompt; a chunk is one prompt's G trajectories (a whole batch's
+    states need not fit in memory at once), its loss weighted by its share of the batch."""
+
+    per_prompt: list | None = None  # P lists of G (states, depths)
+    mean_depth: torch.Tensor | None = None
+
+    def chunks(self, trainer: "GRPOTrainer", temp: float):
+        for j, group in enumerate(self.per_prompt):
+            lp, ent = zip(*(token_trajectory_terms(trainer, s, d) for s, d in group))
+            yield j, torch.stack(lp), torch.stack(ent)
+
+    def share(self, loss: torch.Tensor, kept: torch.Tensor, norm: int) -> torch.Tensor:
+        return loss * kept.sum().clamp(min=1) / norm
+
+    def mean_entropy(self, entropies: list[torch.Tensor]) -> float:
+        decisions = sum(len(d) for group in self.per_prompt for _, d in group)
+        return sum(float(e.detach().sum()) for e in entropies) / max(decisions, 1)  # per token
 
 
 @dataclass
 class StepResult:
     depths: torch.Tensor  # [P, G]
     teacher: torch.Tensor  # bool [P, G]
-    outcome: dict[str, torch.Tensor]  # what reward_fn returned, each [P * G]
+    outcome: dict[str, torch.Tensor]  # the scored outcomes, each [P * G]
     keep: torch.Tensor  # bool [P, G]
     loss: float
     updated: bool
@@ -359,11 +430,16 @@ class StepResult:
 
 
 class GRPOTrainer:
-    """Owns the controller's optimiser and one generator; ``step`` is one algorithm iteration.
+    """Owns the controller, its optimiser, one generator and the reward book; ``step`` is one
+    iteration of the appendix algorithm at either granularity (TRL's shape: sample, ask the
+    environment, score, update).
 
-    ``reward_fn(prompt_index [N], depth [N])`` returns at least ``reward`` and ``flops`` (and
-    ``comp``/``qual`` for the quality gates), each a float tensor [N]. It may be a cache lookup
-    (training on a backbone) or a synthetic environment (tests).
+    The environment (``env``) is asked for outcomes: at prompt level ``states(ids)`` (z_0 of
+    each prompt) and ``outcomes(ids, depths)`` (records and FLOPs of each (prompt, depth),
+    e.g. rollout-cache lookups); at token level ``rollout(ids, G, policy)`` (online answers
+    with ``policy`` deciding at every token) and ``decision_sampler(t)``. ``rewards`` scores
+    the outcomes (``environment.RewardBook``): at least ``reward`` and ``flops`` (and
+    ``comp``/``qual`` for the quality gates), each a float tensor [N].
 
     ``temperature_end``: the controller's temperature is annealed from the one it was built
     with to this across the curriculum (``annealed_temperature``); None keeps it constant.
@@ -371,9 +447,10 @@ class GRPOTrainer:
 
     def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
                  tau: float, cfg: GRPOConfig, seed: int,
-                 temperature_end: float | None = None) -> None:
+                 temperature_end: float | None = None,
+                 rewards: RewardScorer | None = None) -> None:
         self.controller = controller
-        self.h = step_vector.detach().float()
+        self.step_vector = step_vector.detach().float()  # h of z_k = z_0 + c_k h
         self.offsets = offsets.detach().float()
         self.k_max = len(offsets) - 1
         self.tau = tau
@@ -383,6 +460,7 @@ class GRPOTrainer:
         self.reinitialisations = 0
         self.temperature_start = float(controller.temperature)
         self.temperature_end = temperature_end
+        self.rewards = rewards
 
     def anneal(self, t: int) -> float:
         """Set the controller's temperature for (0-based) step t and return it."""
@@ -403,7 +481,7 @@ class GRPOTrainer:
 
     def logits(self, z0: torch.Tensor) -> torch.Tensor:
         """Controller logits on all candidate states: [P, d] -> [P, K+1]."""
-        return candidate_logits(self.controller, z0, self.h, self.offsets)
+        return candidate_logits(self.controller, z0, self.step_vector, self.offsets)
 
     @torch.no_grad()
     def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
@@ -439,11 +517,12 @@ class GRPOTrainer:
         self.optimizer = make_optimizer(self.controller.parameters(), self.cfg)
         self.reinitialisations += 1
 
-    def step(self, t: int, prompt_ids: torch.Tensor, z0: torch.Tensor, reward_fn: RewardFn,
+    def step(self, t: int, prompt_ids: torch.Tensor, env,
              gradient_hook: Callable[[], None] | None = None,
              gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
              types: torch.Tensor | None = None) -> StepResult:
-        """One iteration of the appendix algorithm on P prompts x G trajectories.
+        """One iteration of the appendix algorithm on P prompts x G trajectories, either
+        granularity: sample the trajectories and their outcomes, score them, then GRPO.
 
         Data parallel: ``gradient_hook`` averages gradients across ranks and ``gather``
         concatenates a tensor over ranks, so the diversity check (and with it a
@@ -453,40 +532,88 @@ class GRPOTrainer:
         """
         cfg, temp = self.cfg, self.anneal(t)
         P, G = len(prompt_ids), cfg.num_generations
-        logits = self.logits(z0)  # [P, K+1]
-        flat = logits.repeat_interleave(G, dim=0)  # [P*G, K+1]
-        p = self.controller.probability(flat.detach())
-        student = sample_depths(p, self.generator,
-                                self.tau if cfg.threshold_in_training else None)
+        sample = self.sample_tokens if env.granularity == "token" else self.sample_prompts
+        batch = sample(t, prompt_ids, env, gather)
+        rewards, diversity, keep, drops = batch_outcome(batch.outcome, t, cfg, P, gather)
+        imitate = curriculum_stage(t, cfg.t1, cfg.t2) == 1
+        updated = not imitate or cfg.stage1 == "imitation"
+        adv = None if imitate else group_advantages(rewards, keep, cfg.scale_rewards,
+                                                    self.groups_of(types))
+        norm = P * G if imitate else max(int(keep.sum()), 1)  # the loss's normaliser
+        scale = self.batch_sum_scale(norm, gather) if updated else 1.0
+        total, entropies = 0.0, []
+
+        def backward() -> None:  # chunk by chunk (token level: a prompt's G trajectories)
+            nonlocal total
+            for rows, log_probs, entropy in batch.chunks(self, temp):
+                entropies.append(entropy)
+                kept = torch.ones_like(keep[rows]) if imitate else keep[rows]
+                loss = imitation_loss(log_probs) if imitate else grpo_loss(
+                    log_probs, adv[rows].reshape(-1), entropy, kept.reshape(-1),
+                    cfg.entropy_beta)
+                loss = batch.share(loss, kept, norm)
+                (loss * scale).backward()
+                total += float(loss.detach())
+            check_finite(torch.tensor(total), t, cfg)
+
+        if updated:
+            self.update(backward, gradient_hook)
+        self.check_diversity(diversity)
+        adv_abs = ent = float("nan")  # the collapse diagnostics (stages 2-3)
+        if not imitate:
+            adv_abs = float(adv[keep].abs().mean()) if keep.any() else 0.0
+            ent = batch.mean_entropy(entropies)
+        return StepResult(batch.depths, batch.teacher, batch.outcome, keep,
+                          total if updated else float("nan"), updated, diversity,
+                          batch.mean_depth, advantage_abs=adv_abs, entropy=ent,
+                          gate_drops=drops, temperature=temp)
+
+    def sample_prompts(self, t: int, prompt_ids: torch.Tensor, env,
+                       gather=None) -> PromptTrajectories:
+        """Prompt level: sample each trajectory's depth from the policy on its prompt's
+        candidate states (the teacher's where the curriculum draws it), then look the
+        outcomes up in ``env``."""
+        cfg = self.cfg
+        P, G = len(prompt_ids), cfg.num_generations
+        logits = self.logits(env.states(prompt_ids)).repeat_interleave(G, dim=0)  # [P*G, K+1]
+        p = self.controller.probability(logits.detach())
+        student = sample_depths(p, self.generator, self.tau if cfg.threshold_in_training else None)
         teacher = curriculum_sources(P * G, t, cfg, self.generator)
         depths = torch.where(teacher, teacher_depths(P * G, cfg, self.k_max, self.generator),
                              student)
-        outcome = reward_fn(prompt_ids.repeat_interleave(G), depths)
-        rewards, diversity, keep, drops = batch_outcome(outcome, t, cfg, P, gather)
-        log_probs = trajectory_log_prob(flat, depths, temp)
-        adv_abs = ent = float("nan")
-        if curriculum_stage(t, cfg.t1, cfg.t2) == 1:
-            loss = imitation_loss(log_probs) if cfg.stage1 == "imitation" else None
-            n_mean = P * G
-        else:
-            adv = group_advantages(rewards, keep, cfg.scale_rewards,
-                                   self.groups_of(types)).view(-1)
-            entropy = trajectory_entropy(flat, depths, temp)
-            loss = grpo_loss(log_probs, adv, entropy, keep.view(-1), cfg.entropy_beta)
-            kept = keep.view(-1)
-            adv_abs = float(adv[kept].abs().mean()) if kept.any() else 0.0
-            ent = float(entropy.detach().mean())
-            n_mean = max(int(kept.sum()), 1)  # grpo_loss's normaliser
-        updated = loss is not None
-        if updated:
-            check_finite(loss, t, cfg)
-            scale = self.batch_sum_scale(n_mean, gather)
-            self.update((loss * scale).backward, gradient_hook)
-        self.check_diversity(diversity)
-        return StepResult(depths.view(P, G), teacher.view(P, G), outcome, keep,
-                          float(loss.detach()) if updated else float("nan"), updated, diversity,
-                          advantage_abs=adv_abs, entropy=ent, gate_drops=drops,
-                          temperature=temp)
+        records, flops = env.outcomes(prompt_ids.repeat_interleave(G), depths)
+        return PromptTrajectories(teacher.view(P, G), depths.view(P, G),
+                                  self.score(records, flops, gather), logits=logits)
+
+    def sample_tokens(self, t: int, prompt_ids: torch.Tensor, env,
+                      gather=None) -> TokenTrajectories:
+        """Token level: draw which trajectories the teacher drives (and its depth), then let
+        ``env`` generate every answer with the policy deciding at each token.
+
+        The per-token decisions are drawn by ``env.decision_sampler(t)``, not the trainer's
+        generator: their number depends on each rank's answer lengths, and the trainer's
+        generator has to stay identical on every rank (batch draws, re-initialisation)."""
+        cfg = self.cfg
+        P, G = len(prompt_ids), cfg.num_generations
+        teacher = curriculum_sources(P * G, t, cfg, self.generator)
+        teacher_depth = teacher_depths(P * G, cfg, self.k_max, self.generator)
+        policy = TokenPolicy(self, teacher, teacher_depth, generator=env.decision_sampler(t))
+        records, flat = env.rollout(prompt_ids.tolist(), G, policy)
+        per_prompt = [flat[j * G : (j + 1) * G] for j in range(P)]
+        mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group]
+                                   for group in per_prompt])
+        flops = [r["flops"] for r in records]
+        return TokenTrajectories(teacher.view(P, G), mean_depth.round().long(),
+                                 self.score(records, flops, gather), per_prompt=per_prompt,
+                                 mean_depth=mean_depth)
+
+    def score(self, records: list, flops: list[float] | None,
+              gather: Callable[[torch.Tensor], torch.Tensor] | None) -> dict[str, torch.Tensor]:
+        """The reward book's scores of a batch (its perplexity reference, if still unset,
+        from the whole batch first: every rank's answers)."""
+        if self.rewards.ppl_ref is None:
+            self.rewards.set_reference_from_batch(records, gather or (lambda x: x))
+        return self.rewards.score(records, flops)
 
     def groups_of(self, types: torch.Tensor | None) -> torch.Tensor | None:
         """The GRPO group label of each prompt: None (per prompt) or its problem type."""
@@ -533,7 +660,7 @@ class TokenPolicy:
             self.net = copy.deepcopy(tr.controller).to(device)
             self.sampler = torch.Generator(device=device).manual_seed(
                 int(torch.randint(0, 2**62, (1,), generator=self.generator)))
-        self.h, self.offsets = tr.h.to(device), tr.offsets.to(device)
+        self.step_vector, self.offsets = tr.step_vector.to(device), tr.offsets.to(device)
         self.teacher, self.teacher_depth = self.teacher.to(device), self.teacher_depth.to(device)
 
     @torch.no_grad()
@@ -541,7 +668,7 @@ class TokenPolicy:
         if self.device != z_last.device:
             self.to(z_last.device)
         z = z_last.detach().float()
-        p = self.net.probability(candidate_logits(self.net, z, self.h, self.offsets))
+        p = self.net.probability(candidate_logits(self.net, z, self.step_vector, self.offsets))
         if self.greedy:
             depth = halting_depth(p, self.trainer.tau)
         else:
@@ -570,10 +697,6 @@ class TokenPolicy:
         return [(s[: max(n, 1)], d[: max(n, 1)]) for s, d, n in zip(states, depths, used)]
 
 
-TokenRollout = Callable[[list[int], int, TokenPolicy],
-                        tuple[list[dict], list[tuple[torch.Tensor, torch.Tensor]]]]
-
-
 def token_trajectory_terms(trainer: "GRPOTrainer", states: torch.Tensor,
                            depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log pi, entropy) of a token-level trajectory: sums over every decoded token's halting
@@ -582,68 +705,3 @@ def token_trajectory_terms(trainer: "GRPOTrainer", states: torch.Tensor,
     temp = trainer.controller.temperature
     return (trajectory_log_prob(logits, depths, temp).sum(),
             trajectory_entropy(logits, depths, temp).sum())
-
-
-def step_tokens(trainer: "GRPOTrainer", t: int, prompt_ids: torch.Tensor,
-                rollout: TokenRollout, score: Callable[[list[dict]], dict[str, torch.Tensor]],
-                gradient_hook: Callable[[], None] | None = None,
-                gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                sampler: torch.Generator | None = None,
-                types: torch.Tensor | None = None) -> StepResult:
-    """One iteration with ``granularity="token"``: online rollouts, then the same objective.
-
-    ``sampler`` draws the per-token halting decisions. It must not be ``trainer.generator``
-    in a data-parallel run: the number of draws depends on each rank's answer lengths, and the
-    trainer's generator has to stay identical on every rank (batch draws, re-initialisation).
-
-    ``rollout(prompt_indices, G, policy)`` generates G answers to each prompt, all in one
-    batch (rows prompt-major), with ``policy`` deciding at every token, and returns their
-    records and trajectories; ``score(records)`` gives the
-    reward_fn outcome. Gradients are accumulated group by group (a group's states do not all
-    fit in memory at once for long answers) with the batch-wide normaliser, so the update equals
-    the one-shot loss. ``depths`` in the result are each trajectory's mean depth (rounded).
-    """
-    cfg = trainer.cfg
-    temp = trainer.anneal(t)
-    P, G = len(prompt_ids), cfg.num_generations
-    teacher = curriculum_sources(P * G, t, cfg, trainer.generator).view(P, G)
-    t_depth = teacher_depths(P * G, cfg, trainer.k_max, trainer.generator).view(P, G)
-    policy = TokenPolicy(trainer, teacher.reshape(-1), t_depth.reshape(-1), generator=sampler)
-    records, flat = rollout(prompt_ids.tolist(), G, policy)
-    trajs = [flat[j * G : (j + 1) * G] for j in range(P)]
-    outcome = score(records)
-    rewards, diversity, keep, drops = batch_outcome(outcome, t, cfg, P, gather)
-    imitate = curriculum_stage(t, cfg.t1, cfg.t2) == 1
-    updated = not imitate or cfg.stage1 == "imitation"
-    adv = group_advantages(rewards, keep, cfg.scale_rewards, trainer.groups_of(types))
-    norm = float(P * G) if imitate else float(keep.sum().clamp(min=1))
-    scale = trainer.batch_sum_scale(norm, gather) if updated else 1.0
-    total, entropy_sum = 0.0, 0.0
-
-    def backward() -> None:  # group by group: a whole batch's states need not fit at once
-        nonlocal total, entropy_sum
-        for j in range(P):
-            lp, ent = zip(*(token_trajectory_terms(trainer, s, d) for s, d in trajs[j]))
-            lp, ent = torch.stack(lp), torch.stack(ent)
-            entropy_sum += float(ent.detach().sum())
-            if imitate:
-                loss = imitation_loss(lp) * G / norm
-            else:
-                loss = grpo_loss(lp, adv[j], ent, keep[j], cfg.entropy_beta) \
-                    * keep[j].sum().clamp(min=1) / norm
-            (loss * scale).backward()
-            total += float(loss.detach())
-
-    if updated:
-        trainer.update(backward, gradient_hook)
-        check_finite(torch.tensor(total), t, cfg)
-    trainer.check_diversity(diversity)
-    mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group] for group in trajs])
-    adv_abs = ent = float("nan")  # the collapse diagnostics, as at prompt level (stages 2-3)
-    if not imitate:
-        adv_abs = float(adv[keep].abs().mean()) if keep.any() else 0.0
-        decisions = sum(len(d) for group in trajs for _, d in group)
-        ent = entropy_sum / max(decisions, 1)  # per decoded token
-    return StepResult(mean_depth.round().long(), teacher, outcome, keep,
-                      total if updated else float("nan"), updated, diversity, mean_depth,
-                      advantage_abs=adv_abs, entropy=ent, gate_drops=drops, temperature=temp)

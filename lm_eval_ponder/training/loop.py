@@ -1,11 +1,12 @@
 """The one training loop behind ``python -m lm_eval_ponder.train``, for both granularities.
 
 The loop is the same whatever produces the outcomes: draw a global batch of training prompts,
-let the *environment* run one GRPO step on this rank's shard, gather outcomes, update the
+let the trainer run one GRPO step on this rank's shard (``GRPOTrainer.step`` asks the
+*environment* for outcomes and scores them with the reward book), gather outcomes, update the
 reward state, log every ``logging_steps`` steps with held-out figures, keep the best weights,
 checkpoint atomically, and at the end write the controller, its config and card. Two
-environments implement the step: ``environment.CachedEnvironment`` (prompt granularity: GRPO
-on rollout-cache lookups) and ``online.OnlineEnvironment`` (token granularity: every step
+environments produce outcomes: ``environment.CachedEnvironment`` (prompt granularity:
+rollout-cache lookups) and ``online.OnlineEnvironment`` (token granularity: every step
 generates its answers with the controller in the loop). Their interface is
 ``TrainingEnvironment`` below.
 
@@ -33,7 +34,12 @@ from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.training.config import TrainConfig, config_dict
 from lm_eval_ponder.training.distributed import Distributed
-from lm_eval_ponder.training.environment import CachedEnvironment, outcome_key, split_prompts
+from lm_eval_ponder.training.environment import (
+    CachedEnvironment,
+    RewardBook,
+    reward_key,
+    split_prompts,
+)
 from lm_eval_ponder.training.grpo import (
     GRPOTrainer,
     completeness_threshold,
@@ -48,15 +54,18 @@ LOG = "train_log.jsonl"
 LOGGER = logging.getLogger(__name__)
 
 
-def load_backbone(cfg: TrainConfig, offsets: list[float]):
+def load_backbone(cfg: TrainConfig):
+    """The frozen backbone with the run's steering vector. It ponders no call by itself: the
+    rollout cache steers each row at its depth's offset and the token-level trainer steers
+    through its policy's hook, each call saying how."""
     from lm_eval_ponder.evaluation.lm import PonderLM
 
     kwargs = {"batch_size": cfg.rollout.batch_size, "dtype": cfg.dtype,
               "parallelize": cfg.parallelize}
     if cfg.device:
         kwargs["device"] = cfg.device
-    return PonderLM(pretrained=cfg.pretrained, gguf_file=cfg.gguf_file, steering=cfg.steering,
-                    layer=cfg.layer, alpha=offsets[0], **kwargs)
+    return PonderLM.unsteered(cfg.steering, cfg.layer, pretrained=cfg.pretrained,
+                              gguf_file=cfg.gguf_file, **kwargs)
 
 
 def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, step: int,
@@ -81,7 +90,7 @@ def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, ste
         "depth_mean": float(depths.mean()),
         "depth_hist": torch.bincount(cat["depths"], minlength=k_max + 1).tolist(),
         "reward_mean": float(cat["reward"].mean()),
-        **{f"R_{k}": float(cat[outcome_key(k)].mean()) for k in COMPONENTS},
+        **{f"R_{k}": float(cat[reward_key(k)].mean()) for k in COMPONENTS},
         "weights": dict(weights),
         "balance_ratio": ratio, "balance_ok": 0.1 <= ratio <= 1.0,
         "gate_pass": float(cat["keep"].float().mean()),
@@ -128,7 +137,7 @@ def iteration(t: int, step, train_ids: torch.Tensor, n_prompts: int, gen: torch.
     dist.assert_equal(ids, "ranks drew different global batches (generator out of step)")
     res = step(ids[dist.rank :: dist.world])
     outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
-    env.observe(outcome, t)
+    env.rewards.observe(outcome, t)
     window.append(window_entry(outcome, res, dist))
     if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
         append_jsonl(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
@@ -140,7 +149,7 @@ def save_state(path: Path, trainer: GRPOTrainer, generators: dict, best, env,
                meta: dict) -> None:
     """The checkpoint: controller, optimiser, generators, best weights, reward state, meta."""
     ckpt.save_checkpoint(path, trainer.controller, trainer.optimizer, generators, best, {
-        **meta, "stats": env.stats.state(), "weights": env.weights,
+        **meta, "stats": env.rewards.stats.state(), "weights": env.rewards.weights,
         "reinitialisations": trainer.reinitialisations})
 
 
@@ -157,8 +166,8 @@ def load_state(path: Path, trainer: GRPOTrainer, generators: dict, env, run_conf
         raise PonderError(f"{path.parent} holds a checkpoint of a run with another config; use "
                           "another --output or delete the checkpoint to start over")
     meta, best = ckpt.load_checkpoint(path, trainer.controller, trainer.optimizer, generators)
-    env.stats.load(meta["stats"])
-    env.weights = meta["weights"]
+    env.rewards.stats.load(meta["stats"])
+    env.rewards.weights = meta["weights"]
     trainer.reinitialisations = meta["reinitialisations"]
     LOGGER.info("resuming %s at step %d", path.parent, meta["step"])
     return meta, best
@@ -179,23 +188,23 @@ def identity_of(lm) -> dict:
             "dtype": str(lm.model.dtype).removeprefix("torch."),
             "steering_dir": str(lm.steering_dir), "layer": lm.steer_layer,
             "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
-            "steering_sha256": lm.fingerprint()["pondering"]["steering"]}
+            "steering_sha256": lm.require_steering().sha()}
 
 
 class TrainingEnvironment(Protocol):
     """What the loop needs from whatever produces outcomes (see the module docstring)."""
 
     prompts: list
-    weights: dict[str, float]
+    rewards: RewardBook  # the reward and its running state (weights, FLOPs statistics)
     k_max: int
 
     def generators(self) -> dict[str, torch.Generator]:
         """Generators besides the trainer's that a checkpoint must restore."""
 
-    def step(self, trainer: GRPOTrainer, t: int, local: torch.Tensor,
-             dist: Distributed): ...
+    granularity: str  # "prompt": outcomes(ids, depths) and states(ids); "token": rollout
 
-    def observe(self, outcome: dict[str, torch.Tensor], step: int) -> None: ...
+    def types(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        """Each prompt's problem type (``environment.problem_types``)."""
 
     def held_out(self, trainer: GRPOTrainer, train_ids: list[int],
                  val_ids: list[int]) -> dict: ...
@@ -206,7 +215,7 @@ class TrainingEnvironment(Protocol):
 
     def restore(self, meta: dict) -> None: ...
 
-    def final_figures(self, trainer: GRPOTrainer, train_ids: list[int],
+    def final_metrics(self, trainer: GRPOTrainer, train_ids: list[int],
                       val_ids: list[int]) -> dict: ...
 
     def data_and_cost(self, cfg: TrainConfig, n_train: int, n_val: int) -> tuple[dict, dict]: ...
@@ -217,7 +226,7 @@ def build_environment(cfg: TrainConfig, lm, controller: PonderController, offset
     """Prompt granularity: build (or finish) the rollout cache with ``lm``, then train on
     lookups. Token granularity: train online with ``lm`` in the loop."""
     if cfg.ponder.granularity == "token":
-        return OnlineEnvironment(lm, cfg, controller)
+        return OnlineEnvironment(lm, cfg, controller, rank=dist.rank)
     t0 = time.time()
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "rollouts"
     if dist.rank == 0:
@@ -268,11 +277,13 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
                               else ""))
     train_tensor = torch.tensor(train_ids)
     for t in bar:
-        iteration(t, lambda local, t=t: env.step(trainer, t, local, dist), train_tensor, P,
+        iteration(t, lambda local, t=t: trainer.step(
+            t, local, env, gradient_hook=lambda: dist.average_gradients(controller),
+            gather=dist.gather, types=env.types(local)), train_tensor, P,
                   trainer.generator, env, dist, window, log_path, cfg)
         if (t + 1) % cfg.logging_steps and t + 1 != cfg.grpo.max_steps:
             continue
-        summary = batch_figures(window, env.weights, env.k_max, t + 1, cfg,
+        summary = batch_figures(window, env.rewards.weights, env.k_max, t + 1, cfg,
                                 time.time() - t_train, trainer.reinitialisations)
         window = []
         if dist.rank != 0:  # held-out figures, selection and files: rank 0's job
@@ -309,7 +320,7 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     offsets = cumulative_offsets(cfg.ponder)
-    lm = load_backbone(cfg, offsets.tolist())
+    lm = load_backbone(cfg)
     identity = identity_of(lm)
     torch.manual_seed(cfg.seed)
     controller = PonderController(identity["hidden_size"], cfg.controller_hidden,
@@ -321,16 +332,17 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
 
     vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
     trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
-                          cfg.ponder.tau, cfg.grpo, cfg.seed, cfg.controller_temperature_end)
+                          cfg.ponder.tau, cfg.grpo, cfg.seed, cfg.controller_temperature_end,
+                          rewards=env.rewards)
     train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
     chosen, train_wall = optimise(cfg, trainer, env, train_ids, val_ids, out, dist)
     if dist.rank == 0:
         run_config = config_dict(cfg)
-        figures = env.final_figures(trainer, train_ids, val_ids)
+        metrics = env.final_metrics(trainer, train_ids, val_ids)
         data, cost = env.data_and_cost(cfg, len(train_ids), len(val_ids))
         extra = {"backbone": identity, "ponder": run_config["ponder"], "layer": identity["layer"],
                  "train_config": run_config, "seed": cfg.seed, "selected_step": chosen,
-                 "data": data, "figures": figures,
+                 "data": data, "figures": metrics,
                  "cost": {**cost, "train_wall_s": round(train_wall, 1)}}
         save_controller(controller, out, extra_config=extra)
         (out / "card.md").write_text(card(cfg, identity, extra))

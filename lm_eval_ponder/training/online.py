@@ -6,7 +6,7 @@ sequence of depths and cannot be looked up per depth as ``rollouts.py`` does. Ea
 therefore generates its P x G answers with the controller in the loop (``grpo.TokenPolicy``
 samples a halting depth per row per token and records the state it saw), scores them with the
 same reward (``environment.RewardBook``) and updates on the recorded decisions
-(``grpo.step_tokens``): log pi(trajectory) is the sum of every token's halting log-probability.
+(``GRPOTrainer.step``): log pi(trajectory) is the sum of every token's halting log-probability.
 
 Cost. One step is one batched generation of its P x G rows and one perplexity pass, so the
 default 2500 steps x 8 prompts x G = 8 answers are 160k generations: a GPU job. (G = 8, T1 = 500
@@ -36,7 +36,7 @@ from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.pondering.hook import SteeringHook
 from lm_eval_ponder.training.config import TrainConfig
 from lm_eval_ponder.training.environment import RewardBook, problem_types
-from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy, step_tokens
+from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy
 from lm_eval_ponder.training.rollouts import (
     Prompt,
     build_prompts,
@@ -46,15 +46,19 @@ from lm_eval_ponder.training.rollouts import (
 )
 
 
-class OnlineEnvironment(RewardBook):
-    """Generates answers to training prompts with a token-level policy in the loop."""
+class OnlineEnvironment:
+    """Generates answers to training prompts with a token-level policy in the loop; scores
+    them with its ``rewards``, whose perplexity reference comes from the config or, unless
+    configured, from the first step's answers."""
+
+    granularity = "token"
 
     def __init__(self, lm, cfg: TrainConfig, controller: PonderController,
-                 prompts: list[Prompt] | None = None) -> None:
+                 prompts: list[Prompt] | None = None, rank: int = 0) -> None:
         ppl_ref = None
         if cfg.reward.ppl_baseline is not None and cfg.reward.sigma_ppl is not None:
             ppl_ref = (cfg.reward.ppl_baseline, cfg.reward.sigma_ppl)
-        super().__init__(cfg.reward, ppl_ref)
+        self.rewards = RewardBook(cfg.reward, ppl_ref)
         from lm_eval.models.utils import handle_stop_sequences
 
         self.lm, self.train_cfg = lm, cfg
@@ -64,6 +68,7 @@ class OnlineEnvironment(RewardBook):
         eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
         self.until = handle_stop_sequences(None, eos=eos)  # as the rollout cache: EOS only
         self.controller = controller
+        self.rank = rank
 
     @torch.no_grad()
     def rollout(self, ids: list[int], group: int, policy: TokenPolicy):
@@ -90,7 +95,7 @@ class OnlineEnvironment(RewardBook):
         hook = SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, policy,
                             mode="token")
         out = lm.generate_batch(input_ids, mask, max_new_tokens=self.max_gen_toks,
-                                stop=self.until, steering=hook, do_sample=False)
+                                stop=self.until, hook=hook, do_sample=False)
         generated = out.sequences[:, input_ids.shape[1]:].tolist()
         used = out.gen_tokens
         texts = [postprocess_generated_text(generation=lm.tok_decode(t), stop=self.until,
@@ -132,25 +137,15 @@ class OnlineEnvironment(RewardBook):
     def generators(self) -> dict[str, torch.Generator]:
         return {}
 
-    def step(self, trainer: GRPOTrainer, t: int, local: torch.Tensor, dist):
-        # per step and rank, so ranks explore independently and a resumed run draws the same
-        # decisions without saving every rank's generator
-        seed = self.train_cfg.seed * 1_000_003 + t * 1009 + dist.rank
-        sampler = torch.Generator().manual_seed(seed)
+    def decision_sampler(self, t: int) -> torch.Generator:
+        """The generator of step ``t``'s per-token decisions: seeded per step and rank, so
+        ranks explore independently and a resumed run draws the same decisions without saving
+        every rank's generator."""
+        return torch.Generator().manual_seed(self.train_cfg.seed * 1_000_003 + t * 1009
+                                             + self.rank)
 
-        def score(records: list[dict]) -> dict[str, torch.Tensor]:
-            if self.ppl_ref is None:  # first step: the reference from every rank's answers
-                ppl = dist.gather(torch.tensor([r["ppl"] if r["ppl"] is not None else math.nan
-                                                for r in records], dtype=torch.float64))
-                ok = dist.gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
-                chosen = ppl[ok] if bool(ok.any()) else ppl
-                self.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
-            return self.score(records, [r["flops"] for r in records])
-
-        return step_tokens(trainer, t, local, self.rollout, score,
-                           gradient_hook=lambda: dist.average_gradients(trainer.controller),
-                           gather=dist.gather, sampler=sampler,
-                           types=problem_types(self.prompts)[local])
+    def types(self, prompt_ids: torch.Tensor) -> torch.Tensor:
+        return problem_types(self.prompts)[prompt_ids]
 
     def held_out(self, trainer: GRPOTrainer, train_ids: list[int], val_ids: list[int]) -> dict:
         """Inference-time figures on the held-out prompts (generation: the costly part)."""
@@ -163,12 +158,12 @@ class OnlineEnvironment(RewardBook):
         return (figures.get("accuracy", -math.inf), -figures.get("flops", math.inf))
 
     def state(self) -> dict:
-        return {"ppl_ref": self.ppl_ref}
+        return {"ppl_ref": self.rewards.ppl_ref}
 
     def restore(self, meta: dict) -> None:
-        self.ppl_ref = meta["ppl_ref"]
+        self.rewards.ppl_ref = meta["ppl_ref"]
 
-    def final_figures(self, trainer: GRPOTrainer, train_ids: list[int],
+    def final_metrics(self, trainer: GRPOTrainer, train_ids: list[int],
                       val_ids: list[int]) -> dict:
         return {"val": self.evaluate(trainer, val_ids)} if val_ids else {}
 

@@ -421,7 +421,7 @@ def cache_identity(lm, cfg: RolloutConfig, offsets: list[float], prompts: list[P
         "backbone": lm.backbone_info.path,
         "backbone_sha256": lm.backbone_info.source_sha256,
         "dtype": str(lm.model.dtype),
-        "steering_sha256": lm.fingerprint()["pondering"]["steering"],
+        "steering_sha256": lm.require_steering().sha(),
         "layer": lm.steer_layer,
         "scale": lm.steer_scale,
         "offsets": [round(float(c), 8) for c in offsets],

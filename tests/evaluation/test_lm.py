@@ -296,7 +296,7 @@ def test_pad_token_generated_mid_answer_is_not_its_end(tiny_model_dir, monkeypat
                         lambda self, context, *a, **k: torch.cat([context, answer], dim=1))
     ids = torch.full((2, 3), 5)
     out = lm.generate_batch(ids, torch.ones_like(ids), max_new_tokens=6, stop=[],
-                            steering=None)
+                            hook=None)
     assert out.gen_tokens == [4, 6]
 
 

@@ -11,8 +11,8 @@ from lm_eval_ponder.training import rewards as R
 from lm_eval_ponder.training.environment import (
     CachedEnvironment,
     RewardBook,
-    outcome_key,
     problem_types,
+    reward_key,
     split_prompts,
 )
 from lm_eval_ponder.training.rollouts import Prompt, RolloutCache
@@ -51,7 +51,7 @@ def test_reward_book_scores_then_balances_flops_weight():
     book = RewardBook(cfg, ppl_ref=(2.0, 1.0))
     recs = [record("a", 0, True, 100.0), record("a", 1, False, 300.0)]
     out = book.score(recs, [100.0, 300.0])
-    assert out["correct"].tolist() == [1.0, 0.0] and out[outcome_key("acc")].tolist() == [1.0, 0.0]
+    assert out["correct"].tolist() == [1.0, 0.0] and out[reward_key("acc")].tolist() == [1.0, 0.0]
     expected = [R.total_reward(R.reward_components(r, f, book.stats, (2.0, 1.0), cfg),
                                book.weights) for r, f in zip(recs, [100.0, 300.0])]
     assert out["reward"].tolist() == pytest.approx(expected)

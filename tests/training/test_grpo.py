@@ -1,6 +1,6 @@
 """GRPO (lm_eval_ponder.training.grpo): the equations by hand, and proof that the trainer learns
-(and would not with a sign bug), per prompt (``GRPOTrainer.step``) and per token
-(``step_tokens``)."""
+(and would not with a sign bug), per prompt and per token (``GRPOTrainer.step`` on a
+synthetic environment, ``Lookup`` or ``Online``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,60 @@ import torch
 import lm_eval_ponder.training.grpo as grpo
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.pondering.controller import PonderController
-from lm_eval_ponder.training.grpo import GRPOConfig, GRPOTrainer, step_tokens
+from lm_eval_ponder.training.grpo import GRPOConfig
+from lm_eval_ponder.training.grpo import GRPOTrainer as _GRPOTrainer
+
+
+class Scored:
+    """The trainer's reward book for synthetic outcomes: ``score`` is the test's own function
+    (by default the outcomes come scored already)."""
+
+    ppl_ref = (1.0, 1.0)
+
+    def __init__(self, fn=lambda records: records):
+        self.fn = fn
+
+    def score(self, records, flops):
+        return self.fn(records)
+
+
+def GRPOTrainer(*args, rewards=None, **kwargs):  # noqa: N802
+    return _GRPOTrainer(*args, rewards=rewards or Scored(), **kwargs)
+
+
+class Lookup:
+    """A synthetic prompt-level environment: the batch's states ``z`` and outcomes scored by
+    ``reward_fn(prompt ids, depths)``."""
+
+    granularity = "prompt"
+
+    def __init__(self, z, reward_fn):
+        self.z, self.reward_fn = z, reward_fn
+
+    def states(self, ids):
+        return self.z
+
+    def outcomes(self, ids, depths):
+        return self.reward_fn(ids, depths), None
+
+
+class Online:
+    """A synthetic token-level environment around ``rollout(ids, G, policy)``; decisions are
+    drawn from the trainer's generator."""
+
+    granularity = "token"
+
+    def __init__(self, rollout):
+        self.rollout = rollout
+
+    def decision_sampler(self, t):
+        return None
+
+
+def step_tokens(trainer, t, ids, rollout, score):
+    """One token-level step with ``score(records)`` as the reward book."""
+    trainer.rewards = Scored(score)
+    return trainer.step(t, ids, Online(rollout))
 
 
 def test_curriculum_schedule():
@@ -49,9 +102,9 @@ def test_step_reports_collapse_diagnostics():
         return {"reward": depths.float(), "flops": 1.0 + depths.float()}
 
     z = torch.randn(2, D)
-    first = trainer.step(0, torch.tensor([0, 1]), z, reward_fn)
+    first = trainer.step(0, torch.tensor([0, 1]), Lookup(z, reward_fn))
     assert math.isnan(first.advantage_abs) and math.isnan(first.entropy)
-    res = trainer.step(5, torch.tensor([0, 1]), z, reward_fn)
+    res = trainer.step(5, torch.tensor([0, 1]), Lookup(z, reward_fn))
     r = seen["reward"].view(2, 4)
     assert res.advantage_abs == pytest.approx(float((r - r.mean(1, keepdim=True)).abs().mean()))
     assert res.entropy > 0
@@ -151,7 +204,7 @@ def synthetic_run(steps: int = 1200, seed: int = 0, optim: str = "adam", lr: flo
 
     for t in range(steps):
         ids = torch.randint(0, N, (16,), generator=trainer.generator)
-        trainer.step(t, ids, z[ids], reward_fn)
+        trainer.step(t, ids, Lookup(z[ids], reward_fn))
     return (trainer.greedy_depths(z) == best).float().mean().item()
 
 
@@ -205,7 +258,7 @@ def test_imitation_stage_teaches_the_teacher():
         trainer = GRPOTrainer(ctrl, h, offsets, 0.2, cfg, 0)
         for t in range(300):
             ids = torch.randint(0, 64, (8,), generator=gen)
-            trainer.step(t, ids, z[ids], reward_fn)
+            trainer.step(t, ids, Lookup(z[ids], reward_fn))
         if mode == "paper":
             assert all(torch.equal(before[k], v) for k, v in ctrl.state_dict().items())
         else:
@@ -352,7 +405,7 @@ def test_trainer_anneals_the_controllers_temperature():
     def reward_fn(ids, depths):
         return {"reward": depths.float(), "flops": 1.0 + depths.float()}
 
-    seen = [trainer.step(t, torch.tensor([0, 1]), torch.randn(2, D), reward_fn).temperature
+    seen = [trainer.step(t, torch.tensor([0, 1]), Lookup(torch.randn(2, D), reward_fn)).temperature
             for t in range(6)]
     assert seen[:3] == [1.0, 1.0, 1.0] and seen[-1] == pytest.approx(0.1)
     assert ctrl.temperature == pytest.approx(0.1)
@@ -392,9 +445,9 @@ def test_each_gates_drops_are_reported_in_stage_3_only():
                 "qual": qual}
 
     z = torch.randn(2, D)
-    early = trainer.step(1, torch.tensor([0, 1]), z, reward_fn)  # stage 2: no gate
+    early = trainer.step(1, torch.tensor([0, 1]), Lookup(z, reward_fn))  # stage 2: no gate
     assert not early.gate_drops.any() and early.keep.all()
-    late = trainer.step(2, torch.tensor([0, 1]), z, reward_fn)  # stage 3
+    late = trainer.step(2, torch.tensor([0, 1]), Lookup(z, reward_fn))  # stage 3
     drops = late.gate_drops.view(-1, 2)
     assert drops[:, 0].tolist() == [True, False, False, False, True, False, False, False]
     assert drops[:, 1].tolist() == [False, True, False, False, True, False, False, False]
@@ -437,8 +490,8 @@ def test_type_groups_reach_the_advantages(monkeypatch):
         return {"reward": depths.float(), "flops": 1.0 + depths.float()}
 
     with pytest.raises(PonderError, match="problem type"):
-        trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D), reward_fn)
-    trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D), reward_fn,
+        trainer.step(0, torch.tensor([0, 1]), Lookup(torch.randn(2, D), reward_fn))
+    trainer.step(0, torch.tensor([0, 1]), Lookup(torch.randn(2, D), reward_fn),
                  types=torch.tensor([3, 3]))
     assert seen["groups"].tolist() == [3, 3]
 
@@ -454,8 +507,8 @@ def test_a_diverged_update_stops_training(monkeypatch):
                           cfg, 0)
     before = {k: v.clone() for k, v in trainer.controller.state_dict().items()}
     with pytest.raises(PonderError, match="diverged at step 1"):
-        trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D),
-                     lambda ids, d: {"reward": d.float(), "flops": 1.0 + d.float()})
+        trainer.step(0, torch.tensor([0, 1]), Lookup(torch.randn(2, D),
+                     lambda ids, d: {"reward": d.float(), "flops": 1.0 + d.float()}))
     assert all(torch.equal(before[k], v) for k, v in trainer.controller.state_dict().items())
 
 
@@ -471,9 +524,9 @@ def test_sgd_step_is_the_algorithms_sum_over_the_batch(monkeypatch):
         trainer = GRPOTrainer(ctrl, torch.ones(D), torch.arange(3.0), 0.2, cfg, 0)
         if scale_fn is not None:
             monkeypatch.setattr(trainer, "batch_sum_scale", scale_fn)
-        trainer.step(0, torch.tensor([0, 1]), torch.randn(2, D, generator=torch.Generator()
-                                                           .manual_seed(1)),
-                     lambda ids, d: {"reward": d.float(), "flops": 1.0 + d.float()})
+        trainer.step(0, torch.tensor([0, 1]), Lookup(
+            torch.randn(2, D, generator=torch.Generator().manual_seed(1)),
+            lambda ids, d: {"reward": d.float(), "flops": 1.0 + d.float()}))
         return ctrl.state_dict()
 
     summed = trained(1e-4)

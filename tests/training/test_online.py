@@ -1,7 +1,7 @@
 """Token-level training on online rollouts (lm_eval_ponder.training.online): rollouts are
 exactly what ``--model ponder`` generates, and ``python -m lm_eval_ponder.train
 --ponder.granularity token`` runs, resumes, runs on two processes and loads. The update itself
-(``grpo.step_tokens``) is tested in test_grpo.py."""
+(``GRPOTrainer.step``) is tested in test_grpo.py."""
 
 from __future__ import annotations
 
@@ -136,18 +136,17 @@ def test_token_training_writes_a_loadable_controller(token_run, tiny_model_dir, 
 def test_token_training_resumes_to_the_same_controller(token_run, tiny_model_dir,
                                                        tiny_vector_dir, tmp_path, monkeypatch):
     out = tmp_path / "interrupted"
-    real = grpo.step_tokens
-    import lm_eval_ponder.training.online as online
+    real = grpo.GRPOTrainer.step
 
     def dying(trainer, t, *a, **k):
         if t == 3:
             raise KeyboardInterrupt  # after the step-2 checkpoint, mid-window
         return real(trainer, t, *a, **k)
 
-    monkeypatch.setattr(online, "step_tokens", dying)
+    monkeypatch.setattr(grpo.GRPOTrainer, "step", dying)
     with pytest.raises(KeyboardInterrupt):
         main(args(tiny_model_dir, tiny_vector_dir, out))
-    monkeypatch.setattr(online, "step_tokens", real)
+    monkeypatch.setattr(grpo.GRPOTrainer, "step", real)
     main(args(tiny_model_dir, tiny_vector_dir, out))
     a = load_file(str(token_run / "controller.safetensors"))
     b = load_file(str(out / "controller.safetensors"))

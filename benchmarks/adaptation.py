@@ -201,13 +201,14 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
 def save_final(trainer, cfg, ident: dict, directory: Path, record: dict, n_prompts: int) -> None:
     """The controller with the config the evaluation path reads (pondering, layer, the steering
     vector it was trained with), like ``python -m lm_eval_ponder.train`` writes it."""
+    from lm_eval_ponder.backbone import EMBEDDED_NAME
     from lm_eval_ponder.pondering.controller import save_controller
     from lm_eval_ponder.resources import shipped_controller_dir
     from lm_eval_ponder.training.config import config_dict
 
     run_config = config_dict(cfg)
     backbone = {k: ident[k] for k in ("backbone", "backbone_sha256", "layer", "steering_sha256")}
-    backbone["steering_dir"] = str(shipped_controller_dir("smollm2-135m-instruct"))
+    backbone["steering_dir"] = str(shipped_controller_dir(EMBEDDED_NAME))
     backbone["steering_scale"] = ident["scale"]
     save_controller(trainer.controller, directory, extra_config={
         "backbone": backbone, "ponder": run_config["ponder"], "layer": ident["layer"],
@@ -247,10 +248,11 @@ def p_continue(trainer, z0):
 
 def steering_dir(ident: dict) -> str:
     """The shipped steering vector, refused unless it is the one the cache was built with."""
+    from lm_eval_ponder.backbone import EMBEDDED_NAME
     from lm_eval_ponder.files import file_sha256
     from lm_eval_ponder.resources import shipped_controller_dir
 
-    path = shipped_controller_dir("smollm2-135m-instruct")
+    path = shipped_controller_dir(EMBEDDED_NAME)
     sha = file_sha256(path / "steering.safetensors")[:16] if path else "missing"
     if sha != ident["steering_sha256"]:
         sys.exit(f"the cache was built with steering vector {ident['steering_sha256']}; the "

@@ -204,11 +204,12 @@ def controller_depths(directory: Path, z0, offsets: list[float],
 def find_controllers(sweep_root: Path | None, form: str) -> dict[str, Path]:
     """name -> directory: the final controllers of an adaptation sweep, and for our form the
     shipped one (trained with alpha_start=-0.2)."""
+    from lm_eval_ponder.backbone import EMBEDDED_NAME
     from lm_eval_ponder.resources import shipped_controller_dir
 
     found = {}
     if form == "ours":
-        shipped = shipped_controller_dir("smollm2-135m-instruct")
+        shipped = shipped_controller_dir(EMBEDDED_NAME)
         if shipped is not None and (shipped / "controller.safetensors").is_file():
             found["shipped"] = shipped
     if sweep_root is not None:

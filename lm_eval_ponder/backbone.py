@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import file_sha256
@@ -170,6 +171,21 @@ def freeze(model):
     for parameter in model.parameters():
         parameter.requires_grad_(False)
     return model
+
+def text_config(config: Any) -> Any:
+    """The config of the text decoder: the one config the generation loop, its KV cache, the
+    FLOPs count, the early exit and the steering vector's dimensions all read.
+
+    Multimodal wrappers (Gemma 3) nest it as ``text_config``; ``get_text_config(decoder=True)``
+    finds it there and is the config itself for a plain decoder. ``decoder=True`` because only
+    the decoder generates: without it transformers also looks for a ``text_encoder`` and, on an
+    encoder-decoder config, keeps the encoder's numbers. The two agree on every config in
+    transformers 5.24 that is not an encoder-decoder (765 classes, every family we test among
+    them); encoder-decoders are refused by the generation loop. Anything without the getter (a
+    plain dict of a vector's metadata, a stand-in in a test) is returned as it is.
+    """
+    getter = getattr(config, "get_text_config", None)
+    return getter(decoder=True) if getter is not None else config
 
 def decoder_layers(model):
     """The list of decoder blocks of any HF causal LM (Llama/Qwen/Mistral/Gemma, GPT-2, NeoX).

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from lm_eval_ponder.backbone import text_config
 from lm_eval_ponder.errors import PonderError
 
 LOGGER = logging.getLogger(__name__)
@@ -143,15 +144,6 @@ class FlopsSpec:
             getattr(text_config(config), "model_type", None),
         )
         return spec
-
-
-def text_config(config: Any) -> Any:
-    """The language model's config: multimodal wrappers (Gemma 3) nest it as ``text_config``.
-
-    Only the text decoder runs for text prompts, so only its shape is priced.
-    """
-    getter = getattr(config, "get_text_config", None)
-    return getter() if getter is not None else config
 
 
 def is_tabulated(config: Any) -> bool:

@@ -68,3 +68,35 @@ def test_final_norm_is_the_one_before_the_lm_head(family, norm):
     assert bb.final_norm(model) is model.get_submodule(norm)
     with pytest.raises(PonderError, match="cannot find the final norm"):
         bb.final_norm(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text",
+                                    "phi3", "olmo", "olmo2", "gpt_neox", "gpt2", "starcoder2",
+                                    "stablelm", "granite", "falcon", "mixtral", "gemma3"])
+def test_text_config_is_the_decoders_on_every_tested_family(family):
+    """One ``text_config`` for the loop, the cache, FLOPs and the vector: ``decoder=True`` (what
+    the generation loop always used) gives what FLOPs' plain ``get_text_config()`` gave, on
+    every family the FLOPs tests price, and the Gemma 3 wrapper's nested text config."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(family)
+    assert bb.text_config(config) is config.get_text_config()
+    if family == "gemma3":
+        assert bb.text_config(config) is config.text_config
+    else:
+        assert bb.text_config(config) is config
+
+
+def test_text_config_keeps_what_has_no_getter():
+    meta = {"hidden_size": 8}
+    assert bb.text_config(meta) is meta and bb.text_config(None) is None
+
+
+def test_text_config_reads_the_decoder_of_an_encoder_decoder():
+    """Where the two getters differ: an encoder-decoder's flat config (the generation loop
+    refuses such models). BlenderBot's default has 2 encoder and 24 decoder layers."""
+    import transformers
+
+    config = transformers.BlenderbotConfig()
+    assert config.get_text_config().num_hidden_layers == 2
+    assert bb.text_config(config).num_hidden_layers == 24

@@ -12,7 +12,8 @@ PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
 # The stages in the order of their imports: a stage imports only earlier stages and foundations.
 STAGES = ("steering", "pondering", "evaluation", "training", "reporting")
 # Top-level modules below every stage: they import no stage.
-FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data"}
+FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data",
+               "registry"}
 # Top-level modules that only re-export documented entry points and import paths.
 SHIMS = {"train", "steer", "report", "suite", "controller", "model", "stats"}
 

@@ -62,13 +62,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache
 
+from lm_eval_ponder.backbone import text_config
 from lm_eval_ponder.errors import UnsupportedGeneration
 from lm_eval_ponder.evaluation.rowbatch import (
     RowBatch,
     cache_keyword,
     check_model_supported,
     supports_logits_to_keep,
-    text_config,
 )
 from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser
 from lm_eval_ponder.evaluation.stops import StopStrings
@@ -225,7 +225,7 @@ class RowLoop:
         self.stops = StopStrings(stop, decode, self.vocab_size(), device)
         self.keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         self.cache_arg = cache_keyword(model)
-        self.text_config = text_config(model)
+        self.text_config = text_config(model.config)
         # per original row: generated tokens (a last column that dead slots write to), counts
         self.tokens = torch.full((self.n_rows, self.max_new + 1), self.pad, dtype=torch.long,
                                  device=device)

@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache, GenerationMixin
 from transformers.cache_utils import DynamicLayer
 
+from lm_eval_ponder.backbone import text_config
 from lm_eval_ponder.errors import UnsupportedGeneration
 
 # compact when at least this fraction of the batch is dead rows: they cost their share of each
@@ -32,7 +33,7 @@ def cache_bytes_per_token(config, dtype: torch.dtype) -> int | None:
     """Bytes of key/value cache one token position takes across all layers (a full-attention
     cache of ``num_key_value_heads`` x ``head_dim`` per layer; None when the config does not
     say). An upper bound for sliding-window and hybrid models, which keep less."""
-    config = decoder_config(config)
+    config = text_config(config)
     layers = getattr(config, "num_hidden_layers", None)
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
@@ -41,14 +42,6 @@ def cache_bytes_per_token(config, dtype: torch.dtype) -> int | None:
     if not (layers and kv_heads and head_dim):
         return None
     return 2 * int(layers) * int(kv_heads) * int(head_dim) * torch.empty((), dtype=dtype).element_size()
-
-
-def decoder_config(config):
-    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-
-
-def text_config(model):
-    return decoder_config(model.config)
 
 
 def cache_keyword(model) -> str:
@@ -85,7 +78,7 @@ def check_model_supported(model) -> None:
         if name not in params:
             raise UnsupportedGeneration(f"{type(model).__name__}.forward takes no {name}")
     cache_keyword(model)
-    cache = DynamicCache(config=text_config(model))
+    cache = DynamicCache(config=text_config(model.config))
     kinds = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
     if kinds:
         raise UnsupportedGeneration(f"cache layers other than full attention: {sorted(kinds)}")

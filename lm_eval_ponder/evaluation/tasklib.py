@@ -1,15 +1,16 @@
 """What every ``*_ponder`` task shares: prompts, dataset loading for lm-eval, grading, metrics.
 
 Each dataset folder under ``tasks/`` has a thin ``utils.py`` that binds these functions to its
-answer kind, as lm-eval's own tasks do; the logic lives here once so the twelve tasks cannot
-drift apart.
+dataset's row of ``registry`` (its answer kind picks the prompt's answer format and the
+grader), as lm-eval's own tasks do; the logic lives here once so the twelve tasks cannot drift
+apart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lm_eval_ponder import data
+from lm_eval_ponder import data, registry
 from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.evaluation.accounting import response_stats
 
@@ -19,6 +20,10 @@ COT_PROMPT = "Please solve the math problem step by step: "
 # MATH500 graders need a boxed answer and GPQA a letter: the prompt says so (documented choice).
 BOXED_SUFFIX = "\nPut your final answer in \\boxed{}."
 CHOICE_SUFFIX = "\nEnd your reply with \"The answer is (X)\", where X is A, B, C or D."
+# What the prompt asks of each answer kind (``registry.Dataset.answer``): its suffix, and
+# whether the choices are listed.
+ANSWER_PROMPTS = {"numeric": ("", False), "math": (BOXED_SUFFIX, False),
+                  "choice": (CHOICE_SUFFIX, True)}
 
 
 def _dataset_dict(**splits):
@@ -64,6 +69,12 @@ def make_prompt(prefix: str, suffix: str = "", with_choices: bool = False) -> Ca
         return prefix + body + suffix
 
     return doc_to_text
+
+
+def dataset_prompt(prefix: str, dataset: registry.Dataset) -> Callable[[dict], str]:
+    """A dataset's prompt: ``prefix``, the question, and what its answer kind asks for."""
+    suffix, with_choices = ANSWER_PROMPTS[dataset.answer]
+    return make_prompt(prefix, suffix, with_choices=with_choices)
 
 
 def gsm8k_gold(doc: dict) -> str:

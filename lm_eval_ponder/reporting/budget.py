@@ -18,11 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import read_json, read_jsonl
 
-# Test-set sizes of the suite's datasets (tests check them against the loaders).
-DATASET_SIZES = {"arith": 500, "gsm8k": 1319, "math500": 500, "gpqa": 198}
+# Test-set sizes of the suite's datasets, the registry's (tests check them against the loaders).
+DATASET_SIZES = {d.name: d.test_size for d in registry.DATASETS}
 
 
 def questions(dataset: str, limit: int | None = None) -> int:

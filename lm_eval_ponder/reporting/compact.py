@@ -36,6 +36,7 @@ import json
 import math
 from pathlib import Path
 
+from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import read_jsonl, write_jsonl_xz
 
@@ -45,8 +46,9 @@ ANSWERS = ".answers.jsonl.xz"
 STRIPPED = ".stripped.jsonl"  # the text-free twin of earlier versions: read, no longer written
 # The order a run's logs are read in: the first present wins.
 PREFERENCE = (FULL, COMPACT, STRIPPED)
-# Datasets that are our own synthetic data: their documents, prompts and answers may be kept.
-TEXT_KEPT = frozenset({"arith"})
+# Datasets that are our own synthetic data (the registry's ``synthetic``): their documents,
+# prompts and answers may be kept.
+TEXT_KEPT = frozenset(d.name for d in registry.DATASETS if d.synthetic)
 # Document fields that are labels, never text (level, subject, identifiers).
 DOC_KEEP = ("id", "level", "n_ops", "subject", "unique_id", "high-level domain", "subdomain")
 DIGEST_HEX = 16
@@ -93,7 +95,7 @@ def compact_sample(sample: dict, keep_text: bool) -> tuple[dict, dict | None]:
 
 def dataset_of(log: Path) -> str:
     """The dataset of a samples log from its name: samples_arith_ponder_cot_<stamp>... -> arith."""
-    return log.name[len("samples_"):].partition("_ponder")[0]
+    return registry.dataset_of(log.name[len("samples_"):])
 
 
 def form_of(log: Path) -> str | None:

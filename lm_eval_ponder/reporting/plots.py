@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from lm_eval_ponder import registry
 from lm_eval_ponder.reporting.images import save_figure
 from lm_eval_ponder.reporting.measures import (
     by_level,
@@ -34,12 +35,13 @@ from lm_eval_ponder.reporting.measures import (
     wilson,
 )
 
+# one colour per method of the registry (tests/test_registry.py checks that none is missing)
 FAMILY_COLOURS = {
     "Direct": "#1f77b4", "CoT": "#ff7f0e", "BoN": "#2ca02c", "FR": "#555555",
     "FP-Direct": "#d62728", "FP-CoT": "#9467bd", "FP-BoN": "#8c564b", "EE": "#17becf",
 }
-# Table 1's row order, baselines first, then the FP variants (FAMILY_COLOURS follows it)
-TABLE_ORDER = tuple(FAMILY_COLOURS)
+# Table 1's row order: the registry's, baselines first, then FR and the FP variants, then EE
+TABLE_ORDER = registry.METHOD_LABELS
 SPARE_COLOURS = ("#17becf", "#bcbd22", "#e377c2", "#000000", "#aec7e8", "#98df8a")
 # families drawn as one curve through their points: the parameter the points differ in
 CURVES = {"FR": ("alpha", "="), "EE": ("p", ">=")}
@@ -336,7 +338,8 @@ def _overall_win_figure(dataset: str, pairs: list, out: Path) -> tuple[Path, str
 
 
 # the paired comparisons of the paper's per-level figures: each method against its own base
-BASE_OF = {"FP-Direct": "Direct", "FP-CoT": "CoT", "FP-BoN": "BoN", "FR": "Direct"}
+# (the steered methods: FR and FP-Direct on Direct's prompt, FP-CoT on CoT's, FP-BoN on BoN's)
+BASE_OF = {m.label: registry.base_of(m.label) for m in registry.METHODS if m.steered}
 
 
 def paired_levels(run: LabelledRun, base: LabelledRun) -> dict[int, dict[str, float]]:

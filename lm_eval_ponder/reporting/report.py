@@ -44,18 +44,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from lm_eval_ponder import registry
 from lm_eval_ponder.backbone import EMBEDDED_DESCRIPTION, EMBEDDED_NAME
 from lm_eval_ponder.errors import PonderError, command, run_program
 from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.files import read_json
+from lm_eval_ponder.registry import dataset_order
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import Identity, distinguish, flatten, parse_model_args, render
 from lm_eval_ponder.reporting.measures import by_level, metrics, spearman
 from lm_eval_ponder.reporting.plots import plots, table_rank
 from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
-
-BASES = {"cot": "CoT", "bon": "BoN"}
 
 
 @dataclass
@@ -80,8 +80,7 @@ class Run:
 
 def _label(task: str, model: str, args: dict, marker: dict | None,
            fingerprint: dict | None = None) -> tuple[str, str]:
-    dataset, _, suffix = task.partition("_ponder")
-    base = BASES.get(suffix.lstrip("_"), "Direct")
+    base = registry.split_task(task)[1]
     backbone = (marker or {}).get("backbone") or str(args.get("pretrained") or EMBEDDED_NAME)
     if marker and marker.get("method"):
         return backbone, marker["method"].replace("{base}", base)
@@ -92,7 +91,7 @@ def _label(task: str, model: str, args: dict, marker: dict | None,
             return backbone, exit_label(fingerprint["early_exit"])
         pondering = fingerprint.get("pondering") or {}
         if pondering.get("controller"):
-            return backbone, f"FP-{base}"
+            return backbone, registry.controlled(base)
         if pondering.get("alpha") is not None:
             return backbone, f"FR (alpha={float(pondering['alpha']):g})"
         return backbone, base
@@ -103,7 +102,7 @@ def _label(task: str, model: str, args: dict, marker: dict | None,
     if args.get("alpha") not in (None, "", "none"):
         return backbone, f"FR (alpha={float(args['alpha']):g})"
     if controller is not None and str(controller).lower() not in ("none", "", "auto"):
-        return backbone, f"FP-{base}"
+        return backbone, registry.controlled(base)
     if controller is not None:
         return backbone, base
     return backbone, f"{base} (default args)"
@@ -151,7 +150,7 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
         marker = _marker(result.parent, roots)
         for task in data.get("results", {}):
-            if "_ponder" not in task:
+            if registry.TASK_INFIX not in task:
                 continue
             # the full log, else the compact one a committed run keeps (reporting.compact)
             samples_file = run_log(result, task)
@@ -165,7 +164,7 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
             else:  # no prompts and answers to re-count: say so rather than guess
                 note = ("tokens and FLOPs not estimated: only the compact log was kept"
                         if needs_estimate(samples) else "")
-            run = Run(backbone, method, task.partition("_ponder")[0], samples, str(result),
+            run = Run(backbone, method, registry.dataset_of(task), samples, str(result),
                       Identity.of(data, task), note=note, seeds=[run_seed(data)])
             key = (backbone, method, run.dataset, run.identity.digest, run.seeds[0])
             if key in runs:
@@ -282,7 +281,7 @@ def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
         for d in datasets:
             fp = [(r["label"], r[d]) for m, r in methods if m.startswith("FP-") and d in r]
             base = [(r["label"], r[d]) for m, r in methods
-                    if m in ("Direct", "CoT", "BoN") and d in r]
+                    if m in registry.BASELINES and d in r]
             if not fp or not base:
                 continue
             (fm, f), (bm, b) = (max(x, key=lambda kv: kv[1]["acc"]) for x in (fp, base))
@@ -357,29 +356,17 @@ def spearman_text(method: str, dataset: str, rho: float, n: int) -> str:
     return f"Spearman(ponder depth, level) {method} on {dataset}: {value} (n={n})"
 
 
-# GPQA's authors ask that its questions never appear in plain text on the web (its data README
-# says the same), and a report page is made to be published: no case of it is ever quoted.
-UNQUOTED = frozenset({"gpqa"})
-# Table 1's column order: our ladder, then the paper's GSM8K, MATH500, GPQA; others after them
-COLUMN_ORDER = ("arith", "gsm8k", "math500", "gpqa")
-
-
-def dataset_order(datasets) -> list[str]:
-    """The datasets in Table 1's order (unknown ones alphabetically after the known)."""
-    rank = {d: i for i, d in enumerate(COLUMN_ORDER)}
-    return sorted(set(datasets), key=lambda d: (rank.get(d, len(rank)), d))
-
-
 def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dict]:
     """The rule (stated in the page): for each dataset with an FP run and both CoT and Direct,
     the first ``per_dataset`` questions in document order where the FP run is correct and at
     least one of CoT/Direct is wrong, plus the first question where FP is wrong and a baseline
-    is right. No other selection. Datasets in ``UNQUOTED`` are skipped even when full logs are
-    at hand."""
+    is right. No other selection. A dataset the registry does not let us publish (GPQA:
+    ``registry.UNPUBLISHED``) is skipped even when full logs are at hand, since a report page
+    is made to be published."""
     cases = []
     for dataset in dataset_order(common):
         group = common[dataset]
-        if dataset in UNQUOTED:
+        if not registry.publishable(dataset):
             continue
         named = {r.method: r for r in group}
         fp = next((r for r in group if r.method.startswith("FP-Direct")), None) or \
@@ -452,8 +439,8 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
     parts.append("<h2>Cases</h2><p>Rule: per dataset, the first two questions (document order)"
                  " where FP is right and CoT or Direct is wrong, and the first where FP is wrong"
                  " and a baseline is right. Nothing else is selected."
-                 f" Never quoted: {', '.join(sorted(UNQUOTED))} (its authors ask that its questions"
-                 " not be published in plain text).</p>")
+                 f" Never quoted: {', '.join(sorted(registry.UNPUBLISHED))} (its authors ask that"
+                 " its questions not be published in plain text).</p>")
     for c in cases:
         parts.append(f"<h3>{c['dataset']}</h3><pre>{html.escape(c['question'])}</pre>"
                      f"<p>target: {html.escape(str(c['target']))}</p><table><tr>")

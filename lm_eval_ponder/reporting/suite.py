@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lm_eval_ponder import allocator
+from lm_eval_ponder import allocator, registry
 from lm_eval_ponder.backbone import EMBEDDED_NAME
 from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
 from lm_eval_ponder.evaluation.resume import (
@@ -57,15 +57,12 @@ from lm_eval_ponder.reporting.compact import compact_tree
 
 LOGGER = logging.getLogger(__name__)
 
-DATASETS = ("arith", "gsm8k", "math500", "gpqa")
-# Its authors ask that GPQA's questions stay off the web: no answer of a GPQA run is exported for
-# committing (``--snapshot``), finished or not.
-UNPUBLISHED = ("gpqa",)
-METHODS = ("Direct", "CoT", "BoN", "FR", "FP-Direct", "FP-CoT", "FP-BoN")
+# the methods and datasets are the registry's; an unpublishable dataset's answers (GPQA's) are
+# never exported for committing (``--snapshot``, the heartbeat's twin), finished or not
+METHODS = tuple(m.label for m in registry.METHODS if m.default)
 # known to --methods but not in its default: the early-exit sweep (one run per threshold)
-EXTRA_METHODS = ("EE",)
+EXTRA_METHODS = tuple(m.label for m in registry.METHODS if not m.default)
 EXIT_THRESHOLDS = (0.9, 0.95, 0.99, 0.999)
-SUFFIX = {"Direct": "", "CoT": "_cot", "BoN": "_bon"}
 ATTEMPTS = "ponder_attempts.json"
 HEARTBEAT_S = 60.0
 DECODINGS = {
@@ -81,7 +78,7 @@ DECODINGS = {
 PROTOCOLS = {"greedy": ("greedy", (0,)), "paper": ("t0.7", (0, 1, 2))}
 # Best-of-N samples by definition (its tasks decode at T = 0.7 with N = 5 repeats): one
 # configuration under every decoding, planned once, in the greedy layout where its runs live
-SAMPLES_ALWAYS = ("BoN", "FP-BoN")
+SAMPLES_ALWAYS = tuple(m.label for m in registry.METHODS if m.samples)
 
 
 def record_attempt(target: Path, kept: int) -> list[dict]:
@@ -175,8 +172,8 @@ def exit_runs(datasets: list[str], decoding: str, thresholds: tuple[float, ...],
         for dataset in datasets:
             runs.append({"decoding": decoding, "method": "EE", "dir": tag,
                          "label": label if decoding == "greedy" else f"{label} [{decoding}]",
-                         "dataset": dataset, "task": f"{dataset}_ponder", "model_args": args,
-                         "seed": seed})
+                         "dataset": dataset, "task": registry.task_name(dataset, "EE"),
+                         "model_args": args, "seed": seed})
     return runs
 
 
@@ -204,25 +201,25 @@ def plan_one(methods: list[str], datasets: list[str], decoding: str, alpha: floa
              exit_layers: str | None = None) -> list[dict]:
     runs = []
     for method in methods:
-        if method == "EE":
+        row = registry.method(method)
+        if row.model == "early_exit":
             runs += exit_runs(datasets, decoding, exit_thresholds, exit_layers, seed)
             continue
-        base = method.removeprefix("FP-") if method != "FR" else "Direct"
-        if method.startswith("FP-"):
+        if row.needs_controller:
             if controller is None:
                 continue
             args = f"controller={controller}"
-        elif method == "FR":
+        elif row.model == "alpha":
             args = f"alpha={alpha}"
         else:
             args = "controller=none"
         for dataset in datasets:
-            label = f"FR (alpha={alpha:g})" if method == "FR" else method
-            layout = "greedy" if method in SAMPLES_ALWAYS else decoding
+            label = f"{method} (alpha={alpha:g})" if row.model == "alpha" else method
+            layout = "greedy" if row.samples else decoding
             if layout != "greedy":
                 label += f" [{decoding}]"
             runs.append({"decoding": layout, "method": method, "label": label,
-                         "dataset": dataset, "task": f"{dataset}_ponder{SUFFIX[base]}",
+                         "dataset": dataset, "task": registry.task_name(dataset, method),
                          "model_args": args, "seed": seed})
     return runs
 
@@ -338,7 +335,7 @@ def snapshot(runs: list[dict], out: Path) -> str:
         dbs = sorted(target.glob("answers_rank*.db"))
         if not dbs or list(target.rglob("results_*.json")):
             continue
-        if r["dataset"] in UNPUBLISHED:
+        if not registry.publishable(r["dataset"]):
             lines.append(f"{r['label']} on {r['dataset']}: not exported ({r['dataset']} text is "
                          "never committed); its answers stay on this machine only")
             continue
@@ -426,7 +423,7 @@ def run_suite(a: argparse.Namespace) -> Path:
     elif a.seed is not None:
         seeds = (a.seed,)
     for name, given, known in (("method", methods, METHODS + EXTRA_METHODS),
-                               ("dataset", datasets, DATASETS),
+                               ("dataset", datasets, registry.DATASET_NAMES),
                                ("decoding", decodings, DECODINGS)):
         bad = [x for x in given if x not in known]
         if bad:
@@ -442,7 +439,7 @@ def run_suite(a: argparse.Namespace) -> Path:
             controller = str(shipped)
     if controller in ("none", ""):
         controller = None
-    if controller is None and any(m.startswith("FP-") for m in methods):
+    if controller is None and any(registry.method(m).needs_controller for m in methods):
         LOGGER.warning("suite: no controller for this backbone (pass --controller DIR); FP "
                        "methods are skipped")
     # the row label the report shows: a name, never a directory of this machine
@@ -500,12 +497,12 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
     """One lm_eval run into ``target``, clocked, then its summary and compact log."""
     target.mkdir(parents=True, exist_ok=True)
     model_args = r["model_args"] + (f",pretrained={a.pretrained}" if a.pretrained else "")
-    if a.steering and r["method"] not in ("Direct", "CoT", "BoN", "EE"):
+    if a.steering and registry.method(r["method"]).steered:
         model_args += f",steering={a.steering}"
     if a.model_args:
         model_args += f",{a.model_args}"
     gen = f"max_gen_toks={a.max_gen_toks}," + DECODINGS[r["decoding"]]
-    if r["method"].endswith("BoN") and r["decoding"] == "greedy":
+    if registry.method(r["method"]).samples and r["decoding"] == "greedy":
         gen = f"max_gen_toks={a.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
     cmd = [*launcher(a.launcher), "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
            "--tasks", r["task"], *(["--apply_chat_template"] if a.chat_template else []),
@@ -531,7 +528,7 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
     # the kept answers' committable twin stays current, so a session cut off mid-run
     # leaves on disk all that a commit needs to carry the run to another machine
     on_beat = functools.partial(refresh_twins, target) \
-        if a.resume_within and r["dataset"] not in UNPUBLISHED else None
+        if a.resume_within and registry.publishable(r["dataset"]) else None
     returncode = run_clocked(cmd, target, attempts, env, on_beat)
     if returncode != 0:
         raise PonderError(f"lm_eval failed for {r['label']} on {r['dataset']} (exit "
@@ -560,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steering", default=None, help="steering dir (default: shipped one)")
     p.add_argument("--no_chat_template", dest="chat_template", action="store_false",
                    help="do not pass --apply_chat_template (base models)")
-    p.add_argument("--tasks", default="arith,gsm8k,math500,gpqa", help="datasets, comma-separated")
+    p.add_argument("--tasks", default=",".join(registry.DATASET_NAMES),
+                   help="datasets, comma-separated")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, of {list(METHODS + EXTRA_METHODS)} (default: "
                         "all but EE, the early-exit sweep)")

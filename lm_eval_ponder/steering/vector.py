@@ -56,6 +56,7 @@ from typing import Any, Sequence
 
 import torch
 
+from lm_eval_ponder.backbone import text_config
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import atomic_write, file_sha256
 
@@ -190,8 +191,7 @@ def config_dims(config: Any) -> tuple[int | None, int | None]:
     """(hidden size, decoder layer count) of a transformers config or a plain dict."""
     if config is None:
         return None, None
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
+    config = text_config(config)
     get = config.get if isinstance(config, dict) else lambda k, default=None: getattr(config, k, default)
     hidden = next((get(k) for k in ("hidden_size", "n_embd", "d_model") if get(k) is not None), None)
     layers = next(

@@ -44,6 +44,7 @@ from typing import Any, Iterator
 import torch
 from safetensors.torch import load_file, save_file
 
+from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.files import (
@@ -63,7 +64,6 @@ OUTCOMES = ".outcomes.json.xz"
 OUTCOMES_FORMAT = "lm-eval-ponder rollout outcomes, columns, v1"
 # The columns a compact part keeps: every field that training and the analyses read.
 OUTCOME_FIELDS = ("key", "depth", "sample", "correct", "gen_tokens", "flops", "rel_error", "ppl")
-TASK_KINDS = {"arith": "numeric", "gsm8k": "numeric", "math500": "math", "gpqa": "choice"}
 
 
 @dataclass
@@ -86,22 +86,28 @@ class RolloutConfig:
 
 
 def task_kind(task: str) -> str:
-    family = task.split("_ponder")[0]
-    if family not in TASK_KINDS:
+    """How a task's answers are graded: its dataset's answer kind in the registry."""
+    family = registry.dataset_of(task)
+    if family not in registry.DATASET_NAMES:
         raise PonderError(f"no training data source for task {task!r}; known families: "
-                          f"{sorted(TASK_KINDS)}")
-    return TASK_KINDS[family]
+                          f"{sorted(registry.DATASET_NAMES)}")
+    return registry.dataset(family).answer
 
 
 def train_documents(task: str, n: int) -> list[dict]:
     """The first ``n`` documents of a task's *training* split (never the test split).
 
     arith: the ladder's train split (interleaved by level, disjoint from test by
-    construction); GSM8K: its train split. MATH500 and GPQA Diamond have no train split.
+    construction); GSM8K: its train split. MATH500 and GPQA Diamond have no train split
+    (which datasets have one is the registry's ``train_split``).
     """
     from lm_eval_ponder import data
 
-    family = task.split("_ponder")[0]
+    family = registry.dataset_of(task)
+    trainable = [d.name for d in registry.DATASETS if d.train_split]
+    if family not in trainable:
+        raise PonderError(f"{task!r} has no training split to train a controller on; use "
+                          + " and/or ".join(registry.task_name(d, "Direct") for d in trainable))
     if family == "arith":
         per_level = max(1, math.ceil(n / len(data.ARITH_LEVELS)))
         docs = data.arith_ladder("train", per_level=max(per_level, 100))
@@ -110,8 +116,8 @@ def train_documents(task: str, n: int) -> list[dict]:
         for d in docs:
             d["id"] = "gsm8k-train-" + hashlib.sha256(d["question"].encode()).hexdigest()[:12]
     else:
-        raise PonderError(f"{task!r} has no training split to train a controller on; use "
-                          "arith_ponder and/or gsm8k_ponder")
+        raise NotImplementedError(f"the registry gives {family} a training split that no "
+                                  "loader here reads")
     return docs[:n]
 
 

@@ -1,10 +1,13 @@
-"""gpqa_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib for choice answers."""
+"""gpqa_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib to gpqa's row of
+lm_eval_ponder.registry, whose answer kind picks the prompt's answer format and the grader."""
 
+from lm_eval_ponder import registry
 from lm_eval_ponder.evaluation import tasklib
 
+DATASET = registry.dataset("gpqa")
 load = tasklib.gpqa_dataset
-doc_to_text_plain = tasklib.make_prompt(tasklib.PLAIN_PROMPT, tasklib.CHOICE_SUFFIX, with_choices=True)
-doc_to_text_cot = tasklib.make_prompt(tasklib.COT_PROMPT, tasklib.CHOICE_SUFFIX, with_choices=True)
+doc_to_text_plain = tasklib.dataset_prompt(tasklib.PLAIN_PROMPT, DATASET)
+doc_to_text_cot = tasklib.dataset_prompt(tasklib.COT_PROMPT, DATASET)
 keep_all = tasklib.keep_all
 
 
@@ -13,4 +16,4 @@ def doc_to_target(doc: dict) -> str:
 
 
 def process_results(doc: dict, results: list) -> dict:
-    return tasklib.score("choice", doc, results, doc["answer"])
+    return tasklib.score(DATASET.answer, doc, results, doc["answer"])

@@ -1,13 +1,16 @@
-"""gsm8k_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib for numeric answers."""
+"""gsm8k_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib to gsm8k's row of
+lm_eval_ponder.registry, whose answer kind picks the prompt's answer format and the grader."""
 
+from lm_eval_ponder import registry
 from lm_eval_ponder.evaluation import tasklib
 
+DATASET = registry.dataset("gsm8k")
 load = tasklib.gsm8k_dataset
-doc_to_text_plain = tasklib.make_prompt(tasklib.PLAIN_PROMPT, "", with_choices=False)
-doc_to_text_cot = tasklib.make_prompt(tasklib.COT_PROMPT, "", with_choices=False)
+doc_to_text_plain = tasklib.dataset_prompt(tasklib.PLAIN_PROMPT, DATASET)
+doc_to_text_cot = tasklib.dataset_prompt(tasklib.COT_PROMPT, DATASET)
 keep_all = tasklib.keep_all
 doc_to_target = tasklib.gsm8k_gold
 
 
 def process_results(doc: dict, results: list) -> dict:
-    return tasklib.score("numeric", doc, results, tasklib.gsm8k_gold(doc))
+    return tasklib.score(DATASET.answer, doc, results, tasklib.gsm8k_gold(doc))

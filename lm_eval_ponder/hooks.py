@@ -28,15 +28,33 @@ def regroup_by_row(values: list[torch.Tensor], rows: list[torch.Tensor | None],
     as under ``model.generate``). Hooks that follow rows through the generation loop (steering
     decisions, early-exit layers) record this way, on the device; this is their one read-back,
     after generation."""
-    if len(values) != len(rows):
-        raise RuntimeError("internal: records do not match the rows they cover")
-    out: list[list[torch.Tensor]] = [[] for _ in range(n_rows)]
-    for value, covered in zip(values, rows):
-        value = value.detach().cpu()
-        covered = range(len(value)) if covered is None else covered.cpu().tolist()
-        for v, r in zip(value, covered):
-            out[r].append(v)
-    return [torch.stack(v) if v else torch.zeros(0) for v in out]
+    records = RowRecords()
+    records.read(values, rows)
+    return [records.of(r) for r in range(n_rows)]
+
+
+class RowRecords:
+    """``regroup_by_row`` read while generation runs: each ``read`` moves to the CPU only the
+    records added since the last one, so reading rows one by one as they finish (to keep each
+    answer with its accounting the moment it ends) costs one pass over the records in all."""
+
+    def __init__(self) -> None:
+        self.by_row: dict[int, list[torch.Tensor]] = {}
+        self.seen = 0
+
+    def read(self, values: list[torch.Tensor], rows: list[torch.Tensor | None]) -> None:
+        if len(values) != len(rows):
+            raise RuntimeError("internal: records do not match the rows they cover")
+        for value, covered in zip(values[self.seen:], rows[self.seen:]):
+            value = value.detach().cpu()
+            covered = range(len(value)) if covered is None else covered.cpu().tolist()
+            for v, r in zip(value, covered):
+                self.by_row.setdefault(r, []).append(v)
+        self.seen = len(values)
+
+    def of(self, row: int) -> torch.Tensor:
+        values = self.by_row.get(row)
+        return torch.stack(values) if values else torch.zeros(0)
 
 
 def with_block_hidden(output: Any, hidden: torch.Tensor) -> Any:

@@ -200,7 +200,8 @@ class RowLoop:
                  sampling: SamplingConfig | None, max_rows: int | None,
                  max_cache_tokens: int | None, steering: RowObserver | None,
                  admit_fraction: float, on_finish: Callable[[int], None] | None,
-                 timer: StepTimer | None) -> None:
+                 timer: StepTimer | None,
+                 on_tokens: Callable[[int, list[int]], None] | None = None) -> None:
         if pad_token_id is None:
             raise ValueError("pad_token_id is required")
         check_model_supported(model)
@@ -215,7 +216,7 @@ class RowLoop:
         self.max_rows = self.n_rows if max_rows is None else max(1, int(max_rows))
         self.admit_at = max(1, math.ceil(admit_fraction * self.max_rows))
         self.max_cache_tokens = max_cache_tokens
-        self.steering, self.on_finish = steering, on_finish
+        self.steering, self.on_finish, self.on_tokens = steering, on_finish, on_tokens
         self.phase = timer.phase if timer is not None else no_timer
         self.timer = timer
         self.eos_ids = {int(e) for e in eos_token_ids}
@@ -401,8 +402,10 @@ class RowLoop:
                 self.reason[row] = FINISH_LENGTH
             else:
                 continue
-            self.result.gen_tokens[row] = p >> COUNT_SHIFT
+            self.result.gen_tokens[row] = count = p >> COUNT_SHIFT
             ended.append(i)
+            if self.on_tokens is not None:  # one read-back per finished row, only when asked
+                self.on_tokens(row, self.tokens[row, :count].tolist())
             if self.on_finish is not None:
                 self.on_finish(row)
         batch.kill(ended, self.device)
@@ -439,6 +442,7 @@ def generate_rows(
     admit_fraction: float = 0.5,
     on_finish: Callable[[int], None] | None = None,
     timer: StepTimer | None = None,
+    on_tokens: Callable[[int, list[int]], None] | None = None,
 ) -> GenerationResult:
     """Generate for a left-padded batch, dropping each row from the batch as soon as it ends.
 
@@ -450,11 +454,13 @@ def generate_rows(
     widest extent, stays within it (one row always runs). ``steering.begin_forward`` is called
     before every forward with the original indices of the rows in it (finished rows awaiting a
     compaction included: their decisions come after their last token); ``on_finish`` with a
-    row's original index as soon as it ends (progress bars); ``timer`` collects the seconds of
-    each phase.
+    row's original index as soon as it ends (progress bars), ``on_tokens`` with that index and
+    the row's generated tokens (keeping each answer as it ends); ``timer`` collects the seconds
+    of each phase.
     """
     return RowLoop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                    eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, stop=stop,
                    decode=decode, sampling=sampling, max_rows=max_rows,
                    max_cache_tokens=max_cache_tokens, steering=steering,
-                   admit_fraction=admit_fraction, on_finish=on_finish, timer=timer).run()
+                   admit_fraction=admit_fraction, on_finish=on_finish, timer=timer,
+                   on_tokens=on_tokens).run()

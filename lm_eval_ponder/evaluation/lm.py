@@ -52,6 +52,7 @@ from lm_eval_ponder.evaluation.settings import (
     no_hook,
 )
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
+from lm_eval_ponder.hooks import RowRecords
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.pondering.hook import SteeringHook
 
@@ -258,6 +259,8 @@ class PonderLM(HFLM):
             ExitHook(self.model, self.early_exit)
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
+        self._keeper: SampledAnswers | None = None  # while generate_until keeps sampled answers
+        self._call_contexts: list[str] = []
         self._progress: RowProgress | None = None  # generate_until's bar, per finished row
 
     @property
@@ -388,6 +391,7 @@ class PonderLM(HFLM):
     def generate_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
                        max_new_tokens: int, stop: list[str], hook: SteeringHook | None = None,
                        on_finish: Callable[[int], None] | None = None,
+                       on_row_done: Callable[[int, list[int], dict[str, float]], None] | None = None,
                        **generation_kwargs) -> BatchGeneration:
         """Generate for one left-padded batch: the public call under ``generate_until`` (lm-eval)
         and the trainer's online rollouts.
@@ -398,7 +402,9 @@ class PonderLM(HFLM):
         ``generation="loop"`` (default) finished rows leave the batch and waiting rows join it
         (``evaluation.generation``); settings the loop cannot reproduce exactly fall back to
         HF's ``generate`` with one warning, as does ``generation="hf"``. ``on_finish(row)`` is
-        called as each row finishes (the loop; ``generate`` calls it for all rows at the end).
+        called as each row finishes (the loop; ``generate`` calls it for all rows at the end);
+        ``on_row_done(row, tokens, stats)`` too, with the row's generated tokens and accounting
+        (the loop only: ``generate`` returns all rows at once).
         """
         n_rows, width = input_ids.shape
         if on_finish is None and self._progress is not None:
@@ -423,13 +429,16 @@ class PonderLM(HFLM):
                 self._warn_fallback(why)
             else:
                 eos = set(sampling.eos_token_ids) or {self.eot_token_id}
+                on_tokens = None if on_row_done is None else \
+                    self.row_reader(hook, decider, attention_mask, on_row_done)
                 with hook, self._autocast():
                     result = generate_rows(
                         self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                         eos_token_ids=eos, pad_token_id=self.tokenizer.pad_token_id, stop=stop,
                         decode=self.tok_decode, sampling=sampling, max_rows=self.max_rows,
                         max_cache_tokens=self.max_cache_tokens, on_finish=on_finish,
-                        steering=hook if isinstance(hook, RowObserver) else None)
+                        steering=hook if isinstance(hook, RowObserver) else None,
+                        on_tokens=on_tokens)
                 sequences, gen_tokens = result.sequences, list(result.gen_tokens)
         if result is None:
             with hook:
@@ -452,6 +461,28 @@ class PonderLM(HFLM):
                                depths, hook if isinstance(hook, SteeringHook) else None,
                                hook.per_row(n_rows) if isinstance(hook, ExitHook) else None)
 
+    def row_reader(self, hook: Any, decider: Any, attention_mask: torch.Tensor,
+                   on_row_done: Callable[[int, list[int], dict[str, float]], None]
+                   ) -> Callable[[int, list[int]], None]:
+        """The loop's ``on_tokens``: a finished row's accounting, read from the hook's records
+        so far (all of the row's decisions and exits are in: they precede its last token), as
+        ``row_stats`` reads it after the batch."""
+        prompt_tokens = attention_mask.sum(dim=1).tolist()
+        depths, exits = RowRecords(), RowRecords()
+        ponder = self.call_pondering
+        reads_depths = decider is not None and isinstance(hook, SteeringHook)
+
+        def on_tokens(row: int, tokens: list[int]) -> None:
+            if reads_depths:
+                depths.read(decider.depths, hook.decision_rows)
+            if isinstance(hook, ExitHook):
+                exits.read(hook.exits, hook.exit_rows)
+            on_row_done(row, tokens, self.stats_of(
+                int(prompt_tokens[row]), len(tokens), depths.of(row) if reads_depths else None,
+                exits.of(row) if isinstance(hook, ExitHook) else None, ponder))
+
+        return on_tokens
+
     def generate_rendered(self, contexts: list[str], gen_kwargs: dict, *,
                           offsets: list[float] | None = None,
                           on_finish: Callable[[int], None] | None = None) -> list[GenerationText]:
@@ -465,11 +496,7 @@ class PonderLM(HFLM):
         requests by their generation kwargs, so an offset per request would split a call into
         one small batch per depth. Contexts keep the caller's order (rows join the loop in it).
         """
-        from lm_eval.models.utils import (
-            handle_stop_sequences,
-            normalize_gen_kwargs,
-            postprocess_generated_text,
-        )
+        from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
         if not contexts:
             return []
@@ -489,17 +516,21 @@ class PonderLM(HFLM):
         out = self.generate_batch(ids.to(self.device), mask.to(self.device),
                                   max_new_tokens=max_gen_toks, stop=until, hook=hook,
                                   on_finish=on_finish, **kwargs)
+        return [self.row_text(self.finish_text(toks, until), self.row_stats(out, row, ponder))
+                for row, toks in enumerate(out.sequences[:, ids.shape[1]:].tolist())]
+
+    def finish_text(self, tokens: list[int], until: list[str]) -> str:
+        """A row's answer from its generated tokens, made as HFLM's ``generate_until`` makes it
+        (after the last think-end token, decoded, cut at the first stop string)."""
+        from lm_eval.models.utils import postprocess_generated_text
+
         think = self.think_end_token
-        texts = []
-        for row, toks in enumerate(out.sequences[:, ids.shape[1]:].tolist()):
-            if isinstance(think, int) and think in toks:  # as HFLM: after the last one
-                toks = toks[len(toks) - toks[::-1].index(think):]
-            text = self.tok_decode(toks)
-            text = postprocess_generated_text(
-                generation=text.lstrip() if isinstance(think, int) else text, stop=until,
-                think_end_token=think if isinstance(think, str) else None)
-            texts.append(self.row_text(text, self.row_stats(out, row, ponder)))
-        return texts
+        if isinstance(think, int) and think in tokens:  # as HFLM: after the last one
+            tokens = tokens[len(tokens) - tokens[::-1].index(think):]
+        text = self.tok_decode(tokens)
+        return postprocess_generated_text(
+            generation=text.lstrip() if isinstance(think, int) else text, stop=until,
+            think_end_token=think if isinstance(think, str) else None)
 
     def generate(self, contexts: list[str], gen_kwargs: dict, *, alpha: float | None = None,
                  disable_tqdm: bool = True) -> list[GenerationText]:
@@ -526,11 +557,26 @@ class PonderLM(HFLM):
             LOGGER.warning("generation loop: %s; using transformers' generate for these "
                            "requests (finished rows keep decoding)", why)
 
+    def tok_batch_encode(self, strings: list[str], *args, **kwargs):
+        if self._keeper is not None:  # the contexts of the call ``_model_generate`` gets next
+            self._call_contexts = list(strings)
+        return super().tok_batch_encode(strings, *args, **kwargs)
+
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs):
         attention_mask = generation_kwargs.pop("attention_mask", None)
+        on_row_done = None
+        if self._keeper is not None:  # sampled answers kept as each row ends
+            keeper, contexts = self._keeper, self._call_contexts
+            if len(contexts) != context.shape[0]:
+                raise RuntimeError("internal: the encoded contexts do not match the batch")
+
+            def on_row_done(row: int, tokens: list[int], stats: dict[str, float]) -> None:
+                keeper.keep_early(contexts[row], self.row_text(self.finish_text(tokens, stop),
+                                                               stats))
+
         out = self.generate_batch(context, attention_mask,
                                   max_new_tokens=max_length - context.shape[1], stop=stop,
-                                  **generation_kwargs)
+                                  on_row_done=on_row_done, **generation_kwargs)
         ponder = self.call_pondering
         for row in range(len(out.gen_tokens)):
             self._pending_rows.append(self.row_stats(out, row, ponder))
@@ -544,14 +590,19 @@ class PonderLM(HFLM):
         """One row's accounting: prompt and generated tokens, ponder steps and controller
         evaluations, and under early exit its mean exit layer and FLOPs (which depend on the
         layer of every token, not on the counts alone)."""
-        prompt, n = int(out.prompt_tokens[row]), int(out.gen_tokens[row])
-        steps, evals = ponder.row_stats(None if out.depths is None else out.depths[row], n) \
-            if ponder else (0.0, 0)
+        return self.stats_of(int(out.prompt_tokens[row]), int(out.gen_tokens[row]),
+                             None if out.depths is None else out.depths[row],
+                             None if out.exits is None else out.exits[row], ponder)
+
+    def stats_of(self, prompt: int, n: int, depths: torch.Tensor | None,
+                 exits: torch.Tensor | None, ponder: Pondering | None) -> dict[str, float]:
+        """``row_stats`` from one row's values: its prompt and generated tokens, the depths of
+        its decisions and the exit layers of its decode steps, in order."""
+        steps, evals = ponder.row_stats(depths, n) if ponder else (0.0, 0)
         stats = {"prompt_tokens": prompt, "gen_tokens": n, "ponder_steps": steps,
                  "controller_evals": evals}
-        if out.exits is not None and self.early_exit is not None:
-            stats.update(exit_accounting(self.flops_spec, self.early_exit, out.exits[row],
-                                         prompt, n))
+        if exits is not None and self.early_exit is not None:
+            stats.update(exit_accounting(self.flops_spec, self.early_exit, exits, prompt, n))
         return stats
 
     def row_text(self, text: str, row: dict[str, float]) -> GenerationText:
@@ -585,11 +636,16 @@ class PonderLM(HFLM):
         if self.generation == "loop" and isinstance(saved, int):
             # rows in flight are max_rows whatever lm-eval's batch_size (its CLI default is 1):
             # hand the loop enough requests at once to keep that many rows busy. HFLM hands
-            # answers to the cache hook only when a call returns, so while sampled answers are
-            # kept a call holds max_rows requests: an interrupted run loses at most that many
-            # (with 4x max_rows, a 500-question run was one call and kept nothing).
-            per_call = self.max_rows if sampled and fresh_sampled else self.requests_per_call
-            self.batch_size_per_gpu = max(saved, per_call)
+            # answers to the cache hook only when a call returns (a 500-question run is one
+            # call), so sampled answers go to the store as each row ends (``_model_generate``):
+            # a killed run loses only the rows in flight. (Settings the loop hands to
+            # ``generate`` are kept per call.)
+            self.batch_size_per_gpu = max(saved, self.requests_per_call)
+            if sampled and fresh_sampled:
+                self._keeper = sampled
+        elif sampled and fresh_sampled and isinstance(saved, int):
+            # ``generate`` returns a call's rows together: keep answers every max_rows rows
+            self.batch_size_per_gpu = max(saved, self.max_rows)
         fresh = [requests[i] for i in todo]
         # HFLM's bar moves once per batch of 512 requests: a GPQA run would sit at 0% for its
         # whole length. This one moves as each row finishes, and says what is in flight
@@ -602,6 +658,7 @@ class PonderLM(HFLM):
         finally:
             self.cache_hook = inner
             self.batch_size_per_gpu = saved
+            self._keeper = None
             self._progress.close()
             self._progress = None
         if self._pending_rows:

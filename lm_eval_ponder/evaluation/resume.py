@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import sqlite3
 from collections import defaultdict, deque
 from collections.abc import MutableMapping, Sequence
@@ -30,6 +31,8 @@ from lm_eval.api.model import hash_args
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.files import atomic_write
+
+LOGGER = logging.getLogger(__name__)
 
 PREFIX = "lm_eval_ponder/sampled"
 # the key under which PonderLM stamps a --use_cache file with its settings' fingerprint
@@ -143,14 +146,21 @@ class SampledAnswers:
     """The sampled answers of one run in a dict-like store (lm-eval's ``SqliteDict``).
 
     ``split`` sorts a request list into answers already kept and requests still to generate and
-    reserves, per distinct request, the free occurrence numbers; ``hook`` then wraps a cache
-    hook so that each answer is stored under one of those numbers the moment lm-eval hands it
-    over (HFLM does so after each of its batches).
+    reserves, per distinct request, the free occurrence numbers; each answer is then stored
+    under one of those numbers as its row ends in the generation loop (``keep_early``, called by
+    ``PonderLM``), and again, with lm-eval's own text, when HFLM hands it over after its call
+    (``hook``): a killed run loses only the rows in flight.
     """
 
     def __init__(self, store: MutableMapping[str, Any]) -> None:
         self.store = store
         self.free: dict[str, deque[int]] = defaultdict(deque)
+        # the request of each context still to generate (None: two requests share the context
+        # with different kwargs, so a finished row cannot say which it answers)
+        self.by_context: dict[str, tuple | None] = {}
+        # answers kept as their rows ended (``keep_early``), by request and text: the slot
+        # HFLM's own hand-over of the same answer then overwrites
+        self.early: dict[str, dict[str, deque[int]]] = defaultdict(lambda: defaultdict(deque))
 
     @staticmethod
     def key(request_hash: str, k: int) -> str:
@@ -159,6 +169,8 @@ class SampledAnswers:
     def split(self, requests: Sequence[Any]) -> tuple[dict[int, Any], list[int]]:
         """(kept answers by request index, indices of requests to generate)."""
         self.free.clear()
+        self.by_context.clear()
+        self.early.clear()
         seen: dict[str, int] = defaultdict(int)
         kept: dict[int, Any] = {}
         todo: list[int] = []
@@ -173,6 +185,9 @@ class SampledAnswers:
             if answer is None:
                 todo.append(i)
                 self.free[h].append(k)
+                known = self.by_context.setdefault(req.args[0], tuple(req.args))
+                if known is not None and hash_args("generate_until", known) != h:
+                    self.by_context[req.args[0]] = None
             else:
                 kept[i] = answer
         return kept, todo
@@ -180,16 +195,47 @@ class SampledAnswers:
     def hook(self, inner: Any) -> "SampledHook":
         return SampledHook(self, inner)
 
+    def keep_early(self, context: str, res: Any) -> bool:
+        """Keep the answer of a row that has just ended, before HFLM hands it over (only when
+        its call returns: a whole call of answers was lost to a kill). ``context`` names the
+        request; an answer whose context is ambiguous or unknown waits for ``keep``."""
+        args = self.by_context.get(context)
+        if args is None:
+            return False
+        h = hash_args("generate_until", args)
+        free = self.free.get(h)
+        if not free:
+            return False
+        k = free.popleft()
+        self._write(h, k, res)
+        self.early[h][str(res)].append(k)
+        return True
+
     def keep(self, req: Sequence[Any], res: Any) -> None:
         if not is_sampled(req[1]):
             return
         h = hash_args("generate_until", req)
+        early = self.early.get(h)
+        if early:  # kept as its row ended: HFLM's own text and accounting replace it
+            slots = early.get(str(res))
+            if not slots:  # the early text was made differently; keep HFLM's in its place
+                LOGGER.warning("an answer kept as its row ended differs from lm-eval's text "
+                               "of it; lm-eval's is kept")
+                slots = next(iter(early.values()))
+            k = slots.popleft()
+            for text in [t for t, ks in early.items() if not ks]:
+                del early[text]
+            self._write(h, k, res)
+            return
         free = self.free.get(h)
         if free:  # a request split() did not see (another caller) is not kept
-            self.store[self.key(h, free.popleft())] = res
-            commit = getattr(self.store, "commit", None)
-            if commit is not None:
-                commit()
+            self._write(h, free.popleft(), res)
+
+    def _write(self, h: str, k: int, res: Any) -> None:
+        self.store[self.key(h, k)] = res
+        commit = getattr(self.store, "commit", None)
+        if commit is not None:
+            commit()
 
 
 class SampledHook:

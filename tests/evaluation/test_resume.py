@@ -5,6 +5,7 @@ to lm-eval."""
 from __future__ import annotations
 
 import pytest
+import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 from lm_eval.models.huggingface import HFLM
@@ -122,37 +123,87 @@ def test_use_cache_keeps_sampled_answers(ponder, tmp_path, monkeypatch):
     assert [str(resumed[i]) for i in kept] == [str(first[i]) for i in kept]
 
 
-def test_an_interrupted_run_keeps_the_calls_it_finished(tiny_model_dir, tmp_path, monkeypatch):
-    """While sampled answers are kept, HFLM is called with max_rows requests at a time (it
-    hands answers to the store only when a call returns): a run killed in its second call keeps
-    the first call's answers. With 4 x max_rows per call, a 500-question arith run was a single
-    call and a kill kept nothing."""
+def test_an_interrupted_run_keeps_every_row_that_ended(tiny_model_dir, tmp_path, monkeypatch):
+    """HFLM hands answers to the store only when a call returns, and one call holds 4 x max_rows
+    requests (a 500-question arith run was a single call, and a kill kept nothing). Each
+    sampled answer is now kept as its row ends in the loop: a run killed after its third row
+    keeps three answers, and the call stays whole (the rows in flight stay max_rows)."""
     lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=2, device="cpu")
-    assert lm.requests_per_call == 8  # six requests would be one call without the store
+    assert lm.requests_per_call == 8  # the six requests are one call
     cache = str(tmp_path / "cache")
-    calls = []
-    real = PonderLM.generate_batch
+    calls, early = [], []
+    real_batch, real_early = PonderLM.generate_batch, SampledAnswers.keep_early
 
-    def killed_in_second_call(self, *args, **kwargs):
+    def counting_calls(self, *args, **kwargs):
         calls.append(args[0].shape[0])
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return real(self, *args, **kwargs)
+        return real_batch(self, *args, **kwargs)
 
-    monkeypatch.setattr(PonderLM, "generate_batch", killed_in_second_call)
+    def killed_after_three(self, context, res):
+        kept = real_early(self, context, res)
+        early.append(res)
+        if len(early) == 3:
+            raise KeyboardInterrupt
+        return kept
+
+    monkeypatch.setattr(PonderLM, "generate_batch", counting_calls)
+    monkeypatch.setattr(SampledAnswers, "keep_early", killed_after_three)
     with pytest.raises(KeyboardInterrupt):
         CachingLM(lm, cache).generate_until(requests(SAMPLED))
-    assert calls == [2, 2] and kept_answers(cache) == 2
+    assert calls == [6] and kept_answers(cache) == 3
 
-    monkeypatch.setattr(PonderLM, "generate_batch", real)
+    monkeypatch.setattr(SampledAnswers, "keep_early", real_early)
     drawn = count_drawn(monkeypatch)
     resumed = CachingLM(lm, cache).generate_until(requests(SAMPLED))
-    assert len(resumed) == 6 and len(drawn) == 4
-    # greedy requests are lm-eval's to keep: they still go to the loop 4 x max_rows at a time
+    assert len(resumed) == 6 and len(drawn) == 3
+    with SqliteDict(cache) as store:  # the three resumed rows' early answers were overwritten
+        stored = sorted(str(store[k]) for k in store.keys() if k.startswith(PREFIX))
+    assert stored == sorted(map(str, resumed))
+    # greedy requests are lm-eval's to keep: no early keeping, one call as before
     calls.clear()
-    monkeypatch.setattr(PonderLM, "generate_batch", killed_in_second_call)
     CachingLM(lm, str(tmp_path / "greedy")).generate_until(requests(GREEDY))
     assert calls == [6]
+
+
+def random_controller(directory):
+    """A controller with random weights, so that its depths differ by row and by token."""
+    from lm_eval_ponder.pondering.controller import PonderController, save_controller
+
+    torch.manual_seed(3)
+    return str(save_controller(PonderController(64, width=32), directory))
+
+
+@pytest.mark.parametrize("form", ["plain", "early_exit", "token_controller"])
+def test_answers_kept_as_rows_end_are_the_answers_lm_eval_returns(tiny_model_dir, tiny_vector_dir,
+                                                                  tmp_path, monkeypatch, form):
+    """What is kept as a row ends (text made as HFLM makes it, accounting read from the hooks'
+    records so far) equals what ``generate_until`` returns for that row after the call: text,
+    tokens, FLOPs, and the mean exit layer under early exit, the ponder steps and controller
+    evaluations of a controller deciding at every token."""
+    model_args = {"plain": {},
+                  "early_exit": {"early_exit": 0.5, "controller": "none"},
+                  "token_controller": {"steering": str(tiny_vector_dir), "granularity": "token",
+                                       "controller": random_controller(tmp_path / "ctrl")}}[form]
+    lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=2, device="cpu",
+                  **model_args)
+    early = []
+    real_early = SampledAnswers.keep_early
+
+    def recording(self, context, res):
+        early.append((str(res), res.stats))
+        return real_early(self, context, res)
+
+    monkeypatch.setattr(SampledAnswers, "keep_early", recording)
+    final = CachingLM(lm, str(tmp_path / "cache")).generate_until(
+        requests(SAMPLED, repeats=4))
+    assert len(early) == 8
+    assert sorted(early, key=repr) == sorted(((str(t), t.stats) for t in final), key=repr)
+    if form == "early_exit":
+        assert all("exit_layer" in stats for _, stats in early)
+    if form == "token_controller":  # one decision of k_max + 1 evaluations per token, read
+        # for each row from the records of every step it rode in
+        assert all(stats["ponder_steps"] > 0 for _, stats in early)
+        assert all(stats["controller_evals"] == 9 * max(stats["gen_tokens"], 1)
+                   for _, stats in early)
 
 
 def test_kept_answers_survive_a_new_machine_as_text(ponder, tmp_path, monkeypatch):

@@ -314,7 +314,7 @@ def run_time(target: Path) -> tuple[float, str]:
 
 def refresh_twins(target: Path) -> list[Path]:
     """Re-export the text twin of each ``--use_cache`` file in ``target`` that changed since its
-    twin was written (lm-eval commits after each batch); return the twins written."""
+    twin was written (sampled answers are committed as their rows end); return the twins written."""
     written = []
     for db in sorted(target.glob("answers_rank*.db")):
         twin = kept_path(db)
@@ -511,7 +511,7 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
            "--seed", str(r["seed"])]
     if a.limit:
         cmd += ["--limit", str(a.limit)]
-    if a.resume_within:  # answers are kept per call of max_rows requests: a kill loses at most one
+    if a.resume_within:  # answers are kept as rows end: a kill loses the rows in flight
         cmd += ["--use_cache", str(target / "answers")]
     LOGGER.info("[%d/%d] %s %s seed %d: %s", i, n, r["label"], r["dataset"], r["seed"],
                 " ".join(cmd[2:]))
@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume_within", action="store_true",
                    help="keep each run's answers as they come (lm-eval's --use_cache, in the run's "
                         "directory; sampled answers too), so an interrupted run resumes "
-                        "mid-dataset, losing at most the batch in flight; their text twin "
+                        "mid-dataset, losing only the rows in flight; their text twin "
                         "(answers_rank0.kept.jsonl.gz, never GPQA) is refreshed every minute, "
                         "ready to commit")
     p.add_argument("--no_report", dest="report", action="store_false",

@@ -219,7 +219,7 @@ class CachedEnvironment:
                 "score": sum(score) / n}
 
     def evaluate(self, ids: list[int], depths: torch.Tensor) -> dict[str, float]:
-        """Deterministic figures of given depths, averaged over prompts (see ``expected``)."""
+        """Deterministic metrics of given depths, averaged over prompts (see ``expected``)."""
         if not ids:
             return {}
         per = [self.expected(i, int(d)) for i, d in zip(ids, depths)]

@@ -68,7 +68,7 @@ def load_backbone(cfg: TrainConfig):
                               gguf_file=cfg.gguf_file, **kwargs)
 
 
-def batch_figures(window: list[dict], weights: dict[str, float], k_max: int, step: int,
+def batch_metrics(window: list[dict], weights: dict[str, float], k_max: int, step: int,
                   cfg: TrainConfig, elapsed: float, reinitialisations: int) -> dict:
     """The paper's every-100-steps log over a window of steps: accuracy, FLOPs distribution,
     depths, each reward component, weights, balance ratio E|R_flops|/E|R_acc|, gate pass rate."""
@@ -283,7 +283,7 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
                   trainer.generator, env, dist, window, log_path, cfg)
         if (t + 1) % cfg.logging_steps and t + 1 != cfg.grpo.max_steps:
             continue
-        summary = batch_figures(window, env.rewards.weights, env.k_max, t + 1, cfg,
+        summary = batch_metrics(window, env.rewards.weights, env.k_max, t + 1, cfg,
                                 time.time() - t_train, trainer.reinitialisations)
         window = []
         if dist.rank != 0:  # held-out figures, selection and files: rank 0's job
@@ -379,7 +379,7 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
     theta_comp = (cfg.grpo.theta_comp if cfg.grpo.theta_comp is not None
                   else completeness_threshold(cfg.reward))
     tasks = ", ".join(f"{k} ({v} train-split prompts)" for k, v in cfg.rollout.prompts.items())
-    cost, data, figures = extra["cost"], extra["data"], extra["figures"]
+    cost, data, metrics = extra["cost"], extra["data"], extra["figures"]
     lines = [
         f"# {'Token-level p' if token else 'P'}onder controller for {identity['backbone_name']}",
         "",
@@ -417,10 +417,10 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
         f"- Shipped weights: step {extra['selected_step']} ("
         f"{'the final weights' if cfg.select == 'last' else 'the best held-out figures'})", "",
     ]
-    rows = [row(name, figures[key]) for key, name in (("train", "train"), ("val", "held-out"))
-            if figures.get(key)]
-    if figures.get("val_oracle"):
-        o = figures["val_oracle"]
+    rows = [row(name, metrics[key]) for key, name in (("train", "train"), ("val", "held-out"))
+            if metrics.get(key)]
+    if metrics.get("val_oracle"):
+        o = metrics["val_oracle"]
         rows.append(f"| held-out, best fixed depth ({int(o['best_fixed_depth'])}) | "
                     f"{o['best_fixed_accuracy']:.3f} | {o['best_fixed_gen_tokens']:.1f} | "
                     f"{o['best_fixed_flops']:.3e} | {o['best_fixed_depth']:.2f} | "

@@ -471,15 +471,16 @@ class PonderLM(HFLM):
         depths, exits = RowRecords(), RowRecords()
         ponder = self.call_pondering
         reads_depths = decider is not None and isinstance(hook, SteeringHook)
+        reads_exits = isinstance(hook, ExitHook)
 
         def on_tokens(row: int, tokens: list[int]) -> None:
             if reads_depths:
                 depths.read(decider.depths, hook.decision_rows)
-            if isinstance(hook, ExitHook):
+            if reads_exits:
                 exits.read(hook.exits, hook.exit_rows)
             on_row_done(row, tokens, self.stats_of(
                 int(prompt_tokens[row]), len(tokens), depths.of(row) if reads_depths else None,
-                exits.of(row) if isinstance(hook, ExitHook) else None, ponder))
+                exits.of(row) if reads_exits else None, ponder))
 
         return on_tokens
 

@@ -157,7 +157,7 @@ class SampledAnswers:
         self.free: dict[str, deque[int]] = defaultdict(deque)
         # the request of each context still to generate (None: two requests share the context
         # with different kwargs, so a finished row cannot say which it answers)
-        self.by_context: dict[str, tuple | None] = {}
+        self.by_context: dict[str, str | None] = {}  # context -> its request's hash
         # answers kept as their rows ended (``keep_early``), by request and text: the slot
         # HFLM's own hand-over of the same answer then overwrites
         self.early: dict[str, dict[str, deque[int]]] = defaultdict(lambda: defaultdict(deque))
@@ -185,8 +185,7 @@ class SampledAnswers:
             if answer is None:
                 todo.append(i)
                 self.free[h].append(k)
-                known = self.by_context.setdefault(req.args[0], tuple(req.args))
-                if known is not None and hash_args("generate_until", known) != h:
+                if self.by_context.setdefault(req.args[0], h) != h:
                     self.by_context[req.args[0]] = None
             else:
                 kept[i] = answer
@@ -199,10 +198,9 @@ class SampledAnswers:
         """Keep the answer of a row that has just ended, before HFLM hands it over (only when
         its call returns: a whole call of answers was lost to a kill). ``context`` names the
         request; an answer whose context is ambiguous or unknown waits for ``keep``."""
-        args = self.by_context.get(context)
-        if args is None:
+        h = self.by_context.get(context)
+        if h is None:
             return False
-        h = hash_args("generate_until", args)
         free = self.free.get(h)
         if not free:
             return False

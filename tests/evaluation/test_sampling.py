@@ -7,19 +7,63 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser, draw_tokens
+from lm_eval_ponder.evaluation.sampling import (
+    ChoiceRows,
+    SamplingConfig,
+    TokenChooser,
+    draw_tokens,
+    first_max_index,
+)
 
 PAD = 3
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_max_indices_keeps_argmax_first_index_rule_on_ties(dtype):
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_max_index_keeps_argmax_first_index_rule_on_ties(dtype):
     """The greedy reduction must pick what argmax picks: the first of tied maxima."""
     gen = torch.Generator().manual_seed(0)
-    logits = torch.randint(0, 4, (64, 300), generator=gen).to(dtype)  # ties everywhere
+    logits = torch.randint(-3, 4, (64, 300), generator=gen).to(dtype)  # ties everywhere
     logits[:, 7] = logits.max()  # and a guaranteed tie at a low index
-    assert torch.equal(logits.max(dim=-1).indices, torch.argmax(logits, dim=-1))
-    assert torch.equal(logits.max(dim=-1).indices, torch.argmax(logits.float(), dim=-1))
+    logits[5] = -2.0  # a row that is one tie
+    assert torch.equal(first_max_index(logits), torch.argmax(logits, dim=-1))
+    assert torch.equal(first_max_index(logits), torch.argmax(logits.float(), dim=-1))
+    assert first_max_index(logits).dtype == torch.long
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_max_index_equals_argmax_on_zeros_nans_and_infinities(dtype):
+    """Where bit equality is not value equality (a maximum of 0 given as -0 and +0, NaN) and at
+    the ends of the range, the fast reduction still answers as argmax."""
+    rows = [
+        [-1.0, -0.0, 0.0, -2.0],  # max 0: -0 first, equal to +0
+        [-1.0, 0.0, -0.0, -3.0],
+        [-0.0, 0.0, 0.0, -1.0],
+        [0.0, -0.0, -0.0, -1.0],
+        [1.0, float("nan"), 3.0, float("nan")],  # NaN is the maximum, first one
+        [float("-inf"), float("-inf"), float("-inf"), float("-inf")],
+        [-5.0, float("inf"), 2.0, float("inf")],
+        [-7.0, -7.0, -8.0, -9.0],  # all negative: order of sign-magnitude bits reversed
+    ]
+    logits = torch.tensor(rows, dtype=dtype)
+    negative_nan = -torch.tensor(float("nan"), dtype=dtype)
+    extra = torch.tensor([[1.0, 0.0, float("nan"), 2.0], [0.0, 0.0, 2.0, float("nan")]], dtype=dtype)
+    extra[0, 1] = negative_nan  # a NaN whose bits differ from the one amax returns
+    extra[1, 1] = negative_nan
+    logits = torch.cat([logits, extra])
+    assert first_max_index(logits).tolist() == torch.argmax(logits, dim=-1).tolist() \
+        == [1, 1, 0, 0, 1, 0, 1, 0, 1, 1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_first_max_index_on_wide_random_logits_and_views(dtype):
+    """A vocabulary-wide case, and a non-contiguous view (falls back to ``max``)."""
+    logits = (torch.randn(33, 49152, generator=torch.Generator().manual_seed(3)) * 4).to(dtype)
+    assert torch.equal(first_max_index(logits), torch.argmax(logits, dim=-1))
+    view = logits[:, ::2]
+    assert torch.equal(first_max_index(view), torch.argmax(view, dim=-1))
 
 
 def chooser(**kwargs) -> TokenChooser:

@@ -50,7 +50,11 @@ def main() -> None:
     p.add_argument("--max-gen-toks", type=int, default=256)
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--rows", type=int, default=64, help="B of comparison (d)")
-    p.add_argument("--skip", default="", help="comma-separated runs to leave out, e.g. c,d")
+    p.add_argument("--skip", default="", help="comma-separated runs to leave out, e.g. c,d "
+                   "((a) is loaded anyway: its tokenizer and dtype are the reference)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch threads (1 beside another job: two busy processes on 2 cores "
+                        "with 2 threads each run about 10x slower)")
     args = p.parse_args()
 
     import torch
@@ -64,7 +68,7 @@ def main() -> None:
     from lm_eval_ponder.evaluation.lm import PonderLM
     from lm_eval_ponder.reporting.measures import wilson
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     manager = TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir())
     path = bb.resolve_backbone(None).path
     skip = set(args.skip.split(",")) - {""}
@@ -105,7 +109,7 @@ def main() -> None:
                 "flops": sum(flops) if all(isinstance(f, float) and not math.isnan(f)
                                            for f in flops) else None}
 
-    order = [k for k in ("a", "b", "c", "d-loop", "d-hf") if k in models]
+    order = [k for k in ("a", "b", "c", "d-loop", "d-hf") if k in models and k not in skip]
     results: dict[str, list[dict]] = {k: [] for k in order}
     for pair in range(args.pairs):
         sequence = order if pair % 2 == 0 else order[::-1]  # alternate who runs first
@@ -146,7 +150,7 @@ def main() -> None:
               f"{needed:.3e} FLOPs = {needed / 1e9 / rate:.1f} s at that rate; it took "
               f"{med['b']:.1f} s ({needed / 1e9 / med['b']:.1f} GFLOP/s achieved, "
               f"{needed / 1e9 / med['b'] / rate:.0%} of the matmul rate)")
-    if "b" in med:
+    if "b" in med and "a" in med:
         ratios = [a["wall"] / b["wall"] for a, b in zip(results["a"], results["b"])]
         print(f"speedup {statistics.median(ratios):.2f}")
 

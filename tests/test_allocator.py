@@ -46,3 +46,34 @@ def test_a_child_started_with_it_runs_on_tcmalloc():
     maps = subprocess.run([sys.executable, "-c", "print(open('/proc/self/maps').read())"],
                           env=env, capture_output=True, text=True, check=True).stdout
     assert "tcmalloc" in maps
+
+
+def test_glibc_large_sets_glibcs_tunables_and_leaves_the_users_own():
+    assert allocator.resolve("glibc-large") == allocator.GLIBC_LARGE
+    env = allocator.child_environment(allocator.GLIBC_LARGE, {"PATH": "/bin"})
+    assert env == {"PATH": "/bin", "MALLOC_MMAP_THRESHOLD_": str(4 << 30),
+                   "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+    mine = {"MALLOC_TRIM_THRESHOLD_": "1000"}
+    assert allocator.child_environment(allocator.GLIBC_LARGE, mine)["MALLOC_TRIM_THRESHOLD_"] \
+        == "1000"
+    assert "LD_PRELOAD" not in env
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's tunables")
+def test_a_child_under_glibc_large_keeps_a_freed_large_block():
+    """The setting reaches glibc: a 64 MB block freed and allocated again is not mapped afresh
+    (few page faults the second time), where the system default maps it again."""
+    code = ("import resource, ctypes; libc = ctypes.CDLL(None); libc.malloc.restype = "
+            "ctypes.c_void_p; libc.free.argtypes = [ctypes.c_void_p]; n = 64 << 20\n"
+            "def touch():\n p = libc.malloc(n); ctypes.memset(p, 1, n); libc.free(p)\n"
+            "touch(); f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt; touch()\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)")
+
+    def faults(library):
+        env = allocator.child_environment(library, {"PATH": "/usr/bin:/bin"})
+        return int(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                  text=True, check=True).stdout)
+
+    pages = (64 << 20) // 4096
+    assert faults(None) > pages // 2  # mapped and faulted in again
+    assert faults(allocator.GLIBC_LARGE) < pages // 10

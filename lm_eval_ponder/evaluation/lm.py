@@ -350,7 +350,8 @@ class PonderLM(HFLM):
                                     "max_cache_gib": self.max_cache_gib,
                                     "max_cache_tokens": self.max_cache_tokens},
                 # speed only (no number depends on it), so not part of the identity
-                "ponder_preload": os.environ.get("LD_PRELOAD", "")}
+                "ponder_preload": os.environ.get("LD_PRELOAD", ""),
+                "ponder_malloc": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}
 
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()

@@ -19,7 +19,8 @@ change a token.
 ``--library none`` compares glibc against glibc with only the ``--setting`` environment, e.g.
 its tunables (issue 36: a fresh mapping per large block also costs the loop's logits):
 
-    python benchmarks/allocator.py --library none --setting MALLOC_TOP_PAD_=268435456
+    python benchmarks/allocator.py --library none --setting MALLOC_MMAP_THRESHOLD_=4294967296 \
+        --setting MALLOC_TRIM_THRESHOLD_=4294967296
 """
 
 from __future__ import annotations

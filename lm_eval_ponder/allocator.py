@@ -11,9 +11,11 @@ x1.16 (median of 3 interleaved pairs on a shared machine), the same tokens.
 
 glibc itself can do the same (``glibc-large``): its tunables ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_`` at 4 GiB serve every block from its heap and keep freed memory for
-reuse. The same benchmark (issue 36; ``--library none --setting ...``): system time 39.6 s ->
-2.0 s, minor faults 18.3 M -> 0.48 M, wall x1.28, peak resident 2.63 -> 2.54 GB: glibc's heap
-coalesces freed neighbours, which tcmalloc's size classes do not. The setting reaches a
+reuse. The same benchmark (issue 36; ``--library none --setting ...``, 2 pairs): system time
+36-40 s -> 2.0-2.4 s, minor faults 18.3 M -> 0.5-0.7 M, wall x1.22 (pairs 1.28, 1.16), peak
+resident 2.63 / 3.00 GB -> 2.54 / 3.52 GB (glibc's heap coalesces freed neighbours, which
+tcmalloc's size classes do not). Opt-in until a full run's resident memory under it is
+measured against the default's. The setting reaches a
 process only through its environment at start (``mallopt`` caps the threshold at 32 MB), so
 it is for child processes (``suite``) and for users who export it themselves.
 

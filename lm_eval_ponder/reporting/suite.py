@@ -599,8 +599,9 @@ def main(argv: list[str] | None = None) -> int:
                         "and tokens per question price the full runs")
     p.add_argument("--allocator", default=allocator.SYSTEM,
                    help="memory allocator of the lm_eval runs: 'system' (glibc's malloc), "
-                        "'glibc-large' (glibc keeping large freed blocks for reuse: about 1.3x "
-                        "faster long generations on CPU at the same resident memory), 'auto' "
+                        "'glibc-large' (glibc keeping large freed blocks for reuse: about 1.2x "
+                        "faster long generations on CPU; resident memory of a full run not yet "
+                        "measured), 'auto' "
                         "(preload an installed tcmalloc on CPU: about 1.2x less CPU time, but "
                         "far more resident memory; lm_eval_ponder.allocator) or a path to a "
                         "shared library")

@@ -600,8 +600,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--allocator", default=allocator.SYSTEM,
                    help="memory allocator of the lm_eval runs: 'system' (glibc's malloc), "
                         "'glibc-large' (glibc keeping large freed blocks for reuse: about 1.2x "
-                        "faster long generations on CPU; resident memory of a full run not yet "
-                        "measured), 'auto' "
+                        "faster long generations on CPU, about twice the resident memory in a "
+                        "full run), 'auto' "
                         "(preload an installed tcmalloc on CPU: about 1.2x less CPU time, but "
                         "far more resident memory; lm_eval_ponder.allocator) or a path to a "
                         "shared library")

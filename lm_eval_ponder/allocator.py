@@ -92,6 +92,13 @@ def resolve(choice: str, cuda: bool | None = None) -> str | None:
     return choice
 
 
+def malloc_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """glibc's ``MALLOC_*`` tunables in an environment (this process's by default): recorded
+    with each run beside its preload, as speed settings that change no number."""
+    env = os.environ if environ is None else environ
+    return {k: v for k, v in env.items() if k.startswith("MALLOC_")}
+
+
 def child_environment(library: str | None, environ: dict[str, str] | None = None
                       ) -> dict[str, str]:
     """The environment of a child process that preloads ``library`` (after anything the user

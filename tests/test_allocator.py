@@ -57,6 +57,7 @@ def test_glibc_large_sets_glibcs_tunables_and_leaves_the_users_own():
     assert allocator.child_environment(allocator.GLIBC_LARGE, mine)["MALLOC_TRIM_THRESHOLD_"] \
         == "1000"
     assert "LD_PRELOAD" not in env
+    assert allocator.malloc_settings(env) == allocator.GLIBC_LARGE_SETTINGS
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's tunables")

@@ -32,6 +32,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 
+from lm_eval_ponder import allocator
 from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.errors import PonderError, UnsupportedGeneration, install_excepthook
 from lm_eval_ponder.evaluation import lmeval_output
@@ -351,7 +352,7 @@ class PonderLM(HFLM):
                                     "max_cache_tokens": self.max_cache_tokens},
                 # speed only (no number depends on it), so not part of the identity
                 "ponder_preload": os.environ.get("LD_PRELOAD", ""),
-                "ponder_malloc": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}}
+                "ponder_malloc": allocator.malloc_settings()}
 
     def fingerprint_hash(self) -> str:
         blob = json.dumps(self.fingerprint(), sort_keys=True, default=str).encode()

@@ -542,7 +542,7 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
          "attempts": attempts, "ran_s_all_attempts": total,
          "unclocked_attempts": unclocked, "command": cmd[1:],
          "preload": env.get("LD_PRELOAD", ""),
-         "malloc": {k: v for k, v in env.items() if k.startswith("MALLOC_")}}, indent=1))
+         "malloc": allocator.malloc_settings(env)}, indent=1))
     compact_tree(target)
     for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
         twin.unlink()  # the run's summary replaces its unfinished answers

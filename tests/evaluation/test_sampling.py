@@ -57,6 +57,22 @@ def test_first_max_index_equals_argmax_on_zeros_nans_and_infinities(dtype):
         == [1, 1, 0, 0, 1, 0, 1, 0, 1, 1]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_first_max_index_on_nans_whose_bits_order_differently(dtype):
+    """The half-precision path reads bits as integers: a NaN with a larger payload after a
+    smaller one, or a lone negative NaN (whose bits read as a negative integer), must still
+    give argmax's first NaN."""
+    logits = torch.tensor([[1.0, 0.0, 3.0, 0.0], [1.0, 0.0, 2.0, 0.5]] * 2, dtype=dtype)
+    bits = logits.view(torch.int16)
+    quiet = 0x7FC0 if dtype == torch.bfloat16 else 0x7E00
+    bits[0, 1], bits[0, 3] = quiet, 0x7FFF  # positive NaNs, the larger payload second
+    bits[1, 1] = quiet | -0x8000  # a lone negative NaN before a positive maximum
+    bits[2, 3] = quiet  # a lone positive NaN last
+    bits[3, 0] = 0x7FFF | -0x8000  # the largest negative NaN first
+    assert torch.isnan(logits).sum().item() == 5
+    assert first_max_index(logits).tolist() == torch.argmax(logits, dim=-1).tolist() == [1, 1, 3, 0]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_first_max_index_on_wide_random_logits_and_views(dtype):
     """A vocabulary-wide case, and a non-contiguous view (falls back to ``max``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -407,7 +408,7 @@ def test_a_packed_sweep_reads_bit_for_bit_as_its_runs_files(tmp_path):
 BENCHMARKS = REPO / "benchmarks"
 # the scripts that take shared code from ``lib``: each must still run as ``python benchmarks/X.py``
 LIB_USERS = ("headroom", "adaptation", "testset", "step_cost", "profile_step", "generation_loop",
-             "sampling_draw")
+             "sampling_draw", "compile_step")
 
 
 def script_imports(directory: Path) -> list[str]:
@@ -444,8 +445,6 @@ def test_no_benchmark_script_imports_another():
 def test_a_planted_script_import_is_reported(tmp_path):
     """The rule can fail: a copy of benchmarks/ with a lazy script import, a ``from`` import of
     a script in ``lib`` and a ``sys.path`` edit planted reports exactly those three."""
-    import shutil
-
     copy = tmp_path / "benchmarks"
     shutil.copytree(BENCHMARKS, copy, ignore=shutil.ignore_patterns("__pycache__"))
     assert not script_imports(copy)
@@ -472,3 +471,31 @@ def test_scripts_find_lib_when_run_from_anywhere(script, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+def test_a_static_cache_with_per_row_masks_decodes_as_the_dynamic_cache():
+    """The premise of a static-shape decode step (``benchmarks/compile_step.py``): rows at
+    different lengths in one ``StaticCache``, each masked to its own columns, choose the greedy
+    tokens the loop's ``DynamicCache`` chooses (float32, a tiny random Llama)."""
+    import compile_step
+    from lib.decoding import tiny_model
+
+    from lm_eval_ponder.evaluation.rowbatch import cache_keyword
+
+    model = tiny_model(1000, "cpu", torch.float32)
+    kw = cache_keyword(model)
+    agree, worst = compile_step.same_tokens_as_dynamic(model, 6, 16, 1000, "cpu", kw)
+    assert agree == 1.0 and worst < 1e-5  # rounding; unmasked padding columns give 0.6
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on a CPU needs a C++ compiler")
+def test_compile_step_times_both_steps(capsys):
+    """The script runs end to end small (a compile included) and ends with its ratio line."""
+    import compile_step
+
+    ratio = compile_step.main(["--rows", "2", "--steps", "2", "--pairs", "1", "--cache-len", "24",
+                               "--check-steps", "2", "--dtype", "float32", "--threads", "1"])
+    assert ratio > 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"compiled_over_eager {ratio:.3f}"
+    assert "100.0% of greedy tokens" in out[1]

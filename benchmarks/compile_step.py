@@ -40,7 +40,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def decode_inputs(rows: int, cache_len: int, length: int, lead, device: str):
+def decode_inputs(cache_len: int, length: int, lead, device: str):
     """Mask and positions of a decode step writing column ``length``: row i attends to its
     own columns ``lead[i]..length``."""
     import torch
@@ -82,7 +82,7 @@ def same_tokens_as_dynamic(model, rows: int, steps: int, vocab: int, device: str
             length = PROMPT + step
             pos = (length - lead)[:, None]
             mask_d = (torch.arange(length + 1, device=device)[None, :] >= lead[:, None]).long()
-            mask_s, _ = decode_inputs(rows, PROMPT + steps + 1, length, lead, device)
+            mask_s, _ = decode_inputs(PROMPT + steps + 1, length, lead, device)
             logits_d = model(input_ids=tok_d[:, None], attention_mask=mask_d, position_ids=pos,
                              **{kw: dynamic}, use_cache=True, logits_to_keep=1).logits[:, -1]
             logits_s = model(input_ids=tok_s[:, None], attention_mask=mask_s, position_ids=pos,
@@ -106,7 +106,7 @@ def time_steps(forward, cache, rows: int, cache_len: int, steps: int, vocab: int
     t0 = time.perf_counter()
     with torch.no_grad():
         for step in range(steps):
-            mask, pos = decode_inputs(rows, cache_len, PROMPT + step, lead, device)
+            mask, pos = decode_inputs(cache_len, PROMPT + step, lead, device)
             forward(input_ids=tok, attention_mask=mask, position_ids=pos, **{kw: cache},
                     use_cache=True, logits_to_keep=1)
     synchronize(device)

@@ -1,14 +1,19 @@
-"""Drawing the next token when sampling: ``torch.multinomial`` over the whole vocabulary against
-``sampling.draw_tokens`` (the same distribution, drawn among the positive entries only).
+"""Drawing the next token when sampling, two steps of the same distribution:
+``--compare draw``: ``torch.multinomial`` over the whole vocabulary against
+``sampling.draw_tokens`` (drawn among the positive entries only); ``--compare top-k`` (the
+default): ``TokenChooser``'s full path (float32 copy, temperature and top-k warpers over the
+whole vocabulary, softmax, ``draw_tokens``) against ``TokenChooser.draw_top_k`` (the same
+from each row's 2k+1 largest logits).
 
 Not a test: a timing run, in one process, interleaved pairs, medians reported.
 
-1. The draw alone: [rows, vocab] probabilities after temperature 0.7 and top-k 50 (what
-   ``do_sample=True, temperature=0.7`` gets from SmolLM2's generation config).
+1. Alone: [rows, vocab] logits (``top-k``: bf16, the model's own) or probabilities after
+   temperature 0.7 and top-k 50 (``draw``), what ``do_sample=True, temperature=0.7`` gets from
+   SmolLM2's generation config.
 2. End to end: ``generate_rows`` on the embedded SmolLM2-135M, sampled arith-style prompts,
-   once with ``draw_tokens`` and once with the full-vocabulary draw patched in.
+   once each way (the older way patched in).
 
-    python benchmarks/sampling_draw.py --pairs 5
+    python benchmarks/sampling_draw.py --pairs 5 [--compare draw]
 """
 
 from __future__ import annotations
@@ -51,7 +56,29 @@ def draw_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
     print(f"draw alone ({rows} x {vocab}): median speed-up x{statistics.median(ratios):.1f}")
 
 
-def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int) -> None:
+def choice_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
+    from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(rows, vocab, generator=g) * 3).bfloat16()
+    cfg = SamplingConfig(do_sample=True, temperature=0.7, top_k=50, generator=g)
+    chooser = TokenChooser(cfg, torch.device("cpu"), [0], prompt_width=1)
+    assert chooser.top_k_only
+    state = ChoiceRows(torch.zeros(rows, dtype=torch.long), torch.zeros(rows, dtype=torch.long),
+                       None, None)
+    ratios = []
+    for i in range(pairs):
+        old = timed(lambda: [chooser.process_and_choose(logits, state.counts, state.last, None,
+                                                        None) for _ in range(reps)]) / reps
+        new = timed(lambda: [chooser.choose(logits, state, 0) for _ in range(reps)]) / reps
+        ratios.append(old / new)
+        print(f"choice, pair {i}: full path {old * 1e3:.1f} ms, top-k path {new * 1e3:.1f} ms, "
+              f"x{old / new:.1f}", flush=True)
+    print(f"choice alone ({rows} x {vocab}, bf16): median speed-up x{statistics.median(ratios):.1f}")
+
+
+def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int,
+               compare: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import lm_eval_ponder.evaluation.sampling as generation
@@ -76,20 +103,24 @@ def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int
                             max_rows=max_rows)
         return time.perf_counter() - t0, sum(res.gen_tokens)
 
-    real = generation.draw_tokens
+    if compare == "draw":
+        owner, name, older = generation, "draw_tokens", full_draw
+    else:
+        owner, name, older = generation.TokenChooser, "draw_top_k", lambda self, logits: None
+    real = getattr(owner, name)
     ratios = []
     for i in range(pairs):
-        generation.draw_tokens = full_draw
+        setattr(owner, name, older)
         try:
             old, old_tok = run(i)
         finally:
-            generation.draw_tokens = real
+            setattr(owner, name, real)
         new, new_tok = run(i)
         # rows draw differently, so compare useful tokens per second, not wall alone
         ratio = (new_tok / new) / (old_tok / old)
         ratios.append(ratio)
-        print(f"generate_rows, pair {i}: full draw {old_tok / old:.0f} tok/s ({old:.1f} s), "
-              f"draw_tokens {new_tok / new:.0f} tok/s ({new:.1f} s), x{ratio:.2f}", flush=True)
+        print(f"generate_rows, pair {i}: before {old_tok / old:.0f} tok/s ({old:.1f} s), "
+              f"{name} {new_tok / new:.0f} tok/s ({new:.1f} s), x{ratio:.2f}", flush=True)
     print(f"generate_rows ({prompts} prompts, {max_rows} rows in flight, {max_new} new tokens, "
           f"{dtype}, T=0.7): median speed-up in tokens/s x{statistics.median(ratios):.2f}")
 
@@ -105,11 +136,16 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-end-to-end", action="store_true")
+    p.add_argument("--compare", default="top-k", choices=["top-k", "draw"])
     args = p.parse_args()
     torch.set_num_threads(args.threads)
-    draw_alone(args.rows, args.vocab, args.pairs)
+    if args.compare == "draw":
+        draw_alone(args.rows, args.vocab, args.pairs)
+    else:
+        choice_alone(args.rows, args.vocab, args.pairs)
     if not args.skip_end_to_end:
-        end_to_end(args.prompts, args.max_new_tokens, args.max_rows, args.dtype, args.pairs)
+        end_to_end(args.prompts, args.max_new_tokens, args.max_rows, args.dtype, args.pairs,
+                   args.compare)
 
 
 if __name__ == "__main__":

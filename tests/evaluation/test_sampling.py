@@ -172,3 +172,52 @@ def test_draws_are_reproducible_by_seed():
     assert (draw(3) < 50).all()
 
 
+
+
+# ------------------------------------------------------------------ TokenChooser.draw_top_k
+def _generate_probs(logits: torch.Tensor, temperature: float, top_k: int) -> torch.Tensor:
+    """What ``generate`` samples from: a float32 copy, the two warpers, softmax."""
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+    scores = TemperatureLogitsWarper(temperature)(None, logits.float())
+    return torch.softmax(TopKLogitsWarper(top_k)(None, scores), dim=-1)
+
+
+def test_top_k_path_draws_from_generates_distribution(monkeypatch):
+    """bf16 logits tie at the k-th value (SmolLM2 keeps 51-65 entries at k = 50): every tied
+    entry is drawn as often as ``generate`` would draw it, without the full path."""
+    gen = torch.Generator().manual_seed(0)
+    row = (torch.randn(300, generator=gen) * 0.5).bfloat16()
+    row[:4] = torch.tensor([2.0, 1.5, 1.25, 1.25])
+    row[4:9] = 1.0  # the 5th largest value, tied five times: k = 6 keeps 4 + 5 entries
+    row[9:] = row[9:].clamp(max=0.5)
+    c = chooser(do_sample=True, temperature=0.7, top_k=6)
+    assert c.top_k_only
+    monkeypatch.setattr(TokenChooser, "process_and_choose", lambda *a: pytest.fail("full path"))
+    c.sampling.generator = torch.Generator().manual_seed(1)
+    got = c.choose(row.repeat(20000, 1), rows(20000), PAD)
+    expected = _generate_probs(row[None], 0.7, 6)[0]
+    assert (expected > 0).sum() == 9
+    torch.testing.assert_close(_frequencies(got, 300), expected, atol=0.015, rtol=0)
+
+
+def test_top_k_path_gives_way_when_ties_reach_past_its_candidates(monkeypatch):
+    """More entries tied at the k-th value than 2k+1 candidates hold: the full path draws,
+    so no kept entry loses its probability."""
+    row = torch.zeros(64)
+    row[0] = 1.0  # k = 2: the 2nd largest value, 0, is shared by 63 entries
+    c = chooser(do_sample=True, temperature=1.0, top_k=2)
+    assert c.draw_top_k(row[None]) is None
+    c.sampling.generator = torch.Generator().manual_seed(2)
+    got = c.choose(row.repeat(20000, 1), rows(20000), PAD)
+    torch.testing.assert_close(_frequencies(got, 64), _generate_probs(row[None], 1.0, 2)[0],
+                               atol=0.015, rtol=0)
+
+
+def test_top_k_path_only_for_temperature_and_top_k():
+    assert not chooser(do_sample=True, top_k=50, top_p=0.9).top_k_only
+    assert not chooser(do_sample=True, top_k=0, temperature=0.7).top_k_only
+    assert not chooser(do_sample=True, top_k=50, repetition_penalty=1.2).top_k_only
+    assert not chooser(do_sample=True, top_k=50, min_new_tokens=2).top_k_only
+    assert not chooser(top_k=50).top_k_only  # greedy
+    assert chooser(do_sample=True, top_k=50).top_k_only

@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip steps that would start after this many seconds")
     parser.add_argument("--skip", default="", type=lambda v: set(v.split(",")) - {""},
                         help="comma-separated step keys to leave out (ponder-none, ponder, "
-                             "hf-64, hf-256, sync-prompt, sync-token, train-prompt, train-token)")
+                             "ponder-none-cudagraphs, ponder-none-inductor, hf-64, hf-256, "
+                             "sync-prompt, sync-token, train-prompt, train-token)")
     parser.add_argument("--fail", default="", type=lambda v: set(v.split(",")) - {""},
                         help="make these steps raise: checks that the check itself fails")
     args = parser.parse_args(argv)
@@ -300,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
+    cuda = args.device.startswith("cuda")
     work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
     # quick and decisive first (the H200 crash was pondering on CUDA), the longest last: a
     # lease that runs out skips the tail (``--budget-s``), not the checks that matter most
@@ -309,6 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         ("ponder", "ponder (shipped controller)", evaluation(lambda: PonderLM(device=args.device))),
         ("ponder-none", "ponder controller=none",
          evaluation(lambda: PonderLM(controller="none", device=args.device))),
+        # the fixed-shape decode step (CUDA graphs); on a CPU its eager form stands in
+        *[(f"ponder-none-{m}", f"ponder controller=none decode_step={m}",
+           evaluation(lambda m=m: PonderLM(controller="none", device=args.device,
+                                           decode_step=m if cuda else "static")))
+          for m in ("cudagraphs", "inductor")],
         *[(f"train-{g}", f"train {g} level", lambda g=g: train(args, g, work))
           for g in ("prompt", "token")],
         *[(f"hf-{b}", f"hf batch {b}", evaluation(lambda b=b: HFLM(

@@ -71,6 +71,7 @@ from lm_eval_ponder.evaluation.rowbatch import (
     supports_logits_to_keep,
 )
 from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser
+from lm_eval_ponder.evaluation.static_decode import StaticSlots, check_decode_step, slot_shape
 from lm_eval_ponder.evaluation.stops import StopStrings
 
 __all__ = [
@@ -201,7 +202,9 @@ class RowLoop:
                  max_cache_tokens: int | None, steering: RowObserver | None,
                  admit_fraction: float, on_finish: Callable[[int], None] | None,
                  timer: StepTimer | None,
-                 on_tokens: Callable[[int, list[int]], None] | None = None) -> None:
+                 on_tokens: Callable[[int, list[int]], None] | None = None,
+                 decode_step: str = "dynamic",
+                 on_unhooked_forward: Callable[[int], None] | None = None) -> None:
         if pad_token_id is None:
             raise ValueError("pad_token_id is required")
         check_model_supported(model)
@@ -217,6 +220,7 @@ class RowLoop:
         self.admit_at = max(1, math.ceil(admit_fraction * self.max_rows))
         self.max_cache_tokens = max_cache_tokens
         self.steering, self.on_finish, self.on_tokens = steering, on_finish, on_tokens
+        self.on_unhooked_forward = on_unhooked_forward
         self.phase = timer.phase if timer is not None else no_timer
         self.timer = timer
         self.eos_ids = {int(e) for e in eos_token_ids}
@@ -227,15 +231,31 @@ class RowLoop:
         self.keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         self.cache_arg = cache_keyword(model)
         self.text_config = text_config(model.config)
-        # per original row: generated tokens (a last column that dead slots write to), counts
-        self.tokens = torch.full((self.n_rows, self.max_new + 1), self.pad, dtype=torch.long,
-                                 device=device)
-        self.counts = torch.zeros(self.n_rows, dtype=torch.long, device=device)
+        # per original row: generated tokens (a last column that dead slots write to), counts;
+        # one more row for static slots no row has taken yet
+        self.tokens = torch.full((self.n_rows + 1, self.max_new + 1), self.pad,
+                                 dtype=torch.long, device=device)
+        self.counts = torch.zeros(self.n_rows + 1, dtype=torch.long, device=device)
         self.real_len = self.mask.sum(dim=1).tolist()
+        self.slots = self.static_slots(check_decode_step(decode_step))
         self.reason = [FINISH_LENGTH] * self.n_rows
         self.result = GenerationResult(self.input_ids, [0] * self.n_rows, self.reason)
         self.waiting = deque(range(self.n_rows))
         self.batch: RowBatch | None = None
+
+    def static_slots(self, mode: str) -> StaticSlots | None:
+        """The fixed-shape layout of ``evaluation.static_decode``, where it applies: not with
+        a steering observer (its hooks keep per-call state a graph cannot replay), a
+        repetition penalty's history, or a cache budget the static cache would exceed."""
+        if mode == "dynamic" or self.n_rows == 0 or self.max_new <= 0:
+            return None
+        if self.steering is not None or self.chooser.uses_history:
+            return None
+        rows = min(self.max_rows, self.n_rows)
+        slots, width = slot_shape(mode, rows, max(max(self.real_len), 1), self.max_new)
+        if self.max_cache_tokens is not None and slots * width > self.max_cache_tokens:
+            return None
+        return StaticSlots(self.model, mode, slots, width, self.text_config)
 
     def vocab_size(self) -> int:
         head = self.model.get_output_embeddings() if hasattr(
@@ -285,6 +305,8 @@ class RowLoop:
 
     def admit(self, n: int) -> None:
         group = [self.waiting.popleft() for _ in range(n)]
+        if self.slots is not None:
+            return self.admit_to_slots(group)
         if self.batch is not None and self.batch.n_dead:
             with self.phase("compact", self.device):
                 self.batch.compact(self.device)
@@ -301,6 +323,55 @@ class RowLoop:
                 else:
                     self.batch.merge(joined, self.pad, self.device)
                     self.result.joins += 1
+
+    def admit_to_slots(self, group: list[int]) -> None:
+        """Prefill the group as the dynamic loop does, then copy its cache into free slots
+        (``StaticSlots.place``), its keys ending at the current column."""
+        slots, device = self.slots, self.device
+        if self.batch is None:
+            self.batch = RowBatch(slots.cache, [self.n_rows] * slots.slots, [0] * slots.slots,
+                                  0, torch.full((slots.slots,), self.pad, dtype=torch.long,
+                                                device=device), None, None,
+                                  [False] * slots.slots)
+            self.batch.refresh(device)
+        batch = self.batch
+        for part in prefill_parts(group, self.real_len):
+            joined = self.prefill(part)
+            with self.phase("join", device):
+                if joined.n_dead:
+                    joined.compact(device)
+                if not joined.rows:
+                    continue
+                span = joined.length
+                if span > slots.col:
+                    by = span - slots.col
+                    slots.shift(by)
+                    batch.lead = [p + by for p in batch.lead]
+                free = [i for i, a in enumerate(batch.alive or [True] * len(batch.rows))
+                        if not a][:len(joined.rows)]
+                if len(free) < len(joined.rows):
+                    raise AssertionError("admitted more rows than free slots")
+                index = torch.tensor(free, dtype=torch.long, device=device)
+                slots.place(index, joined.cache, span)
+                for i, row, lead in zip(free, joined.rows, joined.lead):
+                    batch.rows[i], batch.lead[i] = row, slots.col - span + lead
+                    batch.alive[i] = True
+                batch.last = batch.last.index_copy(0, index, joined.last)
+                batch.length = slots.col
+                batch.refresh(device)
+                self.result.joins += 1
+
+    def shift_slots_left(self) -> None:
+        """The cache is full: drop the columns no live row attends to."""
+        batch, slots = self.batch, self.slots
+        cut = min(p for p, a in zip(batch.lead, batch.alive or [True] * len(batch.rows)) if a)
+        if cut < 1:
+            raise AssertionError("a live row spans the whole static cache")
+        slots.shift(-cut)
+        batch.lead = [max(p - cut, 0) for p in batch.lead]
+        batch.length = slots.col
+        batch.refresh(self.device)
+        self.result.compactions += 1
 
     # ------------------------------------------------------------------ forwards
     def prefill(self, rows: list[int]) -> RowBatch:
@@ -333,28 +404,42 @@ class RowLoop:
         return batch
 
     def decode_step(self) -> None:
-        batch, device = self.batch, self.device
+        """One decode step of every row in flight: through the ``DynamicCache``, or through the
+        static slots' (graph) forward when the call has them."""
+        batch, slots, device = self.batch, self.slots, self.device
         assert batch is not None
         with self.phase("cache", device):
-            mask = batch.decode_mask()
-            # the new token's position is the row's count of real tokens already cached
-            position_ids = (batch.length - batch.lead_t)[:, None]
+            if slots is None:
+                mask = batch.decode_mask()
+                # the new token's position is the row's count of real tokens already cached
+                position_ids = (batch.length - batch.lead_t)[:, None]
+                forward, cache = self.model, batch.cache
+            else:
+                if slots.col >= slots.width:
+                    self.shift_slots_left()
+                mask, position_ids = slots.mask_and_positions(batch.lead_t)
+                forward, cache = slots.forward, slots.cache
         with self.phase("forward", device), attention_backends(device):
             if self.steering is not None:
                 self.steering.begin_forward(batch.rows_t, False)
-            out = self.model(input_ids=batch.last[:, None], attention_mask=mask,
-                             position_ids=position_ids, **{self.cache_arg: batch.cache},
-                             use_cache=True, return_dict=True, **self.keep_logits)
+            out = forward(input_ids=batch.last[:, None], attention_mask=mask,
+                          position_ids=position_ids, **{self.cache_arg: cache},
+                          use_cache=True, return_dict=True, **self.keep_logits)
             logits = out.logits[:, -1]
             del out
         batch.length += 1
+        if slots is not None:
+            slots.col += 1
+            if slots.mode != "static" and self.on_unhooked_forward is not None:
+                self.on_unhooked_forward(slots.slots)
         self.result.decode_forwards += 1
         self.result.decode_row_slots += batch.n_alive
         self.result.dead_row_slots += batch.n_dead
         if self.timer is not None:
             self.timer.decode_steps += 1
         self.step(batch, logits)
-        if batch.needs_compaction() and not (self.waiting and self.admissible()):
+        if slots is None and batch.needs_compaction() and not (
+                self.waiting and self.admissible()):
             with self.phase("compact", device):  # (a join compacts anyway)
                 batch.compact(device)
                 self.result.compactions += 1
@@ -420,7 +505,7 @@ class RowLoop:
 
     def outputs(self) -> GenerationResult:
         steps = max(self.result.gen_tokens, default=0)
-        out = torch.cat([self.input_ids, self.tokens[:, :steps]], dim=1)
+        out = torch.cat([self.input_ids, self.tokens[:self.n_rows, :steps]], dim=1)
         self.result.sequences = out
         return self.result
 
@@ -443,6 +528,8 @@ def generate_rows(
     on_finish: Callable[[int], None] | None = None,
     timer: StepTimer | None = None,
     on_tokens: Callable[[int, list[int]], None] | None = None,
+    decode_step: str = "dynamic",
+    on_unhooked_forward: Callable[[int], None] | None = None,
 ) -> GenerationResult:
     """Generate for a left-padded batch, dropping each row from the batch as soon as it ends.
 
@@ -456,11 +543,15 @@ def generate_rows(
     compaction included: their decisions come after their last token); ``on_finish`` with a
     row's original index as soon as it ends (progress bars), ``on_tokens`` with that index and
     the row's generated tokens (keeping each answer as it ends); ``timer`` collects the seconds
-    of each phase.
+    of each phase. ``decode_step``: ``dynamic`` (the default), or a fixed-shape step that a GPU
+    replays as a CUDA graph (``evaluation.static_decode``: ``static``, ``cudagraphs``,
+    ``inductor``); calls with a steering observer or a repetition penalty stay dynamic. A
+    replayed forward runs no module hooks: ``on_unhooked_forward(rows)`` is told of each.
     """
     return RowLoop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                    eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, stop=stop,
                    decode=decode, sampling=sampling, max_rows=max_rows,
                    max_cache_tokens=max_cache_tokens, steering=steering,
                    admit_fraction=admit_fraction, on_finish=on_finish, timer=timer,
-                   on_tokens=on_tokens).run()
+                   on_tokens=on_tokens, decode_step=decode_step,
+                   on_unhooked_forward=on_unhooked_forward).run()

@@ -52,6 +52,7 @@ from lm_eval_ponder.evaluation.settings import (
     model_arg_number,
     no_hook,
 )
+from lm_eval_ponder.evaluation.static_decode import check_decode_step
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.hooks import RowRecords
 from lm_eval_ponder.pondering.dynamics import PonderConfig
@@ -178,7 +179,9 @@ class PonderLM(HFLM):
     ``alpha``, ``alpha0`` and ``alpha_start`` are fractions of the steering layer's mean
     residual norm. The plain baseline (Direct/CoT/BoN) is ``controller=none``.
     Batching (not part of the configuration): ``max_rows`` (rows in flight) and
-    ``max_cache_gib`` (their key/value cache; ``default_cache_gib``, ``none`` for no budget).
+    ``max_cache_gib`` (their key/value cache; ``default_cache_gib``, ``none`` for no budget);
+    ``decode_step`` (``dynamic`` by default; ``static``, ``cudagraphs`` or ``inductor`` decode
+    unsteered calls in fixed shapes a GPU replays as a CUDA graph: ``evaluation.static_decode``).
     The early-exit baseline (``evaluation.early_exit``, with ``controller=none``):
     ``early_exit`` (top-1 probability threshold) and ``exit_layers`` (``start[:stop[:step]]``,
     the layers that may exit; default every layer).
@@ -201,6 +204,7 @@ class PonderLM(HFLM):
         generation: str = "loop",
         max_rows: int | str | None = None,
         max_cache_gib: float | str | None = None,
+        decode_step: str | None = None,
         allow_backbone_mismatch: bool | str = False,
         early_exit: float | str | None = None,
         exit_layers: str | None = None,
@@ -233,6 +237,7 @@ class PonderLM(HFLM):
         if self.max_rows < 1:
             raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
         self.max_cache_gib = parse_cache_gib(max_cache_gib, device)
+        self.decode_step = check_decode_step(decode_step)
         try:
             super().__init__(pretrained=source, **kwargs)
         except OSError as error:
@@ -349,7 +354,8 @@ class PonderLM(HFLM):
                 "ponder_fingerprint_hash": self.fingerprint_hash(),
                 "ponder_batching": {"max_rows": self.max_rows,
                                     "max_cache_gib": self.max_cache_gib,
-                                    "max_cache_tokens": self.max_cache_tokens},
+                                    "max_cache_tokens": self.max_cache_tokens,
+                                    "decode_step": self.decode_step},
                 # speed only (no number depends on it), so not part of the identity
                 "ponder_preload": os.environ.get("LD_PRELOAD", ""),
                 "ponder_malloc": allocator.malloc_settings()}
@@ -414,6 +420,9 @@ class PonderLM(HFLM):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         decider = None
+        # fixed-shape decode steps only for calls no hook watches: a graph replays no hooks
+        decode_step = self.decode_step if hook is None and self.call_pondering is None \
+            and self.early_exit is None else "dynamic"
         if hook is None:
             ponder = self.call_pondering
             hook, decider = ponder.hook(self.model, self.device) if ponder else no_hook()
@@ -440,7 +449,9 @@ class PonderLM(HFLM):
                         decode=self.tok_decode, sampling=sampling, max_rows=self.max_rows,
                         max_cache_tokens=self.max_cache_tokens, on_finish=on_finish,
                         steering=hook if isinstance(hook, RowObserver) else None,
-                        on_tokens=on_tokens)
+                        on_tokens=on_tokens, decode_step=decode_step,
+                        on_unhooked_forward=None if self._progress is None else
+                        self._progress.decode_forward)
                 sequences, gen_tokens = result.sequences, list(result.gen_tokens)
         if result is None:
             with hook:

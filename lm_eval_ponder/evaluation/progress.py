@@ -97,6 +97,11 @@ class RowProgress:
         else:
             self.tokens += min(rows, self.in_flight) if self.started else rows
 
+    def decode_forward(self, rows: int) -> None:
+        """A decode step no hook saw (a graph-replayed forward, ``evaluation.static_decode``)."""
+        if self.watched:
+            self.forward(rows, False)
+
     @contextlib.contextmanager
     def watch(self, model: Any) -> Iterator[None]:
         """Count the forward passes of ``model`` while the block runs (nothing when the bar is

@@ -57,6 +57,17 @@ def test_greedy_outputs_token_identical_to_hflm(hf_and_ponder):
     assert all(isinstance(text, GenerationText) for text in got)
 
 
+def test_static_decode_step_gives_hflms_tokens(hf_and_ponder, tiny_model_dir):
+    hf, _ = hf_and_ponder
+    static = PonderLM(pretrained=str(tiny_model_dir), batch_size=3, device="cpu",
+                      dtype="float32", decode_step="static", max_rows=2)
+    kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
+    assert static.generate_until(requests(kwargs)) == hf.generate_until(requests(kwargs))
+    assert static.get_model_info()["ponder_batching"]["decode_step"] == "static"
+    with pytest.raises(PonderError, match="decode_step must be one of"):
+        PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="graph")
+
+
 def test_model_info_carries_the_fingerprint(hf_and_ponder):
     """lm-eval writes get_model_info into the results JSON: the report's run identity."""
     _, ponder = hf_and_ponder

@@ -1,0 +1,136 @@
+"""The fixed-shape decode step (``evaluation.static_decode``) against the dynamic loop on a tiny
+random Llama in float32: the same greedy tokens with rows joining, slots reused, the cache
+shifted right (a wider group joins) and left (the cache is full); the calls that stay dynamic;
+the shapes graph modes round to; bad settings."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import build_tiny_llama, build_tiny_tokenizer
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.evaluation.generation import generate_rows
+from lm_eval_ponder.evaluation.sampling import SamplingConfig
+from lm_eval_ponder.evaluation.static_decode import (
+    ROWS_ROUND,
+    WIDTH_ROUND,
+    StaticSlots,
+    check_decode_step,
+    slot_shape,
+)
+
+PAD, EOS = 3, 2
+PROMPTS = ["Hello there", "a", "What is 2+2? ", "xyzzy plugh", "The quick brown fox jumps",
+           "Q!", "a much longer prompt than the others, so that a group joins wider", "b",
+           "cc", "ddd"] * 2
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple:
+    """The tiny tokenizer (left padding, as HFLM pads) and a random Llama of its vocabulary."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.padding_side = "left"
+    return tokenizer, build_tiny_llama(len(tokenizer), seed=0)
+
+
+@pytest.fixture
+def tok(tiny):
+    return tiny[0]
+
+
+@pytest.fixture
+def llama(tiny):
+    return tiny[1]
+
+
+def run(model, tok, mode, **kwargs):
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs.setdefault("eos_token_ids", {EOS, 5})
+    return generate_rows(model, enc.input_ids, enc.attention_mask, pad_token_id=PAD,
+                         decode_step=mode, **kwargs)
+
+
+@pytest.mark.parametrize("max_rows,max_new", [(None, 9), (3, 5), (4, 17)])
+def test_static_slots_decode_the_dynamic_loops_tokens(llama, tok, max_rows, max_new):
+    dynamic = run(llama, tok, "dynamic", max_rows=max_rows, max_new_tokens=max_new)
+    static = run(llama, tok, "static", max_rows=max_rows, max_new_tokens=max_new)
+    assert static.sequences.tolist() == dynamic.sequences.tolist()
+    assert static.gen_tokens == dynamic.gen_tokens
+    assert static.finish_reason == dynamic.finish_reason
+    assert 0 < sum(static.gen_tokens) < len(PROMPTS) * max_new  # some rows end early
+    if max_rows is not None:  # slots were reused, and a full cache shifted left
+        assert static.joins > 1 and static.compactions > 0
+    # every decode step ran every slot: finished rows' slots are counted as dead slots
+    assert static.decode_row_slots == dynamic.decode_row_slots
+
+
+def test_wider_joins_shift_live_rows_right_and_a_full_cache_left(llama, tok, monkeypatch):
+    """Short prompts first, then wider ones joining one at a time while the others decode:
+    the cache shifts right under live rows, and later left."""
+    shifts = []
+    original = StaticSlots.shift
+    monkeypatch.setattr(StaticSlots, "shift",
+                        lambda self, by: (shifts.append(by), original(self, by))[1])
+    prompts = ["ab", "c", "de", "f"] + [f"{'xy' * (6 + 4 * i)}?" for i in range(6)] + ["g"] * 4
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    kwargs = dict(max_new_tokens=24, eos_token_ids={EOS, 5}, pad_token_id=PAD, max_rows=4,
+                  admit_fraction=0.25)
+    dynamic = generate_rows(llama, enc.input_ids, enc.attention_mask, **kwargs)
+    static = generate_rows(llama, enc.input_ids, enc.attention_mask, decode_step="static",
+                           **kwargs)
+    assert static.sequences.tolist() == dynamic.sequences.tolist()
+    assert any(by > 0 for by in shifts[1:]) and any(by < 0 for by in shifts)
+
+
+def test_static_slots_stop_strings_and_lengths(llama, tok):
+    stops = {"until": ["e", "zz"]}
+    decode = tok.decode
+    dynamic = run(llama, tok, "dynamic", max_rows=4, max_new_tokens=12, stop=stops["until"],
+                  decode=decode, eos_token_ids={EOS})
+    static = run(llama, tok, "static", max_rows=4, max_new_tokens=12, stop=stops["until"],
+                 decode=decode, eos_token_ids={EOS})
+    assert static.sequences.tolist() == dynamic.sequences.tolist()
+    assert static.finish_reason == dynamic.finish_reason
+
+
+def test_calls_a_graph_cannot_replay_stay_dynamic(llama, tok):
+    class Observer:
+        def __init__(self):
+            self.rows = []
+
+        def begin_forward(self, rows, prefill):
+            self.rows.append(rows.tolist())
+
+    observer = Observer()
+    steered = run(llama, tok, "static", max_rows=4, max_new_tokens=6, steering=observer)
+    # the dynamic loop hands the observer only rows in flight: never a static slot's dummy
+    assert all(r < len(PROMPTS) for rows in observer.rows for r in rows)
+    assert steered.compactions > 0  # dropped rows: the dynamic loop ran
+    penalised = run(llama, tok, "static", max_rows=4, max_new_tokens=6,
+                    sampling=SamplingConfig.from_kwargs(None, repetition_penalty=1.3))
+    plain = run(llama, tok, "dynamic", max_rows=4, max_new_tokens=6,
+                sampling=SamplingConfig.from_kwargs(None, repetition_penalty=1.3))
+    assert penalised.sequences.tolist() == plain.sequences.tolist()
+    # a cache budget below slots x width keeps the dynamic loop too
+    budgeted = run(llama, tok, "static", max_rows=4, max_new_tokens=6, max_cache_tokens=40)
+    assert budgeted.compactions > 0
+
+
+def test_graph_modes_round_their_shapes():
+    assert slot_shape("static", 37, 100, 50) == (37, 151)
+    slots, width = slot_shape("cudagraphs", 37, 100, 50)
+    assert slots % ROWS_ROUND == 0 and width % WIDTH_ROUND == 0
+    assert slots >= 37 and width >= 151 and slots < 37 + ROWS_ROUND
+
+
+@pytest.mark.parametrize("value,mode", [(None, "dynamic"), ("auto", "dynamic"),
+                                        ("Static", "static"), ("inductor", "inductor")])
+def test_check_decode_step(value, mode):
+    assert check_decode_step(value) == mode
+
+
+def test_an_unknown_decode_step_is_one_line():
+    with pytest.raises(PonderError, match="decode_step must be one of"):
+        check_decode_step("graphs")
+    with pytest.raises(PonderError):
+        run(build_tiny_llama(300), build_tiny_tokenizer(), "graphs", max_new_tokens=2)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, needs_embedded
 
 from lm_eval_ponder.pondering.dynamics import halting_depth
 from lm_eval_ponder.training.grpo import sample_depths
@@ -408,7 +408,7 @@ def test_a_packed_sweep_reads_bit_for_bit_as_its_runs_files(tmp_path):
 BENCHMARKS = REPO / "benchmarks"
 # the scripts that take shared code from ``lib``: each must still run as ``python benchmarks/X.py``
 LIB_USERS = ("headroom", "adaptation", "testset", "step_cost", "profile_step", "generation_loop",
-             "sampling_draw", "compile_step")
+             "sampling_draw", "compile_step", "static_step")
 
 
 def script_imports(directory: Path) -> list[str]:
@@ -499,3 +499,17 @@ def test_compile_step_times_both_steps(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == f"compiled_over_eager {ratio:.3f}"
     assert "100.0% of greedy tokens" in out[1]
+
+
+@needs_embedded
+def test_static_step_times_a_static_mode_against_the_dynamic_loop(capsys):
+    """``benchmarks/static_step.py`` runs end to end small and ends with its ratio line; in
+    float32 the static slots decode the dynamic loop's tokens (100% in its table)."""
+    import static_step
+
+    ratio = static_step.main(["--prompts", "6", "--max-rows", "3", "--max-new-tokens", "6",
+                              "--pairs", "1", "--dtype", "float32", "--threads", "1"])
+    assert ratio > 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == f"static_over_dynamic {ratio:.3f}"
+    assert out[-2].split()[0] == "static" and "100.0%" in out[-2]

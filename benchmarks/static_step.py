@@ -1,0 +1,108 @@
+"""The fixed-shape decode step end to end: ``generate_rows`` with ``decode_step=dynamic``
+against a static mode, on the same prompts, in one process (issue 36).
+
+``gpu_check.py`` times whole lm-eval runs, so a graph mode's capture or compile and its tail
+(static slots decode every slot until the last long answer ends) hide in one wall time. Here a
+warm-up call of the same shape pays the capture/compile first (reported), then interleaved
+pairs time the decode alone: wall, useful tokens/s, decode forwards and the tokens that match
+the dynamic loop's. Prompts are arith questions in the embedded tokenizer's chat template, more
+than ``--max-rows`` so that rows join as others finish.
+
+    python benchmarks/static_step.py --pairs 3 --threads 1          # this CPU: static, eager
+    python benchmarks/static_step.py --device cuda --modes cudagraphs inductor --prompts 512 \\
+        --max-rows 256 --max-new-tokens 500
+
+Last line: ``static_over_dynamic <wall ratio of the first mode, median of pairs>`` (below 1:
+the static mode is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from lib.decoding import ONE_AND_TWO_DIGITS, arith_chat_prompts
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", nargs="+", default=["static"],
+                        choices=["static", "cudagraphs", "inductor"])
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=96)
+    parser.add_argument("--max-rows", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="default: the device's native dtype")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation.generation import generate_rows
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype or bb.native_dtype(args.device))
+    path = bb.resolve_backbone(None).path
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
+    enc = tok(arith_chat_prompts(tok, args.prompts, bounds=ONE_AND_TWO_DIGITS),
+              return_tensors="pt", padding=True).to(args.device)
+    stop = [tok.decode([tok.eos_token_id])]
+
+    def run(mode: str) -> tuple[float, list[list[int]], int, int]:
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        res = generate_rows(model, enc.input_ids, enc.attention_mask,
+                            max_new_tokens=args.max_new_tokens,
+                            eos_token_ids={tok.eos_token_id}, pad_token_id=tok.pad_token_id,
+                            stop=stop, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                            max_rows=args.max_rows, decode_step=mode)
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        width = enc.input_ids.shape[1]
+        rows = [row[width:width + n] for row, n in zip(res.sequences.tolist(), res.gen_tokens)]
+        return wall, rows, sum(res.gen_tokens), res.decode_forwards
+
+    print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
+          f"{args.prompts} prompts, {args.max_rows} rows in flight, {args.max_new_tokens} new "
+          f"tokens, medians of {args.pairs} interleaved pairs")
+    warm = {}
+    for mode in ("dynamic", *args.modes):  # warm-up: kernels, and a graph mode's capture
+        warm[mode] = run(mode)[0]
+    print("warm-up s: " + ", ".join(f"{m} {s:.1f}" for m, s in warm.items()))
+    print("mode        wall_s  dynamic_s  ratio  useful_tok/s  forwards  same_tokens")
+    first = float("nan")
+    for mode in args.modes:
+        ratios, walls, dyn_walls = [], [], []
+        for pair in range(args.pairs):
+            order = ("dynamic", mode) if pair % 2 == 0 else (mode, "dynamic")
+            got = {m: run(m) for m in order}
+            ratios.append(got[mode][0] / got["dynamic"][0])
+            walls.append(got[mode][0])
+            dyn_walls.append(got["dynamic"][0])
+        d_rows, s_rows = got["dynamic"][1], got[mode][1]
+        same = sum(a == b for a, b in zip(d_rows, s_rows)) / len(d_rows)
+        ratio = statistics.median(ratios)
+        first = ratio if first != first else first
+        print(f"{mode:10s}  {statistics.median(walls):6.2f}  {statistics.median(dyn_walls):9.2f}"
+              f"  {ratio:5.2f}  {got[mode][2] / statistics.median(walls):12.1f}  "
+              f"{got[mode][3]:8d}  {same:11.1%}  (dynamic: {got['dynamic'][3]} forwards, "
+              f"{got['dynamic'][2] / statistics.median(dyn_walls):.1f} tok/s)", flush=True)
+    print(f"static_over_dynamic {first:.3f}")
+    return first
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from lib.decoding import tiny_model
+from lib.decoding import add_device_args, tiny_model, torch_setup
 
 PROMPT = 16  # prefill tokens per row before the timed decode steps
 
@@ -121,9 +121,7 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--cache-len", type=int, default=512)
     parser.add_argument("--check-steps", type=int, default=24)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="default: the device's native dtype")
-    parser.add_argument("--threads", type=int, default=None)
+    add_device_args(parser)
     args = parser.parse_args(argv)
 
     import torch
@@ -132,12 +130,10 @@ def main(argv: list[str] | None = None) -> float:
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.evaluation.rowbatch import cache_keyword
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.steps < 1 or args.pairs < 1 or args.cache_len < PROMPT + args.steps:
         sys.exit(f"compile_step: need --steps >= 1, --pairs >= 1 and --cache-len >= "
                  f"{PROMPT} + --steps")
-    dtype = getattr(torch, args.dtype or bb.native_dtype(args.device))
+    dtype = torch_setup(args)
     if args.model == "tiny":
         model = tiny_model(49152, args.device, dtype)
     else:

@@ -23,7 +23,13 @@ import statistics
 import sys
 import time
 
-from lib.decoding import ONE_AND_TWO_DIGITS, arith_chat_prompts
+from lib.decoding import (
+    ONE_AND_TWO_DIGITS,
+    add_device_args,
+    arith_chat_prompts,
+    embedded_tokenizer,
+    torch_setup,
+)
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -34,26 +40,19 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--prompts", type=int, default=96)
     parser.add_argument("--max-rows", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="default: the device's native dtype")
-    parser.add_argument("--threads", type=int, default=None)
+    add_device_args(parser)
     args = parser.parse_args(argv)
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.evaluation.generation import generate_rows
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype or bb.native_dtype(args.device))
-    path = bb.resolve_backbone(None).path
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
+    dtype = torch_setup(args)
+    tok = embedded_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(bb.resolve_backbone(None).path,
+                                                 dtype=dtype).to(args.device).eval()
     enc = tok(arith_chat_prompts(tok, args.prompts, bounds=ONE_AND_TWO_DIGITS),
               return_tensors="pt", padding=True).to(args.device)
     stop = [tok.decode([tok.eos_token_id])]

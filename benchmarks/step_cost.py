@@ -28,7 +28,15 @@ import argparse
 import statistics
 import sys
 
-from lib.decoding import arith_chat_prompts, run_hf, run_loop, tiny_model
+from lib.decoding import (
+    add_device_args,
+    arith_chat_prompts,
+    embedded_tokenizer,
+    run_hf,
+    run_loop,
+    tiny_model,
+    torch_setup,
+)
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -38,27 +46,20 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--models", nargs="+", default=["tiny", "embedded"],
                         choices=["tiny", "embedded"])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default=None, help="default: the device's native dtype")
-    parser.add_argument("--threads", type=int, default=None)
+    add_device_args(parser)
     parser.add_argument("--join-rows", type=int, default=0,
                         help="also run this many prompts with a quarter of them in flight, and "
                              "print the cost of a join and of a compaction")
     args = parser.parse_args(argv)
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from lm_eval_ponder import backbone as bb
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype or bb.native_dtype(args.device))
+    dtype = torch_setup(args)
     path = bb.resolve_backbone(None).path
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    if tok.pad_token is None:  # as HFLM does
-        tok.pad_token = tok.eos_token
+    tok = embedded_tokenizer()
     stop = [tok.decode([tok.eos_token_id])]  # lm-eval's until: the EOS text
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
           f"{args.max_new_tokens} new tokens, until {stop}, medians of {args.pairs} pairs")

@@ -19,6 +19,38 @@ import time
 ONE_AND_TWO_DIGITS = (10, 100)
 
 
+def add_device_args(parser) -> None:
+    """``--device``, ``--dtype`` and ``--threads``, as every decode-timing script takes them."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default=None, help="default: the device's native dtype")
+    parser.add_argument("--threads", type=int, default=None)
+
+
+def torch_setup(args):
+    """Apply ``--threads`` and return the torch dtype ``--dtype`` names (default: the device's
+    native one)."""
+    import torch
+
+    from lm_eval_ponder import backbone as bb
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return getattr(torch, args.dtype or bb.native_dtype(args.device))
+
+
+def embedded_tokenizer():
+    """The embedded backbone's tokenizer, left-padded with a pad token as HFLM sets it."""
+    from transformers import AutoTokenizer
+
+    from lm_eval_ponder import backbone as bb
+
+    tok = AutoTokenizer.from_pretrained(bb.resolve_backbone(None).path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:  # as HFLM does
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def tiny_model(vocab: int, device: str, dtype):
     """A 2-layer random Llama (seed 0) with ``vocab`` tokens: its forward is cheap, as a small
     model's is on a GPU, so that the host's share of a step shows."""

@@ -86,6 +86,11 @@ def decode_forward(model, mode: str) -> Callable[..., Any]:
     return kept["forward", mode]
 
 
+def kept_caches(model) -> list[tuple]:
+    """(mode, slots, width) of the static caches kept for ``model``."""
+    return [k[1:] for k in _KEPT.get(model, {}) if k[0] == "cache"]
+
+
 class StaticSlots:
     """The static cache of a call and the column its next decode step writes (see the module
     docstring). Host state (``col``) mirrors the cache layers' ``cumulative_length``, which
@@ -97,6 +102,10 @@ class StaticSlots:
         key = ("cache", mode, slots, width)
         kept = _KEPT.setdefault(model, {}) if mode in GRAPH_MODES else {}
         if key not in kept:  # a graph holds its cache's addresses: reuse the cache with it
+            # one cache per mode: a call of another shape frees the last one's (GiBs on a GPU;
+            # a later call of that shape allocates and records again)
+            for old in [k for k in kept if k[:2] == ("cache", mode)]:
+                del kept[old]
             kept[key] = StaticCache(config=text_config, max_cache_len=width)
         self.cache = kept[key]
         self.forward = decode_forward(model, mode)

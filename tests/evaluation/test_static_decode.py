@@ -134,3 +134,16 @@ def test_an_unknown_decode_step_is_one_line():
         check_decode_step("graphs")
     with pytest.raises(PonderError):
         run(build_tiny_llama(300), build_tiny_tokenizer(), "graphs", max_new_tokens=2)
+
+
+def test_a_graph_mode_keeps_one_cache_per_model(llama):
+    """Graph modes reuse a call's static cache for the next call of the same shape (a graph
+    holds its addresses) and free it for a call of another shape. Nothing is compiled here:
+    ``torch.compile`` waits for the first forward."""
+    from lm_eval_ponder.evaluation.static_decode import kept_caches
+
+    a = StaticSlots(llama, "cudagraphs", 8, 64, llama.config)
+    assert StaticSlots(llama, "cudagraphs", 8, 64, llama.config).cache is a.cache
+    b = StaticSlots(llama, "cudagraphs", 8, 128, llama.config)
+    assert b.cache is not a.cache and kept_caches(llama) == [("cudagraphs", 8, 128)]
+    assert StaticSlots(llama, "static", 8, 64, llama.config).cache is not a.cache

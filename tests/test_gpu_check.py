@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO, needs_embedded
@@ -53,3 +54,20 @@ def test_a_failing_step_fails_the_check(tmp_path):
         "gpu_check FAILED: steering hook, no host sync (prompt)"
     steps = json.loads((tmp_path / "gpu_check.json").read_text())["steps"]
     assert [s["ok"] for s in steps] == [False, True]  # sync-prompt failed, sync-token ran
+
+
+@needs_embedded
+def test_the_gpu_session_script_runs_its_parts_small(tmp_path):
+    """``benchmarks/gpu_session.sh`` in its small CPU form (the acceptance check itself is
+    tested above): each part reports its exit status and leaves its log in $OUT."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OUT": str(tmp_path), "DEVICE": "cpu",
+           "SMALL": "1", "PARTS": "static_step step_cost",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh")], env=env,
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("== ")]
+    assert [line.split(":")[0] for line in lines] == ["== static_step", "== step_cost"]
+    assert all(": rc 0 at" in line for line in lines)
+    assert "static_over_dynamic" in (tmp_path / "static_step.log").read_text()
+    assert not (tmp_path / "gpu_check.log").exists()

@@ -238,6 +238,9 @@ class PonderLM(HFLM):
             raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
         self.max_cache_gib = parse_cache_gib(max_cache_gib, device)
         self.decode_step = check_decode_step(decode_step)
+        if self.decode_step != "dynamic" and self.generation != "loop":
+            raise PonderError(f"decode_step={self.decode_step} is a mode of the generation loop; "
+                              f"it does not apply to generation={self.generation}")
         try:
             super().__init__(pretrained=source, **kwargs)
         except OSError as error:
@@ -263,6 +266,11 @@ class PonderLM(HFLM):
         self.call_pondering: Pondering | None = self.ponder
         if self.early_exit is not None:  # refuses a layer range or a model it cannot read
             ExitHook(self.model, self.early_exit)
+        if self.decode_step != "dynamic" and (self.ponder is not None
+                                              or self.early_exit is not None):
+            LOGGER.warning("decode_step=%s applies to unsteered calls; this model %s, so its "
+                           "calls decode with the dynamic cache", self.decode_step,
+                           "ponders" if self.ponder is not None else "exits early")
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
         self._keeper: SampledAnswers | None = None  # while generate_until keeps sampled answers

@@ -66,6 +66,17 @@ def test_static_decode_step_gives_hflms_tokens(hf_and_ponder, tiny_model_dir):
     assert static.get_model_info()["ponder_batching"]["decode_step"] == "static"
     with pytest.raises(PonderError, match="decode_step must be one of"):
         PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="graph")
+    with pytest.raises(PonderError, match="does not apply to generation=hf"):
+        PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="static",
+                 generation="hf")
+
+
+def test_a_static_decode_step_on_an_early_exit_model_says_it_stays_dynamic(tiny_model_dir,
+                                                                          caplog):
+    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.lm"):
+        PonderLM(pretrained=str(tiny_model_dir), device="cpu", controller="none",
+                 early_exit=0.9, decode_step="static")
+    assert "decode with the dynamic cache" in caplog.text and "exits early" in caplog.text
 
 
 def test_model_info_carries_the_fingerprint(hf_and_ponder):

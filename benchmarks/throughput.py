@@ -28,6 +28,8 @@ import math
 import statistics
 import time
 
+from lib.decoding import padding_bound
+
 
 def matmul_rate(dtype, n: int = 2048, reps: int = 4) -> float:
     """GFLOP/s of an n x n matmul in ``dtype`` on this machine (median of ``reps``)."""
@@ -104,8 +106,11 @@ def main() -> None:
             tokens = [count_text_tokens(tokenizer, r, args.max_gen_toks) for r in responses]
         acc = [float(s["exact_match"]) for s in samples]
         flops = [s.get("flops") for s in samples]
+        contexts = [s["arguments"][0][0] if isinstance(s["arguments"], (list, tuple))
+                    else s["arguments"]["gen_args_0"]["arg_0"] for s in samples]
         return {"wall": wall, "tokens": sum(tokens), "acc": sum(acc) / len(acc), "n": len(acc),
-                "k": sum(acc), "responses": responses,
+                "k": sum(acc), "responses": responses, "token_list": tokens,
+                "prompt_lengths": [len(tokenizer(c).input_ids) for c in contexts],
                 "flops": sum(flops) if all(isinstance(f, float) and not math.isnan(f)
                                            for f in flops) else None}
 
@@ -142,6 +147,9 @@ def main() -> None:
         print(f"(d) loop speedup at equal dtype and rows: x{statistics.median(ratios):.2f} "
               f"(pairs {', '.join(f'{r:.2f}' for r in ratios)}); identical responses "
               f"{statistics.median(same):.0%}")
+        hf = results["d-hf"][0]
+        print(f"(d) ceiling from padding alone (generate's row-steps / useful row-steps at batch "
+              f"{args.rows}): x{padding_bound(hf['prompt_lengths'], hf['token_list'], args.rows):.2f}")
     if "b" in med and results["b"][0]["flops"]:
         dtype = models["b"].model.dtype
         rate = matmul_rate(dtype)

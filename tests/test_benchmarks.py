@@ -513,3 +513,26 @@ def test_static_step_times_a_static_mode_against_the_dynamic_loop(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == f"static_over_dynamic {ratio:.3f}"
     assert out[-2].split()[0] == "static" and "100.0%" in out[-2]
+
+
+def test_padding_bound_counts_each_fixed_batch_to_its_longest_answer():
+    from lib.decoding import padding_bound
+
+    # prompts sorted longest first: batches {0, 3} (lengths 9, 8) and {1, 2}
+    lengths, tokens = [9, 2, 5, 8], [10, 30, 4, 2]
+    assert padding_bound(lengths, tokens, 2) == pytest.approx((2 * 10 + 2 * 30) / 46)
+    assert padding_bound(lengths, tokens, 4) == pytest.approx(4 * 30 / 46)
+    assert padding_bound(lengths, tokens, 1) == 1.0
+    with pytest.raises(ValueError):
+        padding_bound(lengths, tokens[:3], 2)
+
+
+@needs_embedded
+def test_loop_tail_counts_the_loops_forwards(capsys):
+    import loop_tail
+
+    forwards = loop_tail.main(["--limit", "3", "--max-new-tokens", "3", "--rows", "2",
+                               "--threads", "1", "--hf"])
+    out = capsys.readouterr().out
+    assert forwards >= 2  # the longest answer's decode steps, at least
+    assert "padding bound at batch 2" in out and "generate, batch 2" in out

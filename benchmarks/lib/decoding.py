@@ -199,3 +199,26 @@ def run_hf(model, tok, enc, max_new: int, stop: list[str], device: str) -> dict:
                        "choose+rest": (decode_wall - decode_forward - spent["stop"]) / steps * 1e3},
             "host_ms": (decode_wall - decode_forward) / steps * 1e3,
             "step_ms": decode_wall / steps * 1e3}
+
+
+def padding_bound(prompt_lengths: list[int], tokens: list[int], batch: int) -> float:
+    """The most a loop that decodes only rows in flight can gain over ``generate`` in fixed
+    batches, if a decode step cost the same per row: ``generate``'s row-steps over the useful
+    ones. HFLM batches requests longest prompt first (its collator sorts by ``-len(tokens)``)
+    and each batch decodes until its longest answer ends, so a batch of ``n`` rows costs ``n``
+    times its longest answer; the loop costs each answer's own length.
+
+    A ceiling, not a forecast: a forward's cost per row falls with rows, so the loop's tail
+    (a few long answers decoding alone) costs more per row-step than ``generate``'s full
+    batches."""
+    if len(prompt_lengths) != len(tokens) or batch < 1:
+        raise ValueError("one prompt length per answer, and a batch of at least one row")
+    useful = sum(tokens)
+    if useful <= 0:
+        return float("nan")
+    order = sorted(range(len(tokens)), key=lambda i: -prompt_lengths[i])  # stable, as HFLM's
+    padded = 0
+    for start in range(0, len(order), batch):
+        group = order[start:start + batch]
+        padded += len(group) * max(tokens[i] for i in group)
+    return padded / useful

@@ -229,14 +229,15 @@ def first_max_index(logits: torch.Tensor) -> torch.Tensor:
     infinity = _HALF_INFINITY_BITS[logits.dtype]
     bits = logits.detach().view(torch.int16).numpy()
     index = np.argmax(bits, axis=-1)
-    top = np.take_along_axis(bits, index[:, None], axis=-1)[:, 0]
+    top = bits[np.arange(len(index)), index]  # (take_along_axis costs 20x more here)
     # a negative NaN has the largest unsigned bits of all (above -inf's); a positive one, the
     # largest signed bits (above +inf's)
-    negative_nan = bits.view(np.uint16).max(axis=-1) > (infinity | 0x8000)
-    odd = torch.from_numpy((top <= 0) | (top > infinity) | negative_nan)
+    odd = (top <= 0) | (top > infinity)
+    odd |= bits.view(np.uint16).max(axis=-1) > (infinity | 0x8000)
     result = torch.from_numpy(index)
-    if bool(odd.any()):
-        result[odd] = logits[odd].max(dim=-1).indices
+    if odd.any():  # numpy's test: no torch dispatch on the common path
+        picked = torch.from_numpy(odd)
+        result[picked] = logits[picked].max(dim=-1).indices
     return result
 
 

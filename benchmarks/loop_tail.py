@@ -1,0 +1,131 @@
+"""Where throughput.py's (d) ratio goes: the loop's decode forwards by rows in flight, against
+``model.generate`` in HFLM's fixed batches, on the same prompts (issue 36).
+
+Not a test: a timing run. The prompts are the first ``--limit`` arith documents as the suite's
+greedy Direct run sent them (chat template; read from its committed samples log), ordered as
+HFLM orders them (longest first). Hooks on the model time every forward and record its rows, so
+the output splits each path's wall time into prefill, decode forwards by rows in flight, and
+host time, and gives the loop's forward count. ``--admit-fractions`` runs the loop once per
+value, in the order given (repeat values to interleave pairs), ``--hf`` adds ``generate``.
+
+    python benchmarks/loop_tail.py --threads 1 --admit-fractions 0.5 0.125 0.125 0.5
+    python benchmarks/loop_tail.py --threads 1 --hf --admit-fractions 0.5
+
+Last line: ``loop_forwards <forwards of the last loop run>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import lzma
+import statistics
+import time
+from pathlib import Path
+
+from lib.decoding import embedded_tokenizer, padding_bound
+
+SAMPLES = next(iter(sorted((Path(__file__).resolve().parents[1] / "results/suite/greedy/Direct/arith")
+                           .glob("*/samples_*.compact.jsonl.xz"))), None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--admit-fractions", type=float, nargs="*", default=[0.5])
+    p.add_argument("--hf", action="store_true", help="also run model.generate in batches of --rows")
+    p.add_argument("--dtype", default="float32", help="throughput.py's (d) runs float32")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--samples", type=Path, default=SAMPLES,
+                   help="a samples log whose prompts to use (default: the suite's arith Direct)")
+    args = p.parse_args(argv)
+    if args.samples is None or not args.samples.exists():
+        raise SystemExit(f"no samples log at {args.samples}: pass --samples")
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation import generation
+    from lm_eval_ponder.evaluation.sampling import SamplingConfig
+
+    torch.set_num_threads(args.threads)
+    tok = embedded_tokenizer()
+    tok.padding_side = "left"
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(bb.resolve_backbone(None).path,
+                                                 dtype=dtype).eval()
+    with lzma.open(args.samples, "rt") as f:
+        docs = sorted((json.loads(line) for line in f), key=lambda r: r["doc_id"])[:args.limit]
+    prompts = [d["arguments"]["gen_args_0"]["arg_0"] for d in docs]
+    prompts.sort(key=lambda s: -len(tok(s).input_ids))  # HFLM's order: longest first
+    print(f"# {bb.device_description('cpu')}, {dtype}, threads {args.threads}, {len(prompts)} "
+          f"prompts, {args.max_new_tokens} new tokens, {args.rows} rows")
+
+    calls: list[list] = []  # [rows, new positions, seconds]
+
+    def before(module, a, kw):
+        calls.append([kw["input_ids"].shape[0], kw["input_ids"].shape[1], time.perf_counter()])
+
+    def after(module, a, kw, out):
+        calls[-1][2] = time.perf_counter() - calls[-1][2]
+
+    hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
+             model.register_forward_hook(after, with_kwargs=True)]
+
+    def summarise(name: str, wall: float, tokens: int) -> int:
+        prefill = [c for c in calls if c[1] > 1]
+        decode = [c for c in calls if c[1] == 1]
+        forward = sum(c[2] for c in calls)
+        print(f"{name}: wall {wall:.1f} s, {tokens} tokens; prefill {sum(c[2] for c in prefill):.1f} "
+              f"s in {len(prefill)} calls; decode forwards {sum(c[2] for c in decode):.1f} s in "
+              f"{len(decode)} calls, {sum(c[0] for c in decode)} row-steps; host "
+              f"{wall - forward:.1f} s", flush=True)
+        buckets: dict[int, list[float]] = collections.defaultdict(list)
+        for rows, _, seconds in decode:
+            buckets[1 << (rows - 1).bit_length()].append(seconds)
+        for b in sorted(buckets):
+            print(f"    rows <= {b:4d}: {len(buckets[b]):4d} forwards, "
+                  f"{statistics.median(buckets[b]) * 1e3:7.1f} ms median, {sum(buckets[b]):6.1f} s")
+        return len(decode)
+
+    forwards = 0
+    try:
+        runs = [("loop", a) for a in args.admit_fractions] + ([("hf", None)] if args.hf else [])
+        for kind, admit in runs:
+            calls.clear()
+            start = time.perf_counter()
+            if kind == "loop":
+                enc = tok(prompts, return_tensors="pt", padding=True)
+                res = generation.generate_rows(
+                    model, enc.input_ids, enc.attention_mask,
+                    max_new_tokens=args.max_new_tokens, eos_token_ids={tok.eos_token_id},
+                    pad_token_id=tok.pad_token_id, stop=[tok.decode([tok.eos_token_id])],
+                    decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                    sampling=SamplingConfig(), max_rows=args.rows, admit_fraction=admit)
+                forwards = summarise(f"loop, admit_fraction {admit} ({res.joins} joins)",
+                                     time.perf_counter() - start, sum(res.gen_tokens))
+                lengths = [len(tok(s).input_ids) for s in prompts]
+                print(f"    padding bound at batch {args.rows}: "
+                      f"x{padding_bound(lengths, list(res.gen_tokens), args.rows):.2f}")
+            else:
+                tokens = 0
+                for i in range(0, len(prompts), args.rows):
+                    enc = tok(prompts[i:i + args.rows], return_tensors="pt", padding=True)
+                    with torch.no_grad():
+                        out = model.generate(**enc, max_new_tokens=args.max_new_tokens,
+                                             do_sample=False, pad_token_id=tok.pad_token_id)
+                    tokens += int((out[:, enc.input_ids.shape[1]:] != tok.pad_token_id).sum())
+                summarise(f"generate, batch {args.rows}", time.perf_counter() - start, tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    print(f"loop_forwards {forwards}")
+    return forwards
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 
+from lm_eval_ponder.reporting.seeds import bootstrap_interval
+
 
 def wilson(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval of a proportion k/n (scipy's ``BinomTestResult``)."""
@@ -89,3 +91,25 @@ def strong_win_rate(fp: list[dict], base: list[dict]) -> dict[int, float]:
         if n:
             out[level] = wins / n
     return out
+
+
+def paired_difference(samples: list[dict], base: list[dict]) -> dict[str, float] | None:
+    """``samples`` against ``base`` on the questions both answered: the accuracy difference
+    with a bootstrap 95% interval over questions (paired: each question's difference, so the
+    interval is the comparison's, not two runs' side by side, and a seed-averaged run's
+    per-question means pair as they are), and the FLOPs and tokens saved (1 - mean of
+    ``samples`` / mean of ``base``). None when no question is shared."""
+    other = {s["doc_id"]: s for s in base}
+    pairs = [(s, other[s["doc_id"]]) for s in samples if s["doc_id"] in other]
+    if not pairs:
+        return None
+    diffs = [float(a["exact_match"]) - float(b["exact_match"]) for a, b in pairs]
+    lo, hi = bootstrap_interval(diffs)
+
+    def saved(key: str) -> float:
+        mine = sum(float(a.get(key, math.nan)) for a, _ in pairs)
+        theirs = sum(float(b.get(key, math.nan)) for _, b in pairs)
+        return 1 - mine / theirs if theirs > 0 else math.nan
+
+    return {"gain": sum(diffs) / len(diffs), "lo": lo, "hi": hi, "n": len(pairs),
+            "saved": saved("flops"), "tokens_saved": saved("gen_tokens")}

@@ -29,6 +29,7 @@ from lm_eval_ponder.reporting.images import save_figure
 from lm_eval_ponder.reporting.measures import (
     by_level,
     metrics,
+    paired_difference,
     pareto_front,
     strong_win_rate,
     strong_wins,
@@ -343,24 +344,13 @@ BASE_OF = {m.label: registry.base_of(m.label) for m in registry.METHODS if m.ste
 
 
 def paired_levels(run: LabelledRun, base: LabelledRun) -> dict[int, dict[str, float]]:
-    """Per level, ``run`` against ``base`` on the questions both answered: the accuracy
-    difference with a bootstrap 95% interval over questions (paired: each question's
-    difference, so the interval is the comparison's, not two runs' side by side), and the
-    FLOPs saved (1 - mean FLOPs of ``run`` / mean FLOPs of ``base``)."""
-    from lm_eval_ponder.reporting.seeds import bootstrap_interval
-
-    other = {s["doc_id"]: s for s in base.samples}
+    """Per level, ``run`` against ``base`` (``measures.paired_difference``)."""
+    other = by_level(base.samples)
     out = {}
     for level, samples in by_level(run.samples).items():
-        pairs = [(s, other[s["doc_id"]]) for s in samples if s["doc_id"] in other]
-        if not pairs:
-            continue
-        diffs = [float(a["exact_match"]) - float(b["exact_match"]) for a, b in pairs]
-        lo, hi = bootstrap_interval(diffs)
-        flops_a = sum(float(a["flops"]) for a, _ in pairs)
-        flops_b = sum(float(b["flops"]) for _, b in pairs)
-        out[level] = {"gain": sum(diffs) / len(diffs), "lo": lo, "hi": hi, "n": len(pairs),
-                      "saved": 1 - flops_a / flops_b if flops_b > 0 else math.nan}
+        paired = paired_difference(samples, other.get(level, []))
+        if paired is not None:
+            out[level] = paired
     return out
 
 

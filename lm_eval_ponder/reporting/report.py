@@ -53,8 +53,8 @@ from lm_eval_ponder.registry import dataset_order
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import Identity, distinguish, flatten, parse_model_args, render
-from lm_eval_ponder.reporting.measures import by_level, metrics, spearman
-from lm_eval_ponder.reporting.plots import plots, table_rank
+from lm_eval_ponder.reporting.measures import by_level, metrics, paired_difference, spearman
+from lm_eval_ponder.reporting.plots import BASE_OF, family, plots, table_rank
 from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
 
 
@@ -206,7 +206,7 @@ def merge_seed_runs(runs: dict[tuple, Run]) -> dict[tuple, Run]:
     return out
 
 
-def _common(runs: list[Run]) -> dict[str, list[Run]]:
+def common_questions(runs: list[Run]) -> dict[str, list[Run]]:
     """Per dataset, restrict every run to the questions all of them answered (fair rows)."""
     by_dataset: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
@@ -227,7 +227,7 @@ ESTIMATED_NOTE = ("* estimated: the model kept no token accounting (--model hf, 
 def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     """Rows of Table 1 (one per backbone x method x configuration) and notes on ties and on
     estimated or missing accounting."""
-    common = _common(runs)
+    common = common_questions(runs)
     rows: dict[tuple[str, str], dict] = {}
     notes = []
     for dataset in dataset_order(common):
@@ -290,6 +290,35 @@ def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
             out.append(f"decoding {decoding}, {backbone}, {d}: {fm} {f['acc']:.3f} "
                        f"({f['tokens']:.0f} tokens) vs {bm} {b['acc']:.3f} "
                        f"({b['tokens']:.0f} tokens): {verdict}")
+    return out
+
+
+def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
+    """Per dataset, each steered run against its own base (FR and FP-Direct against Direct,
+    FP-CoT against CoT, FP-BoN against BoN) with the same variants (decoding, dtype, ...),
+    paired per question (``measures.paired_difference``): whether steering's token saving
+    costs accuracy is a paired question, which side-by-side intervals answer only
+    conservatively."""
+    out = []
+    for dataset in dataset_order(common):
+        group = [r for r in common[dataset] if r.samples]
+        for run in group:
+            base_family = BASE_OF.get(family(run.label))
+            variants = re.findall(r" \[([^\]]+)\]", run.label)
+            bases = [b for b in group if base_family is not None
+                     and family(b.label) == base_family
+                     and re.findall(r" \[([^\]]+)\]", b.label) == variants]
+            if len(bases) != 1:
+                continue
+            d = paired_difference(run.samples, bases[0].samples)
+            if d is None:
+                continue
+            verdict = ("gains beyond the interval" if d["lo"] > 0 else "loses beyond the interval"
+                       if d["hi"] < 0 else "no difference beyond the interval")
+            out.append(f"{dataset}: {run.label} against {bases[0].label}, paired on {d['n']} "
+                       f"questions: accuracy {d['gain']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
+                       f"({verdict}), {d['tokens_saved']:.0%} fewer tokens, {d['saved']:.0%} "
+                       f"fewer FLOPs")
     return out
 
 
@@ -463,8 +492,9 @@ def report(paths: list[str | Path], out: str | Path, link_figures: bool = False)
     rows, notes = leaderboard(runs)
     datasets = dataset_order(r.dataset for r in runs)
     notes += decoding_verdicts(rows, datasets)
+    common = common_questions(runs)
+    notes += steering_verdicts(common)
     md = write_tables(rows, datasets, notes, out)
-    common = _common(runs)
     images = plots(common, out)
     with open(out / "leaderboard.md", "a") as f:
         f.write("\nFigures (error bars: Wilson 95% intervals):\n" + "".join(

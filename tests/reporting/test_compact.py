@@ -181,7 +181,7 @@ def test_report_reads_a_compact_run_to_the_same_metrics(tmp_path, task):
     assert rp.depth_difficulty(a) == rp.depth_difficulty(b)
     full_cases, kept_cases = ([(c["question"], c["target"], [
         (name, s["filtered_resps"], s["exact_match"], s["gen_tokens"]) for name, s in c["answers"]])
-        for c in rp.case_studies(rp._common(x))] for x in (a, b))  # noqa: SLF001
+        for c in rp.case_studies(rp.common_questions(x))] for x in (a, b))
     # our data quotes its cases from the compact log and its answers; a benchmark none
     assert kept_cases == (full_cases if task.startswith("arith") else []) and full_cases
     rp.report([only], tmp_path / "out")  # the whole page

@@ -46,3 +46,24 @@ def test_metrics_mean_costs_and_interval():
     f = ms.metrics([sample(0, 1, True, 10), sample(1, 1, False, 30)])
     assert (f["n"], f["acc"], f["tokens"]) == (2, 0.5, 20.0)
     assert f["lo"] < 0.5 < f["hi"] and f["log10_flops"] == pytest.approx(math.log10(2e10))
+
+
+def test_paired_difference_pairs_questions_and_prices_the_saving():
+    from lm_eval_ponder.reporting.measures import paired_difference
+
+    def sample(i, right, tokens):
+        return {"doc_id": i, "exact_match": float(right), "gen_tokens": tokens,
+                "flops": 1e9 * tokens}
+
+    base = [sample(i, i % 2 == 0, 100) for i in range(200)]
+    # right where the base is right, and on no other question; a quarter fewer tokens
+    same = [sample(i, i % 2 == 0, 75) for i in range(200)]
+    d = paired_difference(same, base)
+    assert d["gain"] == 0 and d["lo"] == 0 == d["hi"]  # identical outcomes: no paired spread
+    assert d["n"] == 200 and d["tokens_saved"] == pytest.approx(0.25)
+    assert d["saved"] == pytest.approx(0.25)
+    worse = [sample(i, i % 4 == 0, 75) for i in range(200)]  # loses half the base's rights
+    d = paired_difference(worse, base)
+    assert d["gain"] == pytest.approx(-0.25) and d["hi"] < 0
+    assert paired_difference(worse[:10], base[100:]) is None  # no shared question
+    assert paired_difference(worse[:10], base)["n"] == 10

@@ -414,3 +414,24 @@ def test_old_random_folders_and_new_backbone_folders_read_alike(tmp_path):
     assert sorted(r.method for r in runs) == ["CoT", "Direct"]
     assert sorted(Path(r.source).parent.name for r in runs) == ["SmolLM2-135M-Instruct",
                                                                 "qdpv68r5"]
+
+
+def test_steered_runs_are_compared_with_their_own_base_paired(tmp_path):
+    """FP-CoT against CoT (not Direct), at the same decoding, per question."""
+    for name, method, rows in (
+            ("cot", "CoT [t0.7]", [(i % 2 == 0, 100, 0, 1) for i in range(80)]),
+            ("fpcot", "FP-CoT [t0.7]", [(i % 4 == 0, 70, 1, 1) for i in range(80)]),
+            ("direct", "Direct [t0.7]", [(i % 2 == 0, 100, 0, 1) for i in range(80)]),
+            ("fpd", "FP-Direct [t0.7]", [(i % 2 == 0, 60, 1, 1) for i in range(80)]),
+            ("fpg", "FP-Direct", [(True, 60, 1, 1) for i in range(80)])):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ponder_run.json").write_text(json.dumps({"method": method}))
+        write_run(tmp_path / name, "run", {"controller": "x"}, "arith_ponder", rows)
+    lines = rp.steering_verdicts(rp.common_questions(rp.load_runs([tmp_path])))
+    assert len(lines) == 2  # the greedy FP-Direct has no greedy Direct to pair with
+    cot = next(x for x in lines if x.startswith("arith: FP-CoT [t0.7] against CoT [t0.7]"))
+    assert "accuracy -0.250" in cot and "(loses beyond the interval)" in cot
+    assert "30% fewer tokens" in cot
+    direct = next(x for x in lines if "FP-Direct [t0.7] against Direct [t0.7]" in x)
+    assert "+0.000 [+0.000, +0.000] (no difference beyond the interval)" in direct
+    assert "40% fewer tokens" in direct

@@ -7,9 +7,13 @@ HFLM orders them (longest first). Hooks on the model time every forward and reco
 the output splits each path's wall time into prefill, decode forwards by rows in flight, and
 host time, and gives the loop's forward count. ``--admit-fractions`` runs the loop once per
 value, in the order given (repeat values to interleave pairs), ``--hf`` adds ``generate``.
+``--requests-per-call K`` hands the loop the prompts K at a time, as ``PonderLM`` hands HFLM's
+batches (``REQUESTS_PER_ROW x max_rows`` requests per call): each call ends in its own tail.
 
     python benchmarks/loop_tail.py --threads 1 --admit-fractions 0.5 0.125 0.125 0.5
     python benchmarks/loop_tail.py --threads 1 --hf --admit-fractions 0.5
+    python benchmarks/loop_tail.py --threads 1 --dtype bfloat16 --limit 256 --rows 16 \
+        --max-new-tokens 128 --requests-per-call 0 64 64 0    # 0: all in one call
 
 Last line: ``loop_forwards <forwards of the last loop run>``.
 """
@@ -36,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--rows", type=int, default=64)
     p.add_argument("--admit-fractions", type=float, nargs="*", default=[0.5])
+    p.add_argument("--requests-per-call", type=int, nargs="*", default=[0],
+                   help="loop runs hand it this many prompts per call (0: all); with several "
+                        "values, each admit fraction runs once per value")
     p.add_argument("--hf", action="store_true", help="also run model.generate in batches of --rows")
     p.add_argument("--dtype", default="float32", help="throughput.py's (d) runs float32")
     p.add_argument("--threads", type=int, default=2)
@@ -94,23 +101,32 @@ def main(argv: list[str] | None = None) -> int:
 
     forwards = 0
     try:
-        runs = [("loop", a) for a in args.admit_fractions] + ([("hf", None)] if args.hf else [])
+        runs = [("loop", (a, k)) for a in args.admit_fractions for k in args.requests_per_call]
+        runs += [("hf", None)] if args.hf else []
         for kind, admit in runs:
             calls.clear()
             start = time.perf_counter()
             if kind == "loop":
-                enc = tok(prompts, return_tensors="pt", padding=True)
-                res = generation.generate_rows(
-                    model, enc.input_ids, enc.attention_mask,
-                    max_new_tokens=args.max_new_tokens, eos_token_ids={tok.eos_token_id},
-                    pad_token_id=tok.pad_token_id, stop=[tok.decode([tok.eos_token_id])],
-                    decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                    sampling=SamplingConfig(), max_rows=args.rows, admit_fraction=admit)
-                forwards = summarise(f"loop, admit_fraction {admit} ({res.joins} joins)",
-                                     time.perf_counter() - start, sum(res.gen_tokens))
+                admit, per_call = admit
+                chunks = [prompts[i:i + (per_call or len(prompts))]
+                          for i in range(0, len(prompts), per_call or len(prompts))]
+                gen_tokens, joins = [], 0
+                for chunk in chunks:
+                    enc = tok(chunk, return_tensors="pt", padding=True)
+                    res = generation.generate_rows(
+                        model, enc.input_ids, enc.attention_mask,
+                        max_new_tokens=args.max_new_tokens, eos_token_ids={tok.eos_token_id},
+                        pad_token_id=tok.pad_token_id, stop=[tok.decode([tok.eos_token_id])],
+                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                        sampling=SamplingConfig(), max_rows=args.rows, admit_fraction=admit)
+                    gen_tokens += list(res.gen_tokens)
+                    joins += res.joins
+                forwards = summarise(f"loop, admit_fraction {admit}, {len(chunks)} call(s) "
+                                     f"({joins} joins)", time.perf_counter() - start,
+                                     sum(gen_tokens))
                 lengths = [len(tok(s).input_ids) for s in prompts]
                 print(f"    padding bound at batch {args.rows}: "
-                      f"x{padding_bound(lengths, list(res.gen_tokens), args.rows):.2f}")
+                      f"x{padding_bound(lengths, gen_tokens, args.rows):.2f}")
             else:
                 tokens = 0
                 for i in range(0, len(prompts), args.rows):

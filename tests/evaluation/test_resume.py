@@ -241,3 +241,21 @@ def test_a_store_without_a_stamp_or_a_broken_twin_is_refused(tmp_path):
     with pytest.raises(PonderError, match="fingerprint stamp"):
         restore_kept(db)
     assert not db.exists()
+
+
+def test_the_loop_gets_every_request_in_one_call(tiny_model_dir, monkeypatch):
+    """Each call ends in a tail where the batch shrinks to its longest answers: the loop gets
+    all of generate_until's requests at once, however many times max_rows they are."""
+    lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=1, device="cpu")
+    assert lm.requests_per_call == 4 < 6
+    calls = []
+    real_batch = PonderLM.generate_batch
+
+    def counting_calls(self, *args, **kwargs):
+        calls.append(args[0].shape[0])
+        return real_batch(self, *args, **kwargs)
+
+    monkeypatch.setattr(PonderLM, "generate_batch", counting_calls)
+    out = lm.generate_until(requests(GREEDY))
+    assert calls == [6] and len(out) == 6
+    assert lm.batch_size_per_gpu == 1  # lm-eval's own setting is back after the call

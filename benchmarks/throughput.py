@@ -16,8 +16,10 @@ interleaved pair by pair so that noise on a shared machine hits every side alike
 
 Per run: wall time, useful generated tokens per second (tokens each response generated, to its
 own EOS; ``--model hf`` reports none, so its responses are re-tokenised), accuracy with its
-Wilson 95% CI; for (d) the fraction of identical responses. Then the physical reference: this
-CPU's matmul rate in the run's dtype and the FLOPs the run needed. Last line:
+Wilson 95% CI; for (d) the fraction of identical responses and the ceiling that padding alone
+sets (``lib.decoding.padding_bound``: x1.97 at the default 256 tokens, x3.04 at 500). Then the
+physical reference: this CPU's matmul rate in the run's dtype and the FLOPs the run needed.
+Last line:
 ``speedup <median (a) wall / (b) wall>``.
 """
 

@@ -30,8 +30,7 @@ from pathlib import Path
 
 from lib.decoding import embedded_tokenizer, padding_bound
 
-SAMPLES = next(iter(sorted((Path(__file__).resolve().parents[1] / "results/suite/greedy/Direct/arith")
-                           .glob("*/samples_*.compact.jsonl.xz"))), None)
+SUITE_ARITH = Path(__file__).resolve().parents[1] / "results/suite/greedy/Direct/arith"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hf", action="store_true", help="also run model.generate in batches of --rows")
     p.add_argument("--dtype", default="float32", help="throughput.py's (d) runs float32")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--samples", type=Path, default=SAMPLES,
+    p.add_argument("--samples", type=Path, default=None,
                    help="a samples log whose prompts to use (default: the suite's arith Direct)")
     args = p.parse_args(argv)
+    if args.samples is None:
+        args.samples = next(iter(sorted(SUITE_ARITH.glob("*/samples_*.compact.jsonl.xz"))), None)
     if args.samples is None or not args.samples.exists():
         raise SystemExit(f"no samples log at {args.samples}: pass --samples")
 
@@ -68,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     with lzma.open(args.samples, "rt") as f:
         docs = sorted((json.loads(line) for line in f), key=lambda r: r["doc_id"])[:args.limit]
     prompts = [d["arguments"]["gen_args_0"]["arg_0"] for d in docs]
-    prompts.sort(key=lambda s: -len(tok(s).input_ids))  # HFLM's order: longest first
+    length = {s: len(tok(s).input_ids) for s in prompts}
+    prompts.sort(key=lambda s: -length[s])  # HFLM's order: longest first
+    lengths = [length[s] for s in prompts]
     print(f"# {bb.device_description('cpu')}, {dtype}, threads {args.threads}, {len(prompts)} "
           f"prompts, {args.max_new_tokens} new tokens, {args.rows} rows")
 
@@ -124,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
                 forwards = summarise(f"loop, admit_fraction {admit}, {len(chunks)} call(s) "
                                      f"({joins} joins)", time.perf_counter() - start,
                                      sum(gen_tokens))
-                lengths = [len(tok(s).input_ids) for s in prompts]
                 print(f"    padding bound at batch {args.rows}: "
                       f"x{padding_bound(lengths, gen_tokens, args.rows):.2f}")
             else:

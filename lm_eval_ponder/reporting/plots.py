@@ -72,10 +72,15 @@ class Style:
                 "markerfacecolor": "none" if self.hollow else self.colour}
 
 
+def label_variants(label: str) -> list[str]:
+    """The bracketed variants of a label, in order: ``["t0.7"]`` of ``FP-CoT [t0.7]``."""
+    return re.findall(r" \[([^\]]+)\]", label)
+
+
 def style(label: str) -> Style:
     """The family (colour), decoding policy (marker) and other variants (hollow) of a label
     such as ``FR (alpha=-0.2) [t0.7]`` or ``FP-Direct [dtype=bfloat16]``."""
-    variants = re.findall(r" \[([^\]]+)\]", label)
+    variants = label_variants(label)
     name = re.sub(r" \[[^\]]+\]", "", label)
     family = re.sub(r" \((?:alpha=[^)]*|p>=[^)]*|default args)\)$", "", name).strip()
     decoding = next((v for v in variants if v in DECODING_MARKERS), "greedy")

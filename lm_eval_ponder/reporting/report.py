@@ -54,7 +54,7 @@ from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_sampl
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import Identity, distinguish, flatten, parse_model_args, render
 from lm_eval_ponder.reporting.measures import by_level, metrics, paired_difference, spearman
-from lm_eval_ponder.reporting.plots import BASE_OF, family, plots, table_rank
+from lm_eval_ponder.reporting.plots import BASE_OF, family, label_variants, plots, table_rank
 from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
 
 
@@ -304,10 +304,10 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
         group = [r for r in common[dataset] if r.samples]
         for run in group:
             base_family = BASE_OF.get(family(run.label))
-            variants = re.findall(r" \[([^\]]+)\]", run.label)
-            bases = [b for b in group if base_family is not None
-                     and family(b.label) == base_family
-                     and re.findall(r" \[([^\]]+)\]", b.label) == variants]
+            if base_family is None:
+                continue
+            bases = [b for b in group if family(b.label) == base_family
+                     and label_variants(b.label) == label_variants(run.label)]
             if len(bases) != 1:
                 continue
             d = paired_difference(run.samples, bases[0].samples)

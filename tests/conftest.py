@@ -158,13 +158,14 @@ def host_syncs(monkeypatch) -> HostSyncs:
 
 def train_two_processes(argv: list[str]) -> None:
     """``torchrun --nproc_per_node 2 -m lm_eval_ponder.train ARGV`` on the CPU, with the process
-    group the trainer builds on a CUDA machine (tests/training/cuda_stand_in.py): its CUDA backend
-    refuses CPU tensors, as NCCL does."""
+    group the trainer builds on a CUDA machine (tests/training/cuda_stand_in.py): a group that
+    serves no CPU backend is refused, as NCCL refuses CPU tensors. ``PYTHONFAULTHANDLER`` makes
+    a rank that aborts print where it was."""
     import subprocess
     import sys
 
     launcher = Path(__file__).parent / "training" / "cuda_stand_in.py"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                            "2", str(launcher), *argv], env=env,
                           capture_output=True, text=True, timeout=600)

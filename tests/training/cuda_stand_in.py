@@ -3,10 +3,16 @@ as it runs on a CUDA machine, on the CPU.
 
 On a GPU node the trainer's process group is built while torch reports CUDA, and NCCL serves
 CUDA tensors only: a collective on a CPU tensor then fails with "No backend type associated with
-device type cpu". Here, while ``Distributed`` builds its group, torch reports CUDA and ``nccl``
-is replaced by ``cudaonly``, a gloo backend registered for the CUDA device only, so a group that
-would refuse CPU tensors on a GPU node refuses them here too. Nothing else is patched: the
-backbone stays on the CPU.
+device type cpu". Here, while ``Distributed`` builds its group, torch reports CUDA and the
+backend string it asks for is read as torch reads it (``BackendConfig``): unless some backend
+serves the CPU, the group is refused with NCCL's words, so a trainer that would fail on a GPU
+node fails here too. A group that serves the CPU is then built with the backend named for the
+CPU (gloo). Nothing else is patched: the backbone stays on the CPU.
+
+Why not a real CUDA-only gloo backend registered from Python (``Backend.register_backend``), as
+this file did until 2026-11-27: torch then makes that Python-built backend the group's default,
+and about one run in forty aborted a rank at teardown ("terminate called without an active
+exception") after the run had finished; the refusal is the same either way.
 """
 
 from __future__ import annotations
@@ -17,25 +23,25 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import BackendConfig
 
 from lm_eval_ponder.training.distributed import Distributed
 
 
-def cuda_only_gloo(store, rank, size, timeout):
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
-
-
 def main() -> None:
-    dist.Backend.register_backend("cudaonly", cuda_only_gloo, devices=["cuda"])
     init_group = dist.init_process_group
     build = Distributed.__init__
 
-    def init_with_stand_in(backend=None, *args, **kwargs):
-        return init_group(backend.replace("nccl", "cudaonly"), *args, **kwargs)
+    def init_as_on_cuda(backend=None, *args, **kwargs):
+        served = BackendConfig(dist.Backend(backend)).get_device_backend_map()
+        if "cpu" not in served:
+            raise RuntimeError("No backend type associated with device type cpu "
+                               f"(backend {backend!r} serves {sorted(served)} only)")
+        return init_group(served["cpu"], *args, **kwargs)
 
     def build_as_on_cuda(self) -> None:
         with mock.patch.object(torch.cuda, "is_available", return_value=True), \
-                mock.patch.object(dist, "init_process_group", init_with_stand_in):
+                mock.patch.object(dist, "init_process_group", init_as_on_cuda):
             build(self)
 
     Distributed.__init__ = build_as_on_cuda

@@ -9,14 +9,14 @@ serves the CPU, the group is refused with NCCL's words, so a trainer that would 
 node fails here too. A group that serves the CPU is then built with the backend named for the
 CPU (gloo). Nothing else is patched: the backbone stays on the CPU.
 
-Why not a real CUDA-only gloo backend registered from Python (``Backend.register_backend``), as
-this file did until 2026-11-27: torch then makes that Python-built backend the group's default,
-and about one run in forty aborted a rank at teardown ("terminate called without an active
-exception") after the run had finished; the refusal is the same either way.
+Until 2026-11-27 this file registered a real CUDA-only gloo backend from Python
+(``Backend.register_backend``); reading the backend string refuses the same groups with less
+machinery, and keeps a Python-built backend out of the group's teardown.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 from unittest import mock
@@ -46,7 +46,21 @@ def main() -> None:
 
     Distributed.__init__ = build_as_on_cuda
     sys.argv = ["lm_eval_ponder.train", *sys.argv[1:]]
-    runpy.run_module("lm_eval_ponder.train", run_name="__main__", alter_sys=True)
+    try:
+        runpy.run_module("lm_eval_ponder.train", run_name="__main__", alter_sys=True)
+        status = 0
+    except SystemExit as done:
+        status = 0 if done.code is None else done.code if isinstance(done.code, int) else 1
+        if not isinstance(done.code, (int, type(None))):
+            print(done.code, file=sys.stderr)
+    # Leave without the interpreter's finalization. A rank aborted after the run had finished
+    # and its group was destroyed ("terminate called without an active exception"): in 2 of the
+    # 3 CI runs of 2026-11-27 on fresh clones and 1 of 5 first local runs, 0 of about 90 reruns.
+    # The cause is not pinned down (see docs/design.md, "Distributed training"); what the trainer
+    # does and the status it returns are unchanged, and torch's teardown is not under test.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -664,10 +664,12 @@ class PonderLM(HFLM):
             # one of 256, 16 rows, bf16: 6% more forwards per useful token, 0.87x and 0.97x
             # the useful tok/s in two pairs). HFLM hands answers to the
             # cache hook only when a call returns, so sampled answers go to the store as each
-            # row ends (``_model_generate``): a killed run loses only the rows in flight.
+            # row ends (``_model_generate``), greedy ones too (lm-eval keeps those only when the
+            # call returns, which is the end of the run): a killed run loses only the rows in
+            # flight.
             # (Settings the loop hands to ``generate`` are kept per call.)
             self.batch_size_per_gpu = max(saved, self.requests_per_call, len(todo))
-            if sampled and fresh_sampled:
+            if sampled and todo:
                 self._keeper = sampled
         elif sampled and fresh_sampled and isinstance(saved, int):
             # ``generate`` returns a call's rows together: keep answers every max_rows rows

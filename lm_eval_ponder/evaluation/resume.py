@@ -143,13 +143,18 @@ def restore_kept(db_path: str | Path) -> int:
 
 
 class SampledAnswers:
-    """The sampled answers of one run in a dict-like store (lm-eval's ``SqliteDict``).
+    """The answers of one run in a dict-like store (lm-eval's ``SqliteDict``), kept as rows end.
 
-    ``split`` sorts a request list into answers already kept and requests still to generate and
-    reserves, per distinct request, the free occurrence numbers; each answer is then stored
-    under one of those numbers as its row ends in the generation loop (``keep_early``, called by
-    ``PonderLM``), and again, with lm-eval's own text, when HFLM hands it over after its call
-    (``hook``): a killed run loses only the rows in flight.
+    ``split`` sorts a request list into sampled answers already kept and requests still to
+    generate and reserves, per distinct sampled request, the free occurrence numbers; each
+    sampled answer is then stored under one of those numbers as its row ends in the generation
+    loop (``keep_early``, called by ``PonderLM``), and again, with lm-eval's own text, when HFLM
+    hands it over after its call (``hook``): a killed run loses only the rows in flight.
+
+    Greedy answers are lm-eval's to keep and to read back (its ``CachingLM`` answers them before
+    ``generate_until`` sees them), but HFLM hands them over only when a call returns, and the
+    loop takes a whole run in one call: ``keep_early`` also stores each greedy answer under
+    lm-eval's own key as its row ends, where the hand-over then overwrites it.
     """
 
     def __init__(self, store: MutableMapping[str, Any]) -> None:
@@ -158,6 +163,7 @@ class SampledAnswers:
         # the request of each context still to generate (None: two requests share the context
         # with different kwargs, so a finished row cannot say which it answers)
         self.by_context: dict[str, str | None] = {}  # context -> its request's hash
+        self.greedy: set[str] = set()  # the hashes in by_context that are greedy requests
         # answers kept as their rows ended (``keep_early``), by request and text: the slot
         # HFLM's own hand-over of the same answer then overwrites
         self.early: dict[str, dict[str, deque[int]]] = defaultdict(lambda: defaultdict(deque))
@@ -170,15 +176,19 @@ class SampledAnswers:
         """(kept answers by request index, indices of requests to generate)."""
         self.free.clear()
         self.by_context.clear()
+        self.greedy.clear()
         self.early.clear()
         seen: dict[str, int] = defaultdict(int)
         kept: dict[int, Any] = {}
         todo: list[int] = []
         for i, req in enumerate(requests):
-            if not is_sampled(req.args[1]):
-                todo.append(i)
-                continue
             h = hash_args("generate_until", req.args)
+            if not is_sampled(req.args[1]):  # lm-eval's CachingLM has answered the kept ones
+                todo.append(i)
+                self.greedy.add(h)
+                if self.by_context.setdefault(req.args[0], h) != h:
+                    self.by_context[req.args[0]] = None
+                continue
             k = seen[h]
             seen[h] += 1
             answer = self.store.get(self.key(h, k))
@@ -201,6 +211,9 @@ class SampledAnswers:
         h = self.by_context.get(context)
         if h is None:
             return False
+        if h in self.greedy:  # lm-eval's key: its hand-over after the call writes it again
+            self._put(h, res)
+            return True
         free = self.free.get(h)
         if not free:
             return False
@@ -230,7 +243,10 @@ class SampledAnswers:
             self._write(h, free.popleft(), res)
 
     def _write(self, h: str, k: int, res: Any) -> None:
-        self.store[self.key(h, k)] = res
+        self._put(self.key(h, k), res)
+
+    def _put(self, key: str, res: Any) -> None:
+        self.store[key] = res
         commit = getattr(self.store, "commit", None)
         if commit is not None:
             commit()

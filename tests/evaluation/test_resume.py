@@ -123,14 +123,9 @@ def test_use_cache_keeps_sampled_answers(ponder, tmp_path, monkeypatch):
     assert [str(resumed[i]) for i in kept] == [str(first[i]) for i in kept]
 
 
-def test_an_interrupted_run_keeps_every_row_that_ended(tiny_model_dir, tmp_path, monkeypatch):
-    """HFLM hands answers to the store only when a call returns, and one call holds 4 x max_rows
-    requests (a 500-question arith run was a single call, and a kill kept nothing). Each
-    sampled answer is now kept as its row ends in the loop: a run killed after its third row
-    keeps three answers, and the call stays whole (the rows in flight stay max_rows)."""
-    lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=2, device="cpu")
-    assert lm.requests_per_call == 8  # the six requests are one call
-    cache = str(tmp_path / "cache")
+def kill_after_three_rows(monkeypatch) -> tuple[list, list]:
+    """From here on, a run is killed (KeyboardInterrupt) as its third row ends, after that row's
+    answer was kept. Returns (rows per generate_batch call, keep_early's results so far)."""
     calls, early = [], []
     real_batch, real_early = PonderLM.generate_batch, SampledAnswers.keep_early
 
@@ -140,13 +135,26 @@ def test_an_interrupted_run_keeps_every_row_that_ended(tiny_model_dir, tmp_path,
 
     def killed_after_three(self, context, res):
         kept = real_early(self, context, res)
-        early.append(res)
+        early.append(kept)
         if len(early) == 3:
             raise KeyboardInterrupt
         return kept
 
     monkeypatch.setattr(PonderLM, "generate_batch", counting_calls)
     monkeypatch.setattr(SampledAnswers, "keep_early", killed_after_three)
+    return calls, early
+
+
+def test_an_interrupted_run_keeps_every_row_that_ended(tiny_model_dir, tmp_path, monkeypatch):
+    """HFLM hands answers to the store only when a call returns, and one call holds 4 x max_rows
+    requests (a 500-question arith run was a single call, and a kill kept nothing). Each
+    sampled answer is now kept as its row ends in the loop: a run killed after its third row
+    keeps three answers, and the call stays whole (the rows in flight stay max_rows)."""
+    lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=2, device="cpu")
+    assert lm.requests_per_call == 8  # the six requests are one call
+    cache = str(tmp_path / "cache")
+    real_early = SampledAnswers.keep_early
+    calls, _ = kill_after_three_rows(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         CachingLM(lm, cache).generate_until(requests(SAMPLED))
     assert calls == [6] and kept_answers(cache) == 3
@@ -158,10 +166,32 @@ def test_an_interrupted_run_keeps_every_row_that_ended(tiny_model_dir, tmp_path,
     with SqliteDict(cache) as store:  # the three resumed rows' early answers were overwritten
         stored = sorted(str(store[k]) for k in store.keys() if k.startswith(PREFIX))
     assert stored == sorted(map(str, resumed))
-    # greedy requests are lm-eval's to keep: no early keeping, one call as before
-    calls.clear()
-    CachingLM(lm, str(tmp_path / "greedy")).generate_until(requests(GREEDY))
-    assert calls == [6]
+
+
+def test_an_interrupted_greedy_run_keeps_every_row_that_ended(tiny_model_dir, tmp_path,
+                                                              monkeypatch):
+    """Greedy answers are lm-eval's to keep (its key, its CachingLM reads them back), but HFLM
+    hands them over only when a call returns and the loop takes a whole run in one call: a
+    1,319-question GSM8K run killed after an hour kept nothing. Each greedy answer is now kept
+    under lm-eval's key as its row ends: killed after its third row, a run keeps three; the
+    resumed run generates only the other three, and ends with the answers of a run that was
+    never killed."""
+    lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=2, device="cpu")
+    reqs = requests(GREEDY, prompts=[f"What is {a} + 2?" for a in range(6)], repeats=1)
+    whole = CachingLM(lm, str(tmp_path / "whole")).generate_until(reqs)
+    cache = str(tmp_path / "cache")
+    real_early = SampledAnswers.keep_early
+    calls, early = kill_after_three_rows(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        CachingLM(lm, cache).generate_until(reqs)
+    assert calls == [6] and early == [True] * 3 and kept_answers(cache) == 3
+
+    monkeypatch.setattr(SampledAnswers, "keep_early", real_early)
+    drawn = count_drawn(monkeypatch)
+    resumed = CachingLM(lm, cache).generate_until(reqs)
+    assert len(drawn) == 3
+    assert list(map(str, resumed)) == list(map(str, whole))
+    assert [t.stats for t in resumed] == [t.stats for t in whole]
 
 
 def random_controller(directory):

@@ -314,7 +314,7 @@ def run_time(target: Path) -> tuple[float, str]:
 
 def refresh_twins(target: Path) -> list[Path]:
     """Re-export the text twin of each ``--use_cache`` file in ``target`` that changed since its
-    twin was written (sampled answers are committed as their rows end); return the twins written."""
+    twin was written (answers are committed as their rows end); return the twins written."""
     written = []
     for db in sorted(target.glob("answers_rank*.db")):
         twin = kept_path(db)

@@ -183,22 +183,19 @@ class SampledAnswers:
         todo: list[int] = []
         for i, req in enumerate(requests):
             h = hash_args("generate_until", req.args)
-            if not is_sampled(req.args[1]):  # lm-eval's CachingLM has answered the kept ones
-                todo.append(i)
-                self.greedy.add(h)
-                if self.by_context.setdefault(req.args[0], h) != h:
-                    self.by_context[req.args[0]] = None
-                continue
-            k = seen[h]
-            seen[h] += 1
-            answer = self.store.get(self.key(h, k))
-            if answer is None:
-                todo.append(i)
+            if is_sampled(req.args[1]):
+                k = seen[h]
+                seen[h] += 1
+                answer = self.store.get(self.key(h, k))
+                if answer is not None:
+                    kept[i] = answer
+                    continue
                 self.free[h].append(k)
-                if self.by_context.setdefault(req.args[0], h) != h:
-                    self.by_context[req.args[0]] = None
-            else:
-                kept[i] = answer
+            else:  # lm-eval's CachingLM has answered the kept ones
+                self.greedy.add(h)
+            todo.append(i)
+            if self.by_context.setdefault(req.args[0], h) != h:
+                self.by_context[req.args[0]] = None
         return kept, todo
 
     def hook(self, inner: Any) -> "SampledHook":

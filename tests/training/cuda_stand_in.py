@@ -50,9 +50,10 @@ def main() -> None:
         runpy.run_module("lm_eval_ponder.train", run_name="__main__", alter_sys=True)
         status = 0
     except SystemExit as done:
-        status = 0 if done.code is None else done.code if isinstance(done.code, int) else 1
-        if not isinstance(done.code, (int, type(None))):
-            print(done.code, file=sys.stderr)
+        status = 0 if done.code is None else done.code
+        if not isinstance(status, int):  # sys.exit("message"): Python prints it, status 1
+            print(status, file=sys.stderr)
+            status = 1
     # Leave without the interpreter's finalization. A rank aborted after the run had finished
     # and its group was destroyed ("terminate called without an active exception"): in 2 of the
     # 3 CI runs of 2026-11-27 on fresh clones and 1 of 5 first local runs, 0 of about 90 reruns.

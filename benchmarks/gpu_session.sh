@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything a GPU session should run, in one device call of at most ~9 minutes (issue 36):
-# the acceptance check, then the open question of the static decode step. Results go to $OUT.
+# the acceptance check, then the open question of the static decode step (captured graphs,
+# the tail moved to fewer slots or not). Results go to $OUT.
 #
 #   bash .device/kit/run.sh --stash N bash benchmarks/gpu_session.sh       # on the device
 #   DEVICE=cpu SMALL=1 OUT=/tmp/gs bash benchmarks/gpu_session.sh           # the same, small, here
@@ -13,11 +14,11 @@ set -u
 D=${DEVICE:-cuda}; OUT=${OUT:?set OUT}; mkdir -p "$OUT"; t0=$(date +%s)
 if [ -n "${SMALL:-}" ]; then
   CHECK="--limit 2 --skip train-prompt,train-token,hf-64"
-  STATIC="--prompts 6 --max-rows 3 --max-new-tokens 6 --pairs 1 --modes static"
+  STATIC="--prompts 6 --max-rows 3 --max-new-tokens 6 --pairs 1 --modes static static-flat"
   STEP="--models tiny --rows 16 --pairs 1 --max-new-tokens 8"
 else
-  CHECK="--skip hf-64 --budget-s 300"
-  STATIC="--prompts 512 --max-rows 256 --max-new-tokens 500 --pairs 1 --modes cudagraphs inductor"
+  CHECK="--skip hf-64 --budget-s 270"
+  STATIC="--prompts 512 --max-rows 256 --max-new-tokens 500 --pairs 1 --modes cudagraphs cudagraphs-flat"
   STEP="--models tiny embedded --rows 16 256 --pairs 2 --max-new-tokens 64"
 fi
 part() {  # name limit command...
@@ -28,7 +29,7 @@ part() {  # name limit command...
   grep -v -E "it/s\]|s/it\]|Warning|warn\(" "$OUT/$name.log" | tail -"${TAIL:-14}"
 }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-part gpu_check "${T_CHECK:-330}" python3 benchmarks/gpu_check.py --device "$D" $CHECK --out "$OUT"
-TORCH_LOGS=${TORCH_LOGS-cudagraphs} part static_step "${T_STATIC:-150}" \
+part gpu_check "${T_CHECK:-300}" python3 benchmarks/gpu_check.py --device "$D" $CHECK --out "$OUT"
+TORCH_LOGS=${TORCH_LOGS-cudagraphs} part static_step "${T_STATIC:-210}" \
   python3 benchmarks/static_step.py --device "$D" $STATIC
 part step_cost "${T_STEP:-60}" python3 benchmarks/step_cost.py --device "$D" $STEP

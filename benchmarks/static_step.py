@@ -12,6 +12,10 @@ than ``--max-rows`` so that rows join as others finish.
     python benchmarks/static_step.py --device cuda --modes cudagraphs inductor --prompts 512 \\
         --max-rows 256 --max-new-tokens 500
 
+A mode with ``-flat`` (``static-flat``, ``cudagraphs-flat``, ...) keeps every slot to the end
+(``generate_rows(shrink_tail=False)``); without it the tail moves to fewer slots
+(``static_decode.tail_slots``), as ``--model ponder`` does.
+
 Last line: ``static_over_dynamic <wall ratio of the first mode, median of pairs>`` (below 1:
 the static mode is faster).
 """
@@ -34,8 +38,9 @@ from lib.decoding import (
 
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modes", nargs="+", default=["static"],
-                        choices=["static", "cudagraphs", "inductor"])
+    parser.add_argument("--modes", nargs="+", default=["static", "static-flat"],
+                        choices=[f"{m}{flat}" for m in ("static", "cudagraphs", "inductor")
+                                 for flat in ("", "-flat")])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=96)
     parser.add_argument("--max-rows", type=int, default=32)
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> float:
               return_tensors="pt", padding=True).to(args.device)
     stop = [tok.decode([tok.eos_token_id])]
 
-    def run(mode: str) -> tuple[float, list[list[int]], int, int]:
+    def run(mode: str) -> tuple[float, list[list[int]], int, int, int, int]:
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -65,13 +70,15 @@ def main(argv: list[str] | None = None) -> float:
                             max_new_tokens=args.max_new_tokens,
                             eos_token_ids={tok.eos_token_id}, pad_token_id=tok.pad_token_id,
                             stop=stop, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                            max_rows=args.max_rows, decode_step=mode)
+                            max_rows=args.max_rows, decode_step=mode.removesuffix("-flat"),
+                            shrink_tail=not mode.endswith("-flat"))
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
         width = enc.input_ids.shape[1]
         rows = [row[width:width + n] for row, n in zip(res.sequences.tolist(), res.gen_tokens)]
-        return wall, rows, sum(res.gen_tokens), res.decode_forwards
+        return wall, rows, sum(res.gen_tokens), res.decode_forwards, res.dead_row_slots, \
+            res.tail_moves
 
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
           f"{args.prompts} prompts, {args.max_rows} rows in flight, {args.max_new_tokens} new "
@@ -80,7 +87,8 @@ def main(argv: list[str] | None = None) -> float:
     for mode in ("dynamic", *args.modes):  # warm-up: kernels, and a graph mode's capture
         warm[mode] = run(mode)[0]
     print("warm-up s: " + ", ".join(f"{m} {s:.1f}" for m, s in warm.items()))
-    print("mode        wall_s  dynamic_s  ratio  useful_tok/s  forwards  same_tokens")
+    print("mode             wall_s  dynamic_s  ratio  useful_tok/s  forwards  dead_slots  "
+          "tail_moves  same_tokens")
     first = float("nan")
     for mode in args.modes:
         ratios, walls, dyn_walls = [], [], []
@@ -94,9 +102,10 @@ def main(argv: list[str] | None = None) -> float:
         same = sum(a == b for a, b in zip(d_rows, s_rows)) / len(d_rows)
         ratio = statistics.median(ratios)
         first = ratio if first != first else first
-        print(f"{mode:10s}  {statistics.median(walls):6.2f}  {statistics.median(dyn_walls):9.2f}"
+        print(f"{mode:15s}  {statistics.median(walls):6.2f}  {statistics.median(dyn_walls):9.2f}"
               f"  {ratio:5.2f}  {got[mode][2] / statistics.median(walls):12.1f}  "
-              f"{got[mode][3]:8d}  {same:11.1%}  (dynamic: {got['dynamic'][3]} forwards, "
+              f"{got[mode][3]:8d}  {got[mode][4]:10d}  {got[mode][5]:10d}  {same:11.1%}  "
+              f"(dynamic: {got['dynamic'][3]} forwards, "
               f"{got['dynamic'][2] / statistics.median(dyn_walls):.1f} tok/s)", flush=True)
     print(f"static_over_dynamic {first:.3f}")
     return first

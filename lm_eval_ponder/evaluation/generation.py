@@ -71,7 +71,12 @@ from lm_eval_ponder.evaluation.rowbatch import (
     supports_logits_to_keep,
 )
 from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser
-from lm_eval_ponder.evaluation.static_decode import StaticSlots, check_decode_step, slot_shape
+from lm_eval_ponder.evaluation.static_decode import (
+    StaticSlots,
+    check_decode_step,
+    slot_shape,
+    tail_slots,
+)
 from lm_eval_ponder.evaluation.stops import StopStrings
 
 __all__ = [
@@ -118,6 +123,7 @@ class GenerationResult:
     dead_row_slots: int = 0  # ... and of finished rows still waiting for a compaction
     joins: int = 0
     compactions: int = 0
+    tail_moves: int = 0  # static slots: moves of the live rows to fewer slots
 
 
 @dataclass
@@ -204,7 +210,8 @@ class RowLoop:
                  timer: StepTimer | None,
                  on_tokens: Callable[[int, list[int]], None] | None = None,
                  decode_step: str = "dynamic",
-                 on_unhooked_forward: Callable[[int], None] | None = None) -> None:
+                 on_unhooked_forward: Callable[[int], None] | None = None,
+                 shrink_tail: bool = True) -> None:
         if pad_token_id is None:
             raise ValueError("pad_token_id is required")
         check_model_supported(model)
@@ -238,6 +245,7 @@ class RowLoop:
         self.counts = torch.zeros(self.n_rows + 1, dtype=torch.long, device=device)
         self.real_len = self.mask.sum(dim=1).tolist()
         self.slots = self.static_slots(check_decode_step(decode_step))
+        self.shrink_tail = shrink_tail
         self.reason = [FINISH_LENGTH] * self.n_rows
         self.result = GenerationResult(self.input_ids, [0] * self.n_rows, self.reason)
         self.waiting = deque(range(self.n_rows))
@@ -373,6 +381,24 @@ class RowLoop:
         batch.refresh(self.device)
         self.result.compactions += 1
 
+    def move_tail(self, n_slots: int) -> None:
+        """No row waits and the live rows fit ``n_slots``: move them into a static cache of
+        that many slots, so the tail's steps run (or replay) for them and not for every slot."""
+        batch, old, device = self.batch, self.slots, self.device
+        live = [i for i, a in enumerate(batch.alive or [True] * len(batch.rows)) if a]
+        index = torch.tensor(live, dtype=torch.long, device=device)
+        new = StaticSlots(self.model, old.mode, n_slots, old.width, self.text_config)
+        new.take(old, index)
+        free = n_slots - len(live)
+        self.batch = RowBatch(new.cache, [batch.rows[i] for i in live] + [self.n_rows] * free,
+                              [batch.lead[i] for i in live] + [0] * free, new.col,
+                              torch.cat([batch.last.index_select(0, index),
+                                         batch.last.new_full((free,), self.pad)]),
+                              None, None, [True] * len(live) + [False] * free)
+        self.batch.refresh(device)
+        self.slots = new
+        self.result.tail_moves += 1
+
     # ------------------------------------------------------------------ forwards
     def prefill(self, rows: list[int]) -> RowBatch:
         """A group's prompts in one forward, its own padding beyond its longest row stripped
@@ -415,6 +441,11 @@ class RowLoop:
                 position_ids = (batch.length - batch.lead_t)[:, None]
                 forward, cache = self.model, batch.cache
             else:
+                smaller = None if self.waiting or not self.shrink_tail else tail_slots(
+                    slots.mode, slots.slots, batch.n_alive)
+                if smaller is not None:
+                    self.move_tail(smaller)
+                    batch, slots = self.batch, self.slots
                 if slots.col >= slots.width:
                     self.shift_slots_left()
                 mask, position_ids = slots.mask_and_positions(batch.lead_t)
@@ -530,6 +561,7 @@ def generate_rows(
     on_tokens: Callable[[int, list[int]], None] | None = None,
     decode_step: str = "dynamic",
     on_unhooked_forward: Callable[[int], None] | None = None,
+    shrink_tail: bool = True,
 ) -> GenerationResult:
     """Generate for a left-padded batch, dropping each row from the batch as soon as it ends.
 
@@ -547,6 +579,8 @@ def generate_rows(
     replays as a CUDA graph (``evaluation.static_decode``: ``static``, ``cudagraphs``,
     ``inductor``); calls with a steering observer or a repetition penalty stay dynamic. A
     replayed forward runs no module hooks: ``on_unhooked_forward(rows)`` is told of each.
+    ``shrink_tail``: a static step's live rows move to a quarter of the slots once no row waits
+    and they fit there (``static_decode.tail_slots``); False keeps every slot to the end.
     """
     return RowLoop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                    eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, stop=stop,
@@ -554,4 +588,4 @@ def generate_rows(
                    max_cache_tokens=max_cache_tokens, steering=steering,
                    admit_fraction=admit_fraction, on_finish=on_finish, timer=timer,
                    on_tokens=on_tokens, decode_step=decode_step,
-                   on_unhooked_forward=on_unhooked_forward).run()
+                   on_unhooked_forward=on_unhooked_forward, shrink_tail=shrink_tail).run()

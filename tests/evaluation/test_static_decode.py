@@ -1,7 +1,7 @@
 """The fixed-shape decode step (``evaluation.static_decode``) against the dynamic loop on a tiny
 random Llama in float32: the same greedy tokens with rows joining, slots reused, the cache
-shifted right (a wider group joins) and left (the cache is full); the calls that stay dynamic;
-the shapes graph modes round to; bad settings."""
+shifted right (a wider group joins) and left (the cache is full), the tail moved to fewer
+slots; the calls that stay dynamic; the shapes graph modes round to; bad settings."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from lm_eval_ponder.evaluation.static_decode import (
     StaticSlots,
     check_decode_step,
     slot_shape,
+    tail_slots,
 )
 
 PAD, EOS = 3, 2
@@ -82,6 +83,76 @@ def test_wider_joins_shift_live_rows_right_and_a_full_cache_left(llama, tok, mon
     assert any(by > 0 for by in shifts[1:]) and any(by < 0 for by in shifts)
 
 
+def moves_recorded(monkeypatch) -> list[tuple[int, int, int]]:
+    """(from slots, to slots, live rows moved) of every tail move."""
+    moves = []
+    original = StaticSlots.take
+    monkeypatch.setattr(StaticSlots, "take", lambda self, other, index: (
+        moves.append((other.slots, self.slots, len(index))), original(self, other, index))[1])
+    return moves
+
+
+@pytest.mark.parametrize("max_rows,max_new", [(None, 24), (8, 24)])
+def test_the_tail_moves_to_fewer_slots_with_the_dynamic_loops_tokens(llama, tok, monkeypatch,
+                                                                        max_rows, max_new):
+    """20 prompts, answers of 2 to 24 tokens (more EOS ids end them): once no row waits and
+    the live rows fit a quarter of the slots, they move there (20 -> 5; 8 -> 2, after a full
+    cache shifted left), and every row still decodes the dynamic loop's tokens; without the
+    move every slot runs to the end."""
+    eos = {EOS, 55, 44, 0, 50, 19}
+    dynamic = run(llama, tok, "dynamic", max_rows=max_rows, max_new_tokens=max_new,
+                  eos_token_ids=eos)
+    assert len(set(dynamic.gen_tokens)) > 5  # answers of many lengths
+    moves = moves_recorded(monkeypatch)
+    static = run(llama, tok, "static", max_rows=max_rows, max_new_tokens=max_new,
+                 eos_token_ids=eos)
+    assert moves and all(new == old // 4 and n <= new for old, new, n in moves)
+    assert static.sequences.tolist() == dynamic.sequences.tolist()
+    assert static.gen_tokens == dynamic.gen_tokens
+    assert static.finish_reason == dynamic.finish_reason
+    assert static.decode_row_slots == dynamic.decode_row_slots
+    moves_seen = list(moves)
+    moves.clear()
+    flat = run(llama, tok, "static", max_rows=max_rows, max_new_tokens=max_new,
+               eos_token_ids=eos, shrink_tail=False)
+    assert not moves and flat.sequences.tolist() == dynamic.sequences.tolist()
+    # the dead slots the move saved
+    assert static.dead_row_slots < flat.dead_row_slots
+    assert static.tail_moves == len(moves_seen) and flat.tail_moves == 0
+
+
+def test_take_copies_the_live_slots_at_their_columns(llama):
+    import torch
+
+    old = StaticSlots(llama, "static", 4, 16, llama.config)
+    heads, dim = llama.config.num_key_value_heads, llama.config.head_dim
+    keys = torch.randn(4, heads, 5, dim)
+    group = type("Group", (), {})()
+    layer = type("Layer", (), {"is_initialized": True, "keys": keys, "values": -keys})()
+    group.layers = [layer] * llama.config.num_hidden_layers
+    old.set_column(9)
+    old.place(torch.arange(4), group, 5)
+    new = StaticSlots(llama, "static", 2, 16, llama.config)
+    new.take(old, torch.tensor([3, 1]))
+    assert new.col == 9
+    for src, dst in zip(old.cache.layers, new.cache.layers, strict=True):
+        assert torch.equal(dst.keys[:, :, 4:9], keys[[3, 1]])
+        assert torch.equal(dst.values, src.values[[3, 1]])
+        assert int(dst.cumulative_length) == 9
+    with pytest.raises(AssertionError):
+        StaticSlots(llama, "static", 2, 32, llama.config).take(old, torch.tensor([0]))
+
+
+def test_tail_slots_is_a_short_ladder():
+    assert tail_slots("static", 20, 5) == 5 and tail_slots("static", 20, 6) is None
+    assert tail_slots("static", 3, 0) is None  # a quarter of 3 slots is none
+    assert tail_slots("cudagraphs", 256, 64) == 64 and tail_slots("cudagraphs", 256, 65) is None
+    ladder, slots = [], 256
+    while (slots := tail_slots("inductor", slots, 1)) is not None:
+        ladder.append(slots)
+    assert ladder == [64, 16, 8]  # rounded to ROWS_ROUND, so at most a few graphs per width
+
+
 def test_static_slots_stop_strings_and_lengths(llama, tok):
     stops = {"until": ["e", "zz"]}
     decode = tok.decode
@@ -136,14 +207,20 @@ def test_an_unknown_decode_step_is_one_line():
         run(build_tiny_llama(300), build_tiny_tokenizer(), "graphs", max_new_tokens=2)
 
 
-def test_a_graph_mode_keeps_one_cache_per_model(llama):
+def test_a_graph_mode_keeps_one_cache_width_per_model(llama):
     """Graph modes reuse a call's static cache for the next call of the same shape (a graph
-    holds its addresses) and free it for a call of another shape. Nothing is compiled here:
+    holds its addresses), keep its tail's smaller ones beside it, and free them all for a call
+    of another width. Nothing is compiled here:
     ``torch.compile`` waits for the first forward."""
     from lm_eval_ponder.evaluation.static_decode import kept_caches
 
     a = StaticSlots(llama, "cudagraphs", 8, 64, llama.config)
     assert StaticSlots(llama, "cudagraphs", 8, 64, llama.config).cache is a.cache
+    # a tail's smaller cache of the same width is kept beside it (its graph is kept too)
+    tail = StaticSlots(llama, "cudagraphs", 2, 64, llama.config)
+    assert kept_caches(llama) == [("cudagraphs", 8, 64), ("cudagraphs", 2, 64)]
+    assert StaticSlots(llama, "cudagraphs", 8, 64, llama.config).cache is a.cache
+    assert StaticSlots(llama, "cudagraphs", 2, 64, llama.config).cache is tail.cache
     b = StaticSlots(llama, "cudagraphs", 8, 128, llama.config)
     assert b.cache is not a.cache and kept_caches(llama) == [("cudagraphs", 8, 128)]
     assert StaticSlots(llama, "static", 8, 64, llama.config).cache is not a.cache

@@ -761,4 +761,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from lm_eval_ponder.errors import command, run_program
+
+    run_program(command(main))  # a PonderError (a missing cache, a bad flag) is one line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -539,3 +540,27 @@ def test_loop_tail_counts_the_loops_forwards(capsys):
     out = capsys.readouterr().out
     assert forwards >= 2  # the longest answer's decode steps, at least
     assert "padding bound at batch 2" in out and "generate, batch 2" in out
+
+
+def test_a_study_script_states_a_missing_cache_part_in_one_line(tmp_path):
+    """``adaptation.py train`` on a cache holding its outcomes but not its prompts and z_0 (a
+    fresh clone: git keeps only the outcomes) ends with one line that names the restoring
+    command, not a traceback; ``headroom.py`` and ``testset.py`` end the same way."""
+    cache = tmp_path / "ours-s4"
+    cache.mkdir()
+    source = REPO / "results" / "headroom" / "ours-s4"
+    for path in [source / "manifest.json", *sorted(source.glob("*.outcomes.json.xz"))[:1]]:
+        shutil.copy(path, cache / path.name)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "adaptation.py"), "train", "--form", "ours",
+         "--samples", "4", "--root", str(tmp_path), "--out-root", str(tmp_path / "runs"),
+         "--arms", "balanced", "--seeds", "0", "--final"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("lm-eval-ponder error: ") and "--restore-only" in lines[-1]
+    assert "Traceback" not in done.stderr
+    for script in ("headroom.py", "testset.py"):
+        tail = (BENCHMARKS / script).read_text().rstrip().splitlines()[-1]
+        assert tail.strip().startswith("run_program(command(main))"), script

@@ -26,6 +26,7 @@ import argparse
 import statistics
 import sys
 import time
+from typing import Any
 
 from lib.decoding import (
     ONE_AND_TWO_DIGITS,
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> float:
               return_tensors="pt", padding=True).to(args.device)
     stop = [tok.decode([tok.eos_token_id])]
 
-    def run(mode: str) -> tuple[float, list[list[int]], int, int, int, int]:
+    def run(mode: str) -> tuple[float, list[list[int]], Any]:
+        """Wall seconds, each row's generated tokens, and the ``GenerationResult``."""
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -77,8 +79,7 @@ def main(argv: list[str] | None = None) -> float:
         wall = time.perf_counter() - start
         width = enc.input_ids.shape[1]
         rows = [row[width:width + n] for row, n in zip(res.sequences.tolist(), res.gen_tokens)]
-        return wall, rows, sum(res.gen_tokens), res.decode_forwards, res.dead_row_slots, \
-            res.tail_moves
+        return wall, rows, res
 
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
           f"{args.prompts} prompts, {args.max_rows} rows in flight, {args.max_new_tokens} new "
@@ -99,14 +100,15 @@ def main(argv: list[str] | None = None) -> float:
             walls.append(got[mode][0])
             dyn_walls.append(got["dynamic"][0])
         d_rows, s_rows = got["dynamic"][1], got[mode][1]
+        mine, dyn = got[mode][2], got["dynamic"][2]
         same = sum(a == b for a, b in zip(d_rows, s_rows)) / len(d_rows)
         ratio = statistics.median(ratios)
         first = ratio if first != first else first
         print(f"{mode:15s}  {statistics.median(walls):6.2f}  {statistics.median(dyn_walls):9.2f}"
-              f"  {ratio:5.2f}  {got[mode][2] / statistics.median(walls):12.1f}  "
-              f"{got[mode][3]:8d}  {got[mode][4]:10d}  {got[mode][5]:10d}  {same:11.1%}  "
-              f"(dynamic: {got['dynamic'][3]} forwards, "
-              f"{got['dynamic'][2] / statistics.median(dyn_walls):.1f} tok/s)", flush=True)
+              f"  {ratio:5.2f}  {sum(mine.gen_tokens) / statistics.median(walls):12.1f}  "
+              f"{mine.decode_forwards:8d}  {mine.dead_row_slots:10d}  {mine.tail_moves:10d}  "
+              f"{same:11.1%}  (dynamic: {dyn.decode_forwards} forwards, "
+              f"{sum(dyn.gen_tokens) / statistics.median(dyn_walls):.1f} tok/s)", flush=True)
     print(f"static_over_dynamic {first:.3f}")
     return first
 

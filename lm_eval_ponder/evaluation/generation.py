@@ -355,7 +355,7 @@ class RowLoop:
                     by = span - slots.col
                     slots.shift(by)
                     batch.lead = [p + by for p in batch.lead]
-                free = [i for i, a in enumerate(batch.alive or [True] * len(batch.rows))
+                free = [i for i, a in enumerate(batch.alive_flags())
                         if not a][:len(joined.rows)]
                 if len(free) < len(joined.rows):
                     raise AssertionError("admitted more rows than free slots")
@@ -372,7 +372,7 @@ class RowLoop:
     def shift_slots_left(self) -> None:
         """The cache is full: drop the columns no live row attends to."""
         batch, slots = self.batch, self.slots
-        cut = min(p for p, a in zip(batch.lead, batch.alive or [True] * len(batch.rows)) if a)
+        cut = min(p for p, a in zip(batch.lead, batch.alive_flags()) if a)
         if cut < 1:
             raise AssertionError("a live row spans the whole static cache")
         slots.shift(-cut)
@@ -385,7 +385,7 @@ class RowLoop:
         """No row waits and the live rows fit ``n_slots``: move them into a static cache of
         that many slots, so the tail's steps run (or replay) for them and not for every slot."""
         batch, old, device = self.batch, self.slots, self.device
-        live = [i for i, a in enumerate(batch.alive or [True] * len(batch.rows)) if a]
+        live = [i for i, a in enumerate(batch.alive_flags()) if a]
         index = torch.tensor(live, dtype=torch.long, device=device)
         new = StaticSlots(self.model, old.mode, n_slots, old.width, self.text_config)
         new.take(old, index)

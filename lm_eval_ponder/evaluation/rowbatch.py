@@ -114,6 +114,10 @@ class RowBatch:
     def n_dead(self) -> int:
         return len(self.rows) - self.n_alive
 
+    def alive_flags(self) -> list[bool]:
+        """Per batch position, whether its row is in flight (``alive`` spelled out)."""
+        return [True] * len(self.rows) if self.alive is None else self.alive
+
     def live_rows(self) -> list[int]:
         return self.rows if self.alive is None else \
             [r for r, a in zip(self.rows, self.alive) if a]

@@ -8,6 +8,11 @@ win first, on the step itself: one decode forward over a ``StaticCache`` of ``--
 columns with a per-row [rows, cache-len] attention mask (rows at different lengths, as the loop
 keeps them), eager against ``torch.compile(model.forward, fullgraph=True, dynamic=False)``
 (``mode=reduce-overhead``, i.e. CUDA graphs, on CUDA; inductor's default on a CPU).
+``--backend cudagraphs`` compiles with dynamo's ``"cudagraphs"`` backend instead, and
+``--backend replay`` with ``evaluation.graph_replay.ReplayBackend`` (what ``decode_step=
+cudagraphs`` uses: the model's own kernels replayed, weights and cache static, cache writes in
+the graph). On a CPU neither replays a graph: both run the traced graph, and the difference is
+dynamo's backend copying the whole cache out and back at every step.
 
 Also checked: the static cache with per-row masks decodes the same greedy tokens as the
 loop's ``DynamicCache`` from the same prefill (``--check-steps`` steps, float32 advised); the
@@ -16,6 +21,7 @@ columns).
 
     python benchmarks/compile_step.py --pairs 3                    # this CPU, tiny model
     python benchmarks/compile_step.py --device cuda --model embedded --rows 64 256
+    python benchmarks/compile_step.py --device cuda --model embedded --rows 64 256 --backend replay
 
 Last line: ``compiled_over_eager <step-time ratio at the largest row count>`` (below 1: the
 compiled step is faster).
@@ -121,6 +127,9 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--cache-len", type=int, default=512)
     parser.add_argument("--check-steps", type=int, default=24)
+    parser.add_argument("--backend", default="inductor", choices=["inductor", "cudagraphs", "replay"],
+                        help="inductor (reduce-overhead on CUDA), dynamo's cudagraphs, or "
+                             "graph_replay.ReplayBackend (decode_step=cudagraphs)")
     add_device_args(parser)
     args = parser.parse_args(argv)
 
@@ -128,6 +137,7 @@ def main(argv: list[str] | None = None) -> float:
     from transformers import AutoModelForCausalLM, StaticCache
 
     from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation.graph_replay import ReplayBackend
     from lm_eval_ponder.evaluation.rowbatch import cache_keyword
 
     if args.steps < 1 or args.pairs < 1 or args.cache_len < PROMPT + args.steps:
@@ -142,6 +152,8 @@ def main(argv: list[str] | None = None) -> float:
     vocab = model.config.vocab_size
     kw = cache_keyword(model)
     mode = "reduce-overhead" if args.device.startswith("cuda") else None
+    if args.backend != "inductor":
+        mode = f"backend {args.backend}"
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
           f"{args.model} model, cache {args.cache_len} columns, {args.steps} steps, "
           f"compile mode {mode or 'default'}, medians of {args.pairs} interleaved pairs")
@@ -159,7 +171,12 @@ def main(argv: list[str] | None = None) -> float:
         ids = torch.randint(3, vocab, (rows, PROMPT), device=args.device)
         with torch.no_grad():
             model(input_ids=ids, **{kw: cache}, use_cache=True, logits_to_keep=1)
-        compiled = torch.compile(model.forward, mode=mode, fullgraph=True, dynamic=False)
+        backend = ReplayBackend() if args.backend == "replay" else None
+        if args.backend == "inductor":
+            compiled = torch.compile(model.forward, mode=mode, fullgraph=True, dynamic=False)
+        else:
+            compiled = torch.compile(model.forward, backend=backend or "cudagraphs",
+                                     fullgraph=True, dynamic=False)
         t0 = time.perf_counter()
         time_steps(compiled, cache, rows, args.cache_len, 3, vocab, args.device, kw)  # compile, warm
         compile_s = time.perf_counter() - t0
@@ -173,6 +190,10 @@ def main(argv: list[str] | None = None) -> float:
         e, c = statistics.median(eager), statistics.median(fast)
         ratio = statistics.median(f / s for f, s in zip(fast, eager))
         print(f"{rows:4d}  {compile_s:9.1f}  {1e3 * e:8.2f}  {1e3 * c:11.2f}  {ratio:14.2f}")
+        for plan in backend.plans if backend is not None else []:
+            print(f"      replay plan: {len(plan.static)} static inputs, {len(plan.copied)} "
+                  f"copied, {len(plan.mutated)} written in place; "
+                  f"{'replayed' if plan.skip is None else 'not replayed: ' + plan.skip[:80]}")
     print(f"compiled_over_eager {ratio:.3f}")
     return ratio
 

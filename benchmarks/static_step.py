@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> float:
 
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.evaluation.generation import generate_rows
+    from lm_eval_ponder.evaluation.static_decode import replay_plans
 
     dtype = torch_setup(args)
     tok = embedded_tokenizer()
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> float:
     for mode in ("dynamic", *args.modes):  # warm-up: kernels, and a graph mode's capture
         warm[mode] = run(mode)[0]
     print("warm-up s: " + ", ".join(f"{m} {s:.1f}" for m, s in warm.items()))
+    plans = replay_plans(model)  # decode_step=cudagraphs: which graphs replay (graph_replay)
+    if plans:
+        skipped = [p.skip.splitlines()[0] for p in plans if p.skip is not None]
+        print(f"cudagraphs: {len(plans) - len(skipped)} of {len(plans)} graphs replayed, "
+              f"{plans[0].rewritten} cache writes in place, {len(plans[0].copied)} inputs "
+              f"copied per replay" + (f"; not replayed: {skipped[0]}" if skipped else ""))
     print("mode             wall_s  dynamic_s  ratio  useful_tok/s  forwards  dead_slots  "
           "tail_moves  same_tokens")
     first = float("nan")

@@ -61,13 +61,15 @@ def test_the_gpu_session_script_runs_its_parts_small(tmp_path):
     """``benchmarks/gpu_session.sh`` in its small CPU form (the acceptance check itself is
     tested above): each part reports its exit status and leaves its log in $OUT."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OUT": str(tmp_path), "DEVICE": "cpu",
-           "SMALL": "1", "PARTS": "static_step step_cost",
+           "SMALL": "1", "PARTS": "replay_step static_step step_cost",
            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_session.sh")], env=env,
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("== ")]
-    assert [line.split(":")[0] for line in lines] == ["== static_step", "== step_cost"]
+    assert [line.split(":")[0] for line in lines] == ["== replay_step", "== static_step",
+                                                      "== step_cost"]
     assert all(": rc 0 at" in line for line in lines)
     assert "static_over_dynamic" in (tmp_path / "static_step.log").read_text()
+    assert "replay plan:" in (tmp_path / "replay_step.log").read_text()
     assert not (tmp_path / "gpu_check.log").exists()

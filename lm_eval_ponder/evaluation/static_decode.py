@@ -28,8 +28,10 @@ So in this layout (``StaticSlots``):
 
 Modes (``DECODE_STEPS``; the loop's default is ``dynamic``): ``static`` runs this layout
 eagerly (it is what the tests check on a CPU, token for token against ``dynamic``);
-``cudagraphs`` captures the forward with ``torch.compile(backend="cudagraphs")`` (dynamo's graph
-replayed as a CUDA graph, no kernel generation); ``inductor`` compiles it with
+``cudagraphs`` captures the forward with ``torch.compile(backend=ReplayBackend())`` (dynamo's graph
+of the model's own kernels replayed by CUDA graph trees, no kernel generation; not dynamo's
+``"cudagraphs"`` backend, which copies the weights and the cache at every replay:
+``evaluation.graph_replay``); ``inductor`` compiles it with
 ``mode="reduce-overhead"`` (inductor's kernels in CUDA graphs: about 30 s to compile the
 embedded model on an H100). Compiled forwards and their caches are kept per model and shape,
 so later calls of the same shape reuse them.
@@ -44,6 +46,7 @@ import torch
 from transformers import StaticCache
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.evaluation.graph_replay import ReplayBackend, ReplayPlan
 
 DECODE_STEPS = ("dynamic", "static", "cudagraphs", "inductor")
 GRAPH_MODES = ("cudagraphs", "inductor")
@@ -98,12 +101,20 @@ def decode_forward(model, mode: str) -> Callable[..., Any]:
     kept = _KEPT.setdefault(model, {})
     if ("forward", mode) not in kept:
         if mode == "cudagraphs":
-            kept["forward", mode] = torch.compile(model.forward, backend="cudagraphs",
+            kept["backend", mode] = backend = ReplayBackend()
+            kept["forward", mode] = torch.compile(model.forward, backend=backend,
                                                   fullgraph=True, dynamic=False)
         else:
             kept["forward", mode] = torch.compile(model.forward, mode="reduce-overhead",
                                                   fullgraph=True, dynamic=False)
     return kept["forward", mode]
+
+
+def replay_plans(model) -> list[ReplayPlan]:
+    """The plans of the graphs ``decode_step=cudagraphs`` compiled for ``model`` so far (which
+    replay, which run eagerly and why: ``evaluation.graph_replay``)."""
+    backend = _KEPT.get(model, {}).get(("backend", "cudagraphs"))
+    return list(backend.plans) if backend is not None else []
 
 
 def kept_caches(model) -> list[tuple]:

@@ -16,6 +16,7 @@ from lm_eval_ponder.evaluation.static_decode import (
     WIDTH_ROUND,
     StaticSlots,
     check_decode_step,
+    replay_plans,
     slot_shape,
     tail_slots,
 )
@@ -224,3 +225,24 @@ def test_a_graph_mode_keeps_one_cache_width_per_model(llama):
     b = StaticSlots(llama, "cudagraphs", 8, 128, llama.config)
     assert b.cache is not a.cache and kept_caches(llama) == [("cudagraphs", 8, 128)]
     assert StaticSlots(llama, "static", 8, 64, llama.config).cache is not a.cache
+
+
+def test_cudagraphs_mode_decodes_the_dynamic_loops_tokens_through_its_backend(tok, monkeypatch):
+    """``decode_step=cudagraphs`` on a CPU: each shape (the slots, then the tail's) compiles
+    through ``graph_replay.ReplayBackend``, whose graph writes the static cache in place; the
+    tokens are the dynamic loop's (graphs are replayed only on a GPU: the plans say so)."""
+    import torch
+
+    torch._dynamo.reset()
+    model = build_tiny_llama(len(tok), seed=0)  # its own kept caches and graphs
+    eos = {EOS, 55, 44, 0, 50, 19}
+    dynamic = run(model, tok, "dynamic", max_new_tokens=16, eos_token_ids=eos)
+    moves = moves_recorded(monkeypatch)
+    graphs = run(model, tok, "cudagraphs", max_new_tokens=16, eos_token_ids=eos)
+    torch._dynamo.reset()
+    assert moves  # the tail moved (24 slots -> 8): two shapes, two graphs
+    assert graphs.sequences.tolist() == dynamic.sequences.tolist()
+    assert graphs.finish_reason == dynamic.finish_reason
+    plans = replay_plans(model)
+    assert len(plans) == 2 and all("cpu" in plan.skip for plan in plans)
+    assert all(len(plan.copied) == 3 for plan in plans)

@@ -8,11 +8,13 @@ win first, on the step itself: one decode forward over a ``StaticCache`` of ``--
 columns with a per-row [rows, cache-len] attention mask (rows at different lengths, as the loop
 keeps them), eager against ``torch.compile(model.forward, fullgraph=True, dynamic=False)``
 (``mode=reduce-overhead``, i.e. CUDA graphs, on CUDA; inductor's default on a CPU).
-``--backend cudagraphs`` compiles with dynamo's ``"cudagraphs"`` backend instead, and
-``--backend replay`` with ``evaluation.graph_replay.ReplayBackend`` (what ``decode_step=
-cudagraphs`` uses: the model's own kernels replayed, weights and cache static, cache writes in
-the graph). On a CPU neither replays a graph: both run the traced graph, and the difference is
-dynamo's backend copying the whole cache out and back at every step.
+``--backend cudagraphs`` compiles with dynamo's ``"cudagraphs"`` backend instead, and ``--backend
+replay`` with ``evaluation.graph_replay.ReplayBackend`` (what ``decode_step=cudagraphs`` uses:
+the model's own kernels replayed, weights and cache static, cache writes in the graph), and
+``--backend captured`` records the eager forward with ``torch.cuda.graph``
+(``evaluation.graph_capture``, ``decode_step=captured``; on a CPU it is the eager forward). On a
+CPU no graph replays: the two dynamo backends run their traced graphs (dynamo's own copying the
+whole cache out and back at every step), ``captured`` the eager forward.
 
 Also checked: the static cache with per-row masks decodes the same greedy tokens as the
 loop's ``DynamicCache`` from the same prefill (``--check-steps`` steps, float32 advised); the
@@ -127,9 +129,11 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--cache-len", type=int, default=512)
     parser.add_argument("--check-steps", type=int, default=24)
-    parser.add_argument("--backend", default="inductor", choices=["inductor", "cudagraphs", "replay"],
-                        help="inductor (reduce-overhead on CUDA), dynamo's cudagraphs, or "
-                             "graph_replay.ReplayBackend (decode_step=cudagraphs)")
+    parser.add_argument("--backend", default="inductor",
+                        choices=["inductor", "cudagraphs", "replay", "captured"],
+                        help="inductor (reduce-overhead on CUDA), dynamo's cudagraphs, "
+                             "graph_replay.ReplayBackend (decode_step=cudagraphs), or "
+                             "graph_capture.CapturedForward (decode_step=captured: no dynamo)")
     add_device_args(parser)
     args = parser.parse_args(argv)
 
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> float:
     from transformers import AutoModelForCausalLM, StaticCache
 
     from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation.graph_capture import CapturedForward
     from lm_eval_ponder.evaluation.graph_replay import ReplayBackend
     from lm_eval_ponder.evaluation.rowbatch import cache_keyword
 
@@ -172,7 +177,9 @@ def main(argv: list[str] | None = None) -> float:
         with torch.no_grad():
             model(input_ids=ids, **{kw: cache}, use_cache=True, logits_to_keep=1)
         backend = ReplayBackend() if args.backend == "replay" else None
-        if args.backend == "inductor":
+        if args.backend == "captured":
+            compiled = CapturedForward(model)
+        elif args.backend == "inductor":
             compiled = torch.compile(model.forward, mode=mode, fullgraph=True, dynamic=False)
         else:
             compiled = torch.compile(model.forward, backend=backend or "cudagraphs",

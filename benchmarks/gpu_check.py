@@ -259,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip steps that would start after this many seconds")
     parser.add_argument("--skip", default="", type=lambda v: set(v.split(",")) - {""},
                         help="comma-separated step keys to leave out (ponder-none, ponder, "
-                             "ponder-none-cudagraphs, ponder-none-inductor, hf-64, hf-256, "
+                             "ponder-none-captured, ponder-none-cudagraphs, ponder-none-inductor, hf-64, "
+                             "hf-256, "
                              "sync-prompt, sync-token, train-prompt, train-token)")
     parser.add_argument("--fail", default="", type=lambda v: set(v.split(",")) - {""},
                         help="make these steps raise: checks that the check itself fails")
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         *[(f"ponder-none-{m}", f"ponder controller=none decode_step={m}",
            evaluation(lambda m=m: PonderLM(controller="none", device=args.device,
                                            decode_step=m if cuda else "static")))
-          for m in ("cudagraphs", "inductor")],
+          for m in ("captured", "cudagraphs", "inductor")],
         *[(f"train-{g}", f"train {g} level", lambda g=g: train(args, g, work))
           for g in ("prompt", "token")],
         *[(f"hf-{b}", f"hf batch {b}", evaluation(lambda b=b: HFLM(

@@ -40,7 +40,7 @@ from lib.decoding import (
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", nargs="+", default=["static", "static-flat"],
-                        choices=[f"{m}{flat}" for m in ("static", "cudagraphs", "inductor")
+                        choices=[f"{m}{flat}" for m in ("static", "captured", "cudagraphs", "inductor")
                                  for flat in ("", "-flat")])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=96)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> float:
 
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.evaluation.generation import generate_rows
-    from lm_eval_ponder.evaluation.static_decode import replay_plans
+    from lm_eval_ponder.evaluation.static_decode import decode_forward, replay_plans
 
     dtype = torch_setup(args)
     tok = embedded_tokenizer()
@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> float:
     for mode in ("dynamic", *args.modes):  # warm-up: kernels, and a graph mode's capture
         warm[mode] = run(mode)[0]
     print("warm-up s: " + ", ".join(f"{m} {s:.1f}" for m, s in warm.items()))
+    if any(m.startswith("captured") for m in args.modes):
+        print(f"captured: {decode_forward(model, 'captured').captures} graphs recorded")
     plans = replay_plans(model)  # decode_step=cudagraphs: which graphs replay (graph_replay)
     if plans:
         skipped = [p.skip.splitlines()[0] for p in plans if p.skip is not None]

@@ -181,8 +181,9 @@ class PonderLM(HFLM):
     residual norm. The plain baseline (Direct/CoT/BoN) is ``controller=none``.
     Batching (not part of the configuration): ``max_rows`` (rows in flight) and
     ``max_cache_gib`` (their key/value cache; ``default_cache_gib``, ``none`` for no budget);
-    ``decode_step`` (``dynamic`` by default; ``static``, ``cudagraphs`` or ``inductor`` decode
-    unsteered calls in fixed shapes a GPU replays as a CUDA graph: ``evaluation.static_decode``).
+    ``decode_step`` (``dynamic`` by default; ``static``, ``captured``, ``cudagraphs`` or
+    ``inductor`` decode unsteered calls in fixed shapes a GPU replays as a CUDA graph:
+    ``evaluation.static_decode``).
     The early-exit baseline (``evaluation.early_exit``, with ``controller=none``):
     ``early_exit`` (top-1 probability threshold) and ``exit_layers`` (``start[:stop[:step]]``,
     the layers that may exit; default every layer).

@@ -28,6 +28,8 @@ So in this layout (``StaticSlots``):
 
 Modes (``DECODE_STEPS``; the loop's default is ``dynamic``): ``static`` runs this layout
 eagerly (it is what the tests check on a CPU, token for token against ``dynamic``);
+``captured`` records the eager forward with ``torch.cuda.graph`` once per shape
+(``evaluation.graph_capture``: no dynamo, so a shape costs two forwards, not a trace);
 ``cudagraphs`` captures the forward with ``torch.compile(backend=ReplayBackend())`` (dynamo's graph
 of the model's own kernels replayed by CUDA graph trees, no kernel generation; not dynamo's
 ``"cudagraphs"`` backend, which copies the weights and the cache at every replay:
@@ -46,10 +48,11 @@ import torch
 from transformers import StaticCache
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.evaluation.graph_capture import CapturedForward
 from lm_eval_ponder.evaluation.graph_replay import ReplayBackend, ReplayPlan
 
-DECODE_STEPS = ("dynamic", "static", "cudagraphs", "inductor")
-GRAPH_MODES = ("cudagraphs", "inductor")
+DECODE_STEPS = ("dynamic", "static", "captured", "cudagraphs", "inductor")
+GRAPH_MODES = ("captured", "cudagraphs", "inductor")
 # compiled shapes are rounded up (rows to ROWS_ROUND, columns to WIDTH_ROUND) so that calls with
 # similar prompts share one graph instead of compiling their own
 ROWS_ROUND = 8
@@ -100,7 +103,9 @@ def decode_forward(model, mode: str) -> Callable[..., Any]:
         return model  # the module call: its hooks (the progress bar's) see every step
     kept = _KEPT.setdefault(model, {})
     if ("forward", mode) not in kept:
-        if mode == "cudagraphs":
+        if mode == "captured":
+            kept["forward", mode] = CapturedForward(model)
+        elif mode == "cudagraphs":
             kept["backend", mode] = backend = ReplayBackend()
             kept["forward", mode] = torch.compile(model.forward, backend=backend,
                                                   fullgraph=True, dynamic=False)

@@ -39,7 +39,6 @@ from transformers.generation.logits_process import (
     LogitNormalization,
     LogitsProcessor,
     MinPLogitsWarper,
-    RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
     TemperatureLogitsWarper,
     TopHLogitsWarper,
@@ -241,6 +240,23 @@ def first_max_index(logits: torch.Tensor) -> torch.Tensor:
     return result
 
 
+def penalise_repeats(scores: torch.Tensor, history: torch.LongTensor, penalty: float,
+                     lead: torch.LongTensor) -> torch.Tensor:
+    """``generate``'s repetition penalty (``RepetitionPenaltyLogitsProcessor``: the logit of
+    every token already in the row divided by ``penalty`` where positive, multiplied where
+    negative), each row's history read from column ``lead[i]`` on: its prompt padding is not
+    history. The processor takes such a per-row start only since transformers 5.2x; 5.17 (the
+    GPU image of 2026-11) raises on one, so the same arithmetic is done here for every release."""
+    vocab = scores.shape[-1]
+    columns = torch.arange(history.shape[1], device=history.device)
+    # padding, and ids past the head's vocabulary, go to one extra column that is dropped
+    ids = history.masked_fill(columns[None, :] < lead[:, None], vocab).clamp(max=vocab)
+    padded = torch.nn.functional.pad(scores, (0, 1))
+    seen = padded.gather(1, ids)
+    seen = torch.where(seen < 0, seen * penalty, seen / penalty)
+    return padded.scatter(1, ids, seen)[:, :vocab]
+
+
 def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None = None,
                 expected_support: int | None = None) -> torch.Tensor:
     """One token per row of ``probs`` [B, V] (non-negative, rows need not sum to 1).
@@ -316,8 +332,7 @@ class TokenChooser:
         the penalty, EOS blocking and the processors in ``generate``'s order, then the choice."""
         scores = logits.to(copy=True, dtype=torch.float32)
         if self.uses_history:  # prompt padding is not history: ignore each row's pad columns
-            scores = RepetitionPenaltyLogitsProcessor(
-                self.penalty, prompt_ignore_length=lead)(history, scores)
+            scores = penalise_repeats(scores, history, self.penalty, lead)
         if self.block_eos:
             young = counts < self.min_new
             is_eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), self.eos_t)

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> float:
         print(f"{rows:4d}  {compile_s:9.1f}  {1e3 * e:8.2f}  {1e3 * c:11.2f}  {ratio:14.2f}")
         for plan in backend.plans if backend is not None else []:
             print(f"      replay plan: {len(plan.static)} static inputs, {len(plan.copied)} "
-                  f"copied, {len(plan.mutated)} written in place; "
+                  f"copied, {len(plan.mutated)} written in place ({plan.rewritten} turned back "
+                  f"from whole-tensor copies); "
                   f"{'replayed' if plan.skip is None else 'not replayed: ' + plan.skip[:80]}")
     print(f"compiled_over_eager {ratio:.3f}")
     return ratio

@@ -26,6 +26,7 @@ import argparse
 import statistics
 import sys
 import time
+import traceback
 from typing import Any
 
 from lib.decoding import (
@@ -85,9 +86,16 @@ def main(argv: list[str] | None = None) -> float:
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
           f"{args.prompts} prompts, {args.max_rows} rows in flight, {args.max_new_tokens} new "
           f"tokens, medians of {args.pairs} interleaved pairs")
-    warm = {}
+    warm, failed = {}, {}
     for mode in ("dynamic", *args.modes):  # warm-up: kernels, and a graph mode's capture
-        warm[mode] = run(mode)[0]
+        try:
+            warm[mode] = run(mode)[0]
+        except Exception as e:  # a mode that fails on this device must not hide the others
+            if mode == "dynamic":
+                raise
+            traceback.print_exc()  # the whole log comes back with the device call's files
+            failed[mode] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            print(f"{mode} failed: {failed[mode]}", flush=True)
     print("warm-up s: " + ", ".join(f"{m} {s:.1f}" for m, s in warm.items()))
     if any(m.startswith("captured") for m in args.modes):
         print(f"captured: {decode_forward(model, 'captured').captures} graphs recorded")
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> float:
     print("mode             wall_s  dynamic_s  ratio  useful_tok/s  forwards  dead_slots  "
           "tail_moves  same_tokens")
     first = float("nan")
-    for mode in args.modes:
+    for mode in [m for m in args.modes if m not in failed]:
         ratios, walls, dyn_walls = [], [], []
         for pair in range(args.pairs):
             order = ("dynamic", mode) if pair % 2 == 0 else (mode, "dynamic")

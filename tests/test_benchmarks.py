@@ -519,6 +519,29 @@ def test_static_step_times_a_static_mode_against_the_dynamic_loop(capsys):
     assert out[-2].split()[0] == "static-flat" and "100.0%" in out[-2]
 
 
+def test_static_step_reports_a_failing_mode_and_times_the_others(capsys, monkeypatch):
+    """A graph mode that fails on the device (e.g. a capture error) is one line, and the
+    modes after it are still timed: a GPU session must not lose them to it."""
+    import static_step
+
+    from lm_eval_ponder.evaluation import generation
+
+    real = generation.generate_rows
+
+    def failing(*args, decode_step="dynamic", **kwargs):
+        if decode_step == "captured":
+            raise RuntimeError("operation not permitted when stream is capturing")
+        return real(*args, decode_step=decode_step, **kwargs)
+
+    monkeypatch.setattr(generation, "generate_rows", failing)
+    static_step.main(["--prompts", "4", "--max-rows", "2", "--max-new-tokens", "3",
+                      "--pairs", "1", "--dtype", "float32", "--threads", "1",
+                      "--modes", "captured", "static"])
+    out = capsys.readouterr().out.splitlines()
+    assert "captured failed: RuntimeError: operation not permitted" in "\n".join(out)
+    assert out[-2].split()[0] == "static" and "100.0%" in out[-2]
+
+
 def test_padding_bound_counts_each_fixed_batch_to_its_longest_answer():
     from lib.decoding import padding_bound
 

@@ -9,7 +9,9 @@
 #
 # Each part has its own time limit (env T_CHECK, T_REPLAY, T_STATIC, T_STEP, in seconds) so that
 # a slow one cannot eat the others; what a part printed before its limit is kept in
-# $OUT/<part>.log. PARTS (default "gpu_check replay_step static_step step_cost") picks parts.
+# $OUT/<part>.log. PARTS (default "gpu_check replay_step static_step") picks parts; step_cost
+# (the per-step split, measured on an H100 in the fifth session) is left out by default so that
+# the call, with run.sh's first install, stays under the device's 600 s per command.
 # Getting the checkout there: ../shared/gpu/bundle.py, then scripts/gpu_parts.sh.
 set -u
 D=${DEVICE:-cuda}; OUT=${OUT:?set OUT}; mkdir -p "$OUT"; t0=$(date +%s)
@@ -26,7 +28,7 @@ else
 fi
 part() {  # name limit command...
   local name=$1 limit=$2; shift 2
-  case " ${PARTS:-gpu_check replay_step static_step step_cost} " in *" $name "*) ;; *) return 0 ;; esac
+  case " ${PARTS:-gpu_check replay_step static_step} " in *" $name "*) ;; *) return 0 ;; esac
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name: rc $? at $(( $(date +%s) - t0 )) s"
   grep -v -E "it/s\]|s/it\]|Warning|warn\(" "$OUT/$name.log" | tail -"${TAIL:-14}"

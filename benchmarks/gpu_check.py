@@ -13,6 +13,8 @@ order 2, 1 with the controller, 1 without, 3, then the two ``--model hf`` runs):
   2. the steering hook with a controller at prompt and token granularity under
      ``torch.cuda.set_sync_debug_mode("error")``, switched on only while the steering layer's
      hooks run (the loop around it reads tokens back; the hook may not);
+  1b. ``--model ponder controller=none`` again with each fixed-shape decode step
+     (``decode_step=captured|cudagraphs|inductor``: CUDA graphs; on a CPU ``static`` stands in);
   3. a 30-step prompt-level training run (its rollout cache: 16 arith prompts x 9 depths x 256
      tokens) and a 4-step token-level run (4 prompts x 4 answers, 64 tokens), on the device.
 
@@ -41,6 +43,7 @@ from typing import Any, Callable
 
 GREEDY_TOKENS = 500  # the paper's max new tokens, arith_ponder's max_gen_toks
 SMALL_TOKENS = 32
+SPEED_TARGET = 8000  # useful tok/s, issue 36
 
 
 @dataclass
@@ -94,6 +97,16 @@ class Check:
                 f"{fmt(f.get('tok_per_s'), ',.0f')} | {fmt(f.get('peak_gib'), '.2f')} | "
                 f"{s.error or f.get('notes', '')} |")
         return "\n".join(lines)
+
+    def speed_line(self) -> str:
+        """Issue 36's target, read off the table: the fastest ``controller=none`` step."""
+        runs = [(s.figures["tok_per_s"], s.name) for s in self.steps
+                if s.ok and "controller=none" in s.name and s.figures.get("tok_per_s")]
+        if not runs:
+            return "fastest controller=none: none ran"
+        best, name = max(runs)
+        return (f"fastest controller=none: {best:,.0f} useful tok/s ({name}); issue 36's "
+                f"target is {SPEED_TARGET:,} on the full ladder on one H100/H200")
 
     def write(self) -> None:
         if self.out is None:
@@ -335,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     print("\n" + "\n".join(f"{k}: {v}" for k, v in check.header.items()))
     print(check.table())
+    print(check.speed_line())
     failed = [s.name for s in check.steps if not s.ok]
     if failed:
         print(f"gpu_check FAILED: {', '.join(failed)}")

@@ -23,6 +23,7 @@ def test_cpu_form_runs_every_step_and_says_ok(tmp_path):
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert done.stdout.rstrip().splitlines()[-1] == "gpu_check ok"
+    assert "fastest controller=none: " in done.stdout and "useful tok/s" in done.stdout
     record = json.loads((tmp_path / "gpu_check.json").read_text())
     names = [s["name"] for s in record["steps"]]
     assert names == ["steering hook, no host sync (prompt)",

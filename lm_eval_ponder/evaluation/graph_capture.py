@@ -1,10 +1,10 @@
 """A decode forward captured once per shape with ``torch.cuda.graph`` (``decode_step=captured``).
 
 Why a second graph mode beside ``cudagraphs``: that one captures through dynamo, whose trace of
-the embedded model costs about 7 s per shape on a CPU core (2026-11-27, this module's
-``benchmarks/static_step.py`` run) and about 14 s on the H100's host (fifth session), and the
-static step's tail ladder (256, 64, 16, 8 slots) makes four shapes: some 50 s per process,
-against a 500-document arith run that ``dynamic`` decodes in about 20 s. Capturing the eager
+the embedded model costs about 8 s per shape on a CPU core and about 14 s on the H100's host
+(``docs/results.md``, "Why cudagraphs lost"), and the static step's tail ladder (256, 64, 16, 8
+slots) makes four shapes: about a minute per process, against a 500-document arith run that
+``dynamic`` decodes in about 20 s. Capturing the eager
 forward directly costs one warm-up forward and one recorded forward per shape. transformers
 supports it: its mask code takes the traced path (no data-dependent shortcut, so no host
 read) while a CUDA stream captures (``is_tracing`` checks ``is_cuda_stream_capturing``), and a

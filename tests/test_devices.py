@@ -7,7 +7,7 @@ checks that the numbers equal a plain CPU run: the guard must catch misplacement
 changing what is computed. The sweep: FP-Direct generation at prompt and token granularity
 through the loop and through ``generation=hf``; the steering hook's decisions without a host
 sync; one trainer step of each granularity; steering extraction; a controller saved on one
-device and loaded on another.
+device and loaded on another; the captured decode step (a stand-in for ``torch.cuda.graph``).
 """
 
 from __future__ import annotations
@@ -170,6 +170,46 @@ def test_early_exit_tests_never_wait_for_the_host(sharp_model_dir, monkeypatch):
         guard.count_syncs = False
         assert guard.syncs == []
         assert any(t.stats["exit_layer"] < 4 for t in texts)  # the tests did exit rows
+
+
+def test_captured_decode_steps_on_the_accelerator_without_a_host_read(
+        tiny_model_dir, tiny_vector_dir, monkeypatch):
+    """``decode_step=captured`` on the stand-in device, with a recorder that stands in for
+    ``torch.cuda.graph`` (not run while recording; each replay runs the forward on the
+    graph's own inputs): the dynamic loop's texts on the CPU, the graph's inputs on the device,
+    and no value read back to the host inside the recorded forward (an error while a CUDA
+    stream captures)."""
+    import functools
+
+    from lm_eval_ponder.evaluation import graph_capture, static_decode
+
+    want = ponder_lm(tiny_model_dir, tiny_vector_dir, "cpu", controller="none") \
+        .generate_until(requests(GREEDY))
+    recorded: list = []
+    with device_guard(monkeypatch) as guard:
+        class Recorder:
+            def __init__(self, forward) -> None:
+                self.forward = forward
+                recorded.append(self)
+
+            def replay(self):
+                guard.count_syncs = True
+                try:
+                    return self.forward().logits
+                finally:
+                    guard.count_syncs = False
+
+        monkeypatch.setattr(static_decode, "CapturedForward", functools.partial(
+            graph_capture.CapturedForward, record=Recorder, warm_up=lambda forward: forward()))
+        lm = ponder_lm(tiny_model_dir, tiny_vector_dir, "meta", controller="none",
+                       decode_step="captured")
+        got = lm.generate_until(requests(GREEDY))
+        assert recorded and guard.syncs == []
+        forward = static_decode.decode_forward(lm.model, "captured")
+        inputs = [i for per_cache in forward.graphs.values() for i, _ in per_cache.values()]
+        assert inputs and all(i[k].device == ACCELERATOR for i in inputs
+                              for k in graph_capture.STEP_INPUTS)
+    assert got == want
 
 
 # ----------------------------------------------------------------------------- training

@@ -89,17 +89,26 @@ def _tiny_model(config_cls: type, **kwargs) -> transformers.PreTrainedModel:
     return model.eval()
 
 
+def _model_flops(counter: FlopCounterMode) -> int:
+    """The counter's total less what it counts inside a rotary embedding module: its
+    frequency table is a matmul in some transformers releases (5.17: 2 x head_dim/2 FLOPs per
+    token) and elementwise in others (5.24), and ``forward_flops`` prices neither."""
+    rope = sum(sum(ops.values()) for name, ops in counter.get_flop_counts().items()
+               if name.endswith("rotary_emb"))
+    return counter.get_total_flops() - rope
+
+
 def _measure(model: transformers.PreTrainedModel) -> tuple[int, int]:
     """FLOPs of a PROMPT-token prefill and of one cached decode step after it."""
     ids = torch.randint(0, SHAPE["vocab_size"], (1, PROMPT + 1))
     with torch.no_grad():
         with FlopCounterMode(display=False) as counter:
             out = model(ids[:, :PROMPT], use_cache=True)
-        prefill = counter.get_total_flops()
+        prefill = _model_flops(counter)
         with FlopCounterMode(display=False) as counter:
             # under the name this transformers takes (5.24 renamed it; the old one warns)
             model(ids[:, PROMPT:], **{cache_keyword(model): out.past_key_values}, use_cache=True)
-        decode = counter.get_total_flops()
+        decode = _model_flops(counter)
     return prefill, decode
 
 
@@ -248,9 +257,9 @@ def _early_exit_decode(model: transformers.PreTrainedModel, exit_layer: int,
     with torch.no_grad():
         cache = model(ids[:, :PROMPT], use_cache=True).past_key_values
         pos = torch.tensor([[PROMPT]])
+        h = decoder.embed_tokens(ids[:, PROMPT:])
+        emb = decoder.rotary_emb(h, position_ids=pos)  # outside the count: see _model_flops
         with FlopCounterMode(display=False) as counter:
-            h = decoder.embed_tokens(ids[:, PROMPT:])
-            emb = decoder.rotary_emb(h, position_ids=pos)
             for k, layer in enumerate(layers, 1):
                 if k <= exit_layer:
                     h = layer(h, position_ids=pos, position_embeddings=emb, use_cache=True,

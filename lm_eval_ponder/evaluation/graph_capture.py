@@ -12,6 +12,9 @@ decode forward over a ``StaticCache`` writes the cache in place at a position he
 device. ``tests/evaluation/test_graph_capture.py`` checks on a CPU that this path reads nothing
 back to the host.
 
+A shape whose recording fails (an op CUDA graphs refuse, in a model family not yet tried)
+runs eagerly with one warning, and ``failures`` keeps the reason: the run is not lost.
+
 One graph per static cache and input shape, kept as long as that cache lives (a ``StaticSlots``
 cache is kept per model, mode, slots and width). Its inputs are copied into the graph's own
 token, mask and position tensors before each replay; the weights and the cache are read where
@@ -22,6 +25,7 @@ writes that column again with the real step.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any, Callable, Protocol
 
@@ -29,6 +33,7 @@ import torch
 from transformers import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+LOGGER = logging.getLogger(__name__)
 STEP_INPUTS = ("input_ids", "attention_mask", "position_ids")
 
 
@@ -78,6 +83,7 @@ class CapturedForward:
         self.graphs: "weakref.WeakKeyDictionary[Cache, dict[tuple, tuple[dict, Graph]]]" = \
             weakref.WeakKeyDictionary()
         self.captures = 0
+        self.failures: list[str] = []
 
     def __call__(self, **kwargs: Any) -> Any:
         if self.record is None:
@@ -86,8 +92,17 @@ class CapturedForward:
         shape = tuple(tuple(kwargs[k].shape) for k in STEP_INPUTS)
         per_cache = self.graphs.setdefault(cache, {})
         if shape not in per_cache:
-            per_cache[shape] = self.capture(name, cache, kwargs)
-        inputs, graph = per_cache[shape]
+            try:
+                per_cache[shape] = self.capture(name, cache, kwargs)
+            except Exception as error:  # noqa: BLE001 - the run goes on, this shape eagerly
+                self.failures.append(f"{type(error).__name__}: {error}".splitlines()[0][:300])
+                LOGGER.warning("decode_step=captured could not record a step of shape %s "
+                               "(%s); that shape runs eagerly", shape, self.failures[-1])
+                per_cache[shape] = None
+        entry = per_cache[shape]
+        if entry is None:
+            return self.model.forward(**kwargs)
+        inputs, graph = entry
         for key in STEP_INPUTS:
             inputs[key].copy_(kwargs[key])
         return CausalLMOutputWithPast(logits=graph.replay())
@@ -100,9 +115,13 @@ class CapturedForward:
             return self.model.forward(**inputs, **{name: ref()})
 
         lengths = [layer.cumulative_length.clone() for layer in cache.layers]
-        self.warm_up(forward)
-        for layer, length in zip(cache.layers, lengths, strict=True):
-            layer.cumulative_length.copy_(length)
-        graph = self.record(forward)
+        try:
+            self.warm_up(forward)
+            for layer, length in zip(cache.layers, lengths, strict=True):
+                layer.cumulative_length.copy_(length)
+            graph = self.record(forward)
+        finally:  # a failed recording leaves the cache where the eager step expects it
+            for layer, length in zip(cache.layers, lengths, strict=True):
+                layer.cumulative_length.copy_(length)
         self.captures += 1
         return inputs, graph

@@ -72,6 +72,29 @@ def test_captured_mode_decodes_the_dynamic_loops_tokens(captured):
     assert forward.captures == 1 + graphs.tail_moves
 
 
+def test_a_shape_that_cannot_be_recorded_runs_eagerly_with_one_warning(monkeypatch, caplog):
+    def refuse(forward):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(static_decode, "CapturedForward", functools.partial(
+        CapturedForward, record=refuse, warm_up=warm_up))
+    tok = build_tiny_tokenizer()
+    tok.padding_side = "left"
+    model = build_tiny_llama(len(tok), seed=0)
+    enc = tok(["Hello there", "a", "What is 2+2? ", "xyzzy"], return_tensors="pt",
+              padding=True, add_special_tokens=False)
+    kwargs = dict(max_new_tokens=6, eos_token_ids={EOS}, pad_token_id=PAD)
+    dynamic = generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs)
+    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.graph_capture"):
+        eager = generate_rows(model, enc.input_ids, enc.attention_mask, decode_step="captured",
+                              **kwargs)
+    assert eager.sequences.tolist() == dynamic.sequences.tolist()
+    forward = static_decode.decode_forward(model, "captured")
+    assert forward.captures == 0
+    assert forward.failures == ["RuntimeError: operation not permitted when stream is capturing"]
+    assert len([r for r in caplog.records if "runs eagerly" in r.getMessage()]) == 1
+
+
 def test_a_graph_is_dropped_with_its_cache():
     model = build_tiny_llama(64, seed=0)
     forward = CapturedForward(model, record=RecordedForward, warm_up=warm_up)

@@ -176,7 +176,23 @@ def evaluate(lm, args, memory: Memory, tokenizer) -> dict[str, Any]:
     return {"wall_s": wall, "accuracy": k / n, "ci": list(wilson(k, n)), "n": n,
             "mean_tokens": sum(tokens) / n, "tok_per_s": sum(tokens) / wall,
             "peak_gib": memory.peak_gib(),
-            "notes": "tokens re-counted from text" if estimated else ""}
+            "notes": "; ".join(filter(None, ["tokens re-counted from text" if estimated else "",
+                                             graph_notes(lm)]))}
+
+
+def graph_notes(lm) -> str:
+    """What a fixed-shape decode step made of its graphs (``decode_step=captured`` records
+    one per shape, and runs a shape it cannot record eagerly: a fast-looking run may not be)."""
+    from lm_eval_ponder.evaluation import static_decode
+
+    if getattr(lm, "decode_step", None) != "captured":
+        return ""
+    forward = static_decode.decode_forward(lm.model, "captured")
+    if forward.record is None:
+        return "no CUDA: the eager static step"
+    return f"{forward.captures} graphs recorded" + (
+        f", {len(forward.failures)} shapes eager ({forward.failures[0]})"
+        if forward.failures else "")
 
 
 def sync_free_steering(args, granularity: str) -> dict[str, Any]:

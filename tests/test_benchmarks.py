@@ -587,3 +587,25 @@ def test_a_study_script_states_a_missing_cache_part_in_one_line(tmp_path):
     for script in ("headroom.py", "testset.py"):
         tail = (BENCHMARKS / script).read_text().rstrip().splitlines()[-1]
         assert tail.strip().startswith("run_program(command(main))"), script
+
+
+def test_gpu_check_notes_what_captured_made_of_its_graphs(monkeypatch):
+    """``gpu_check.graph_notes``: a ``captured`` run that recorded nothing, or ran shapes
+    eagerly, says so beside its speed."""
+    import functools
+    from types import SimpleNamespace
+
+    import gpu_check
+    from conftest import build_tiny_llama
+
+    from lm_eval_ponder.evaluation import graph_capture, static_decode
+
+    on_cpu = SimpleNamespace(decode_step="captured", model=build_tiny_llama(64))
+    assert gpu_check.graph_notes(on_cpu) == "no CUDA: the eager static step"
+    monkeypatch.setattr(static_decode, "CapturedForward", functools.partial(
+        graph_capture.CapturedForward, record=lambda forward: None))
+    lm = SimpleNamespace(decode_step="captured", model=build_tiny_llama(64))
+    forward = static_decode.decode_forward(lm.model, "captured")
+    forward.captures, forward.failures = 3, ["RuntimeError: refused"]
+    assert gpu_check.graph_notes(lm) == "3 graphs recorded, 1 shapes eager (RuntimeError: refused)"
+    assert gpu_check.graph_notes(SimpleNamespace(decode_step="dynamic", model=lm.model)) == ""

@@ -609,3 +609,25 @@ def test_gpu_check_notes_what_captured_made_of_its_graphs(monkeypatch):
     forward.captures, forward.failures = 3, ["RuntimeError: refused"]
     assert gpu_check.graph_notes(lm) == "3 graphs recorded, 1 shapes eager (RuntimeError: refused)"
     assert gpu_check.graph_notes(SimpleNamespace(decode_step="dynamic", model=lm.model)) == ""
+
+
+@needs_embedded
+def test_eval_overhead_replays_recorded_answers(tmp_path, capsys):
+    """``benchmarks/eval_overhead.py`` times ``simple_evaluate`` with a model that answers
+    from a samples file (plain or xz), each answer to its own document."""
+    import lzma
+
+    import eval_overhead
+
+    records = [{"doc_id": i, "resps": [[f"answer {i}"]]} for i in range(3)]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    (tmp_path / "s.jsonl").write_text(text)
+    with lzma.open(tmp_path / "s.jsonl.xz", "wt") as f:
+        f.write(text)
+    assert eval_overhead.read_answers(tmp_path / "s.jsonl") == \
+        eval_overhead.read_answers(tmp_path / "s.jsonl.xz") == {i: f"answer {i}" for i in range(3)}
+    seconds = eval_overhead.main(["--samples", str(tmp_path / "s.jsonl.xz"), "--reps", "1",
+                                  "--limit", "3"])
+    out = capsys.readouterr().out.splitlines()
+    assert seconds > 0 and out[-1] == f"eval_overhead_s {seconds:.3f}"
+    assert "accuracy 0.000" in out[-2]  # none of the made-up answers is right

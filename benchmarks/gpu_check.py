@@ -187,12 +187,7 @@ def graph_notes(lm) -> str:
 
     if getattr(lm, "decode_step", None) != "captured":
         return ""
-    forward = static_decode.decode_forward(lm.model, "captured")
-    if forward.record is None:
-        return "no CUDA: the eager static step"
-    return f"{forward.captures} graphs recorded" + (
-        f", {len(forward.failures)} shapes eager ({forward.failures[0]})"
-        if forward.failures else "")
+    return static_decode.decode_forward(lm.model, "captured").summary()
 
 
 def sync_free_steering(args, granularity: str) -> dict[str, Any]:

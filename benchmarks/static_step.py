@@ -98,10 +98,7 @@ def main(argv: list[str] | None = None) -> float:
             print(f"{mode} failed: {failed[mode]}", flush=True)
     print("warm-up s: " + ", ".join(f"{m} {s:.1f}" for m, s in warm.items()))
     if any(m.startswith("captured") for m in args.modes):
-        captured = decode_forward(model, "captured")
-        print(f"captured: {captured.captures} graphs recorded" + (
-            f", {len(captured.failures)} shapes eager: {captured.failures[0]}"
-            if captured.failures else ""))
+        print(f"captured: {decode_forward(model, 'captured').summary()}")
     plans = replay_plans(model)  # decode_step=cudagraphs: which graphs replay (graph_replay)
     if plans:
         skipped = [p.skip.splitlines()[0] for p in plans if p.skip is not None]

@@ -576,9 +576,10 @@ def generate_rows(
     row's original index as soon as it ends (progress bars), ``on_tokens`` with that index and
     the row's generated tokens (keeping each answer as it ends); ``timer`` collects the seconds
     of each phase. ``decode_step``: ``dynamic`` (the default), or a fixed-shape step that a GPU
-    replays as a CUDA graph (``evaluation.static_decode``: ``static``, ``cudagraphs``,
-    ``inductor``); calls with a steering observer or a repetition penalty stay dynamic. A
-    replayed forward runs no module hooks: ``on_unhooked_forward(rows)`` is told of each.
+    replays as a CUDA graph (``evaluation.static_decode``: ``static``, ``captured``,
+    ``cudagraphs``, ``inductor``); calls with a steering observer or a repetition penalty stay
+    dynamic. A replayed forward runs no module hooks: ``on_unhooked_forward(rows)`` is told of
+    each.
     ``shrink_tail``: a static step's live rows move to a quarter of the slots once no row waits
     and they fit there (``static_decode.tail_slots``); False keeps every slot to the end.
     """

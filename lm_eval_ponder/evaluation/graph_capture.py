@@ -107,6 +107,13 @@ class CapturedForward:
             inputs[key].copy_(kwargs[key])
         return CausalLMOutputWithPast(logits=graph.replay())
 
+    def summary(self) -> str:
+        """What this forward made of its graphs, for a report beside a run's speed."""
+        if self.record is None:
+            return "no CUDA: the eager static step"
+        return f"{self.captures} graphs recorded" + (
+            f", {len(self.failures)} shapes eager ({self.failures[0]})" if self.failures else "")
+
     def capture(self, name: str, cache: Cache, kwargs: dict[str, Any]) -> tuple[dict, Graph]:
         inputs = {k: v.clone() if k in STEP_INPUTS else v for k, v in kwargs.items() if k != name}
         ref = weakref.ref(cache)  # the graph's entry must not keep its own cache alive
@@ -117,10 +124,8 @@ class CapturedForward:
         lengths = [layer.cumulative_length.clone() for layer in cache.layers]
         try:
             self.warm_up(forward)
-            for layer, length in zip(cache.layers, lengths, strict=True):
-                layer.cumulative_length.copy_(length)
-            graph = self.record(forward)
-        finally:  # a failed recording leaves the cache where the eager step expects it
+            graph = self.record(forward)  # records without running: the length stays put
+        finally:  # undo the warm-up's step, recorded or not
             for layer, length in zip(cache.layers, lengths, strict=True):
                 layer.cumulative_length.copy_(length)
         self.captures += 1

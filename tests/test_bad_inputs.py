@@ -159,6 +159,10 @@ MODEL_ARG_CASES = {
     "granularity unknown": ("pretrained={tiny},granularity=word", ["granularity", "'word'"],
                             "fine"),
     "gguf missing": ("gguf_file=/nonexistent/x.gguf", ["/nonexistent/x.gguf"], "fine"),
+    # HFLM passes unknown args on to from_pretrained, which fails inside the model's __init__
+    "model arg misspelt": ("pretrained={tiny},controler=none", ["'controler'", "'controller'"],
+                           "traceback"),
+    "model arg nothing takes": ("pretrained={tiny},threads=1", ["'threads'"], "traceback"),
 }
 # name: (lm_eval arguments, environment, names, before): data problems reach the model's tasks
 DATA_CASES = {

@@ -19,10 +19,13 @@ would silently be neither steered nor unsteered.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import hashlib
+import inspect
 import json
 import logging
 import os
+import re
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,6 +168,23 @@ def default_cache_gib(device: str) -> float | None:
     return total / (3 if str(device).startswith("cuda") else 6) / 2**30
 
 
+def unknown_model_arg(error: TypeError, given: dict[str, Any]) -> PonderError | None:
+    """The one-line error for a model arg that nothing takes (a typo such as ``controler=``),
+    or None if ``error`` is not that. HFLM hands every arg it does not know to
+    ``from_pretrained``, which passes those that are not config fields to the model class:
+    the mistake surfaces as a ``TypeError`` from deep inside transformers, after the config is
+    read, and cannot be caught earlier without refusing the args ``from_pretrained`` takes."""
+    found = re.search(r"unexpected keyword argument '([^']+)'", str(error))
+    if found is None or found.group(1) not in given:
+        return None
+    name = found.group(1)
+    known = {p for cls in (PonderLM, HFLM) for p in inspect.signature(cls.__init__).parameters}
+    close = difflib.get_close_matches(name, sorted(known - {"self", "kwargs"}), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return PonderError(f"unknown model arg {name!r}: neither ponder, lm-eval's HFLM nor the "
+                       f"model's from_pretrained takes it{hint}")
+
+
 @register_model("ponder")
 class PonderLM(HFLM):
     """HFLM plus steering-vector pondering; with pondering off it is token-identical to HFLM.
@@ -251,6 +271,11 @@ class PonderLM(HFLM):
                 "only local directories, files already in the Hugging Face cache, and the "
                 "embedded default (no `pretrained=`) can be loaded."
             ) from error
+        except TypeError as error:
+            mistake = unknown_model_arg(error, kwargs)
+            if mistake is None:
+                raise
+            raise mistake from error
         self.backbone_info = resolved
         bb.freeze(self.model)
         self.flops_spec = FlopsSpec.from_model(self.model)

@@ -164,6 +164,17 @@ MODEL_ARG_CASES = {
                            "traceback"),
     "model arg nothing takes": ("pretrained={tiny},threads=1", ["'threads'"], "traceback"),
 }
+# name: (--gen_kwargs, names the line must hold, before[, more model args]): settings generate
+# refuses, and one it does not (no tokens to generate: every answer empty, scored as wrong)
+GEN_KWARGS_CASES = {
+    "max_gen_toks negative": ("max_gen_toks=-1", ["max_gen_toks", "-1"], "silent"),
+    "sampling at temperature zero": ("max_gen_toks=2,do_sample=true,temperature=0",
+                                     ["do_sample", "temperature"], "traceback"),
+    "the same through generate": ("max_gen_toks=2,do_sample=true,temperature=0",
+                                  ["do_sample", "temperature"], "traceback", ",generation=hf"),
+    "repetition penalty zero": ("max_gen_toks=2,repetition_penalty=0",
+                                ["repetition_penalty", "0"], "silent"),
+}
 # name: (lm_eval arguments, environment, names, before): data problems reach the model's tasks
 DATA_CASES = {
     "data folder missing": ({"LM_EVAL_PONDER_DATA": "/nonexistent/data"},
@@ -220,6 +231,12 @@ def lm_eval_runs(tiny_model_dir, tiny_vector_dir, other_controller, bad_data, tm
     for i, (name, (args, _, _)) in enumerate(MODEL_ARG_CASES.items()):
         outs[name] = root / f"out{i}"
         cases.append({"name": name, "argv": lm_eval_argv(fill(args), outs[name]), "env": {}})
+    for i, (name, (gen_kwargs, _, _, *more)) in enumerate(GEN_KWARGS_CASES.items()):
+        outs[name] = root / f"gen{i}"
+        argv = lm_eval_argv(f"pretrained={tiny_model_dir},controller=none{''.join(more)}",
+                            outs[name])
+        argv[argv.index("--gen_kwargs") + 1] = gen_kwargs
+        cases.append({"name": name, "argv": argv, "env": {}})
     for i, (name, (env, _, _)) in enumerate(DATA_CASES.items()):
         outs[name] = root / f"data{i}"
         cases.append({"name": name, "env": {k: fill(v) for k, v in env.items()},
@@ -251,6 +268,14 @@ def test_model_arg_mistakes_are_one_line(lm_eval_runs, name):
     _, names, _ = MODEL_ARG_CASES[name]
     assert_one_line(outcome, 1, *map(fill, names))
     assert nothing_under(out)  # no results folder, no samples
+
+
+@pytest.mark.parametrize("name", list(GEN_KWARGS_CASES))
+def test_gen_kwargs_mistakes_are_one_line(lm_eval_runs, name):
+    runs, _ = lm_eval_runs
+    outcome, out = runs[name]
+    assert_one_line(outcome, 1, *GEN_KWARGS_CASES[name][1])
+    assert nothing_under(out)
 
 
 @pytest.mark.parametrize("name", list(DATA_CASES))

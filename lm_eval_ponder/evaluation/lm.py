@@ -449,6 +449,8 @@ class PonderLM(HFLM):
         ``on_row_done(row, tokens, stats)`` too, with the row's generated tokens and accounting
         (the loop only: ``generate`` returns all rows at once).
         """
+        if max_new_tokens < 1:  # generate_rows would return empty answers, scored as wrong
+            raise PonderError(f"max_gen_toks must be at least 1, got {max_new_tokens}")
         n_rows, width = input_ids.shape
         if on_finish is None and self._progress is not None:
             on_finish = self._progress.finish
@@ -488,6 +490,9 @@ class PonderLM(HFLM):
                         on_unhooked_forward=None if self._progress is None else
                         self._progress.decode_forward)
                 sequences, gen_tokens = result.sequences, list(result.gen_tokens)
+        else:  # what generate would refuse from deep inside, in one line (PonderError)
+            with contextlib.suppress(UnsupportedGeneration):
+                SamplingConfig.from_kwargs(self.model.generation_config, **kwargs)
         if result is None:
             with hook:
                 sequences = HFLM._model_generate(self, input_ids, width + max_new_tokens, stop,

@@ -47,7 +47,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from lm_eval_ponder.errors import UnsupportedGeneration
+from lm_eval_ponder.errors import PonderError, UnsupportedGeneration
 
 # GenerationConfig attributes that do not change what a greedy/sampling decode produces here.
 _IGNORED_FIELDS = frozenset({
@@ -148,8 +148,10 @@ class SamplingConfig:
                 raise UnsupportedGeneration(f"generation setting {key}={value!r}")
 
         temperature = merged.temperature if merged.temperature is not None else 1.0
-        if merged.do_sample and not temperature > 0:
-            raise UnsupportedGeneration(f"do_sample with temperature={temperature}")
+        refused = refused_setting(merged, temperature)
+        if refused is not None:
+            raise PonderError(f"generation settings (--gen_kwargs over the model's generation "
+                              f"config): {refused}")
         eos = merged.eos_token_id
         eos_ids = () if eos is None else tuple(int(e) for e in ([eos] if isinstance(eos, int)
                                                                  else eos))
@@ -206,6 +208,25 @@ class SamplingConfig:
         if self.renormalize_logits:
             after.append(LogitNormalization())
         return after
+
+
+def refused_setting(merged: GenerationConfig, temperature: float) -> str | None:
+    """What ``generate`` would refuse with a ``ValueError`` from deep inside a processor's
+    constructor, said in the user's terms; None if nothing. Checked here so that the loop
+    neither runs such a setting its own way (``repetition_penalty=0`` read as 1) nor hands it to
+    ``generate`` for a traceback. Settings ``generate`` ignores (``top_p`` above 1, any warper
+    while greedy) are ignored here too."""
+    penalty = merged.repetition_penalty
+    if penalty is not None and not penalty > 0:
+        return f"repetition_penalty={penalty!r} must be > 0 (1 for none)"
+    if not merged.do_sample:
+        return None
+    if not temperature > 0:
+        return (f"do_sample=true with temperature={temperature!r}: sampling needs a temperature "
+                f"> 0 (do_sample=false, or temperature=0 alone, decodes greedily)")
+    if merged.top_k is not None and merged.top_k < 0:
+        return f"top_k={merged.top_k!r} must be >= 0 (0 for none)"
+    return None
 
 
 # +inf's bit pattern per half-precision dtype: exponent all ones, mantissa 0.

@@ -10,6 +10,7 @@ controller trained on another vector, alpha and controller together, a vector wi
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,8 @@ from lm_eval_ponder.files import file_sha256
 from lm_eval_ponder.pondering.dynamics import ControllerDecide, PonderConfig, cumulative_offsets
 from lm_eval_ponder.pondering.hook import SteeringHook
 from lm_eval_ponder.resources import shipped_controller_dir
+
+LOGGER = logging.getLogger(__name__)
 
 PONDER_TYPES = {"tau": float, "k_max": int, "alpha0": float, "beta": float,
                 "alpha_start": float, "granularity": str}
@@ -267,6 +270,11 @@ def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,
             shipped / "controller.safetensors").is_file():
         controller_arg = str(shipped)
     if args.alpha is None and controller_arg is None:
+        unused = sorted(args.overrides) + [k for k in ("steering", "layer")
+                                           if getattr(args, k) is not None]
+        if unused:  # e.g. controller=none,granularity=token: a Direct run, whatever it says
+            LOGGER.warning("pondering is off (no controller, no alpha=): model args %s have no "
+                           "effect", ", ".join(unused))
         return None
     steering_dir = steering_directory(args.steering, backbone_name)
     steering = load_vector(steering_dir, model_config, backbone_sha256=backbone_sha256)

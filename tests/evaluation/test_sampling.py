@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 
+from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.sampling import (
     ChoiceRows,
     SamplingConfig,
@@ -247,3 +254,29 @@ def test_penalise_repeats_is_generates_penalty_with_each_rows_padding_left_out()
     expected[1, 10] = scores[1, 10]
     torch.testing.assert_close(penalise_repeats(scores, beyond, 1.3, lead), expected,
                                rtol=0, atol=0)
+
+
+# (gen kwargs, the processor generate builds for them, its constructor's args)
+REFUSED = [
+    ({"do_sample": True, "temperature": 0.0}, TemperatureLogitsWarper, (0.0,)),
+    ({"repetition_penalty": 0.0}, RepetitionPenaltyLogitsProcessor, (0.0,)),
+    ({"do_sample": True, "top_k": -1}, TopKLogitsWarper, (-1,)),
+]
+
+
+@pytest.mark.parametrize("kwargs, processor, args", REFUSED)
+def test_settings_generate_refuses_are_one_user_error(kwargs, processor, args):
+    """What ``generate`` refuses from inside a processor's constructor is a ``PonderError``
+    naming the setting, not a fallback to ``generate``'s traceback nor a value read its own way
+    (``repetition_penalty=0`` was read as 1)."""
+    with pytest.raises(ValueError):  # generate's own refusal, so only that is refused here
+        processor(*args)
+    with pytest.raises(PonderError, match=next(iter(k for k in kwargs if k != "do_sample"))):
+        SamplingConfig.from_kwargs(GenerationConfig(), **kwargs)
+
+
+def test_settings_generate_ignores_are_ignored():
+    """Greedy ignores warpers, and ``top_p`` above 1 adds none, in ``generate`` as here."""
+    assert not SamplingConfig.from_kwargs(GenerationConfig(), temperature=0.0).do_sample
+    assert SamplingConfig.from_kwargs(GenerationConfig(), top_k=-1).top_k == -1
+    assert SamplingConfig.from_kwargs(GenerationConfig(), do_sample=True, top_p=2.0).top_p == 2.0

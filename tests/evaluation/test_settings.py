@@ -89,3 +89,18 @@ def test_a_controller_for_another_backbone_is_refused_naming_both(tmp_path):
         check_controller_backbone(tmp_path, same, "smollm2-135m-instruct", "c2" * 32)
     with pytest.raises(PonderError, match="'other'.*'tiny'.*allow_backbone_mismatch=true"):
         check_controller_backbone(tmp_path, {"backbone_name": "other"}, "tiny", None)
+
+
+def test_ponder_settings_without_pondering_are_named_in_a_warning(caplog):
+    """``controller=none,granularity=token`` is a Direct run: say that the setting does
+    nothing rather than let the run's recorded model args suggest otherwise."""
+    from lm_eval_ponder.evaluation.settings import load_pondering
+
+    args = PonderArgs.from_model_args(controller="none", granularity="token", tau="0.3")
+    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.settings"):
+        assert load_pondering(args, "no-such-backbone", None, "cpu", None) is None
+    assert "granularity, tau have no effect" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.settings"):
+        load_pondering(PonderArgs.from_model_args(controller="none"), "x", None, "cpu", None)
+    assert caplog.text == ""

@@ -113,7 +113,7 @@ DECODERS: dict = {}  # one decoder per tokenizer: the loop keeps its stop-token 
 
 
 def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
-             max_rows: int | None = None) -> dict:
+             max_rows: int | None = None, decode_step: str = "dynamic") -> dict:
     import torch
 
     from lm_eval_ponder.evaluation import generation
@@ -126,6 +126,8 @@ def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
     kwargs = dict(max_new_tokens=max_new, eos_token_ids={tok.eos_token_id},
                   pad_token_id=tok.pad_token_id, stop=stop, decode=decode,
                   sampling=SamplingConfig(), max_rows=max_rows)
+    if decode_step != "dynamic":  # (a checkout before the static step has no such argument)
+        kwargs["decode_step"] = decode_step
     timer = clock = None
     if hasattr(generation, "StepTimer"):
         timer = kwargs["timer"] = generation.StepTimer(sync=torch.device(device).type == "cuda")

@@ -16,7 +16,9 @@ accelerator tensor, which CUDA tolerates with a host-to-device copy per call, ar
 The guard also counts host syncs (an accelerator tensor read back: ``.item()``, ``.cpu()``,
 ``.tolist()``, ``bool(t)``, ``nonzero``): ``guard.syncs`` lists them while ``guard.count_syncs``
 is on, so a per-token hot path can be checked for "no host round-trip" without a GPU, as
-``torch.cuda.set_sync_debug_mode("error")`` checks it on one.
+``torch.cuda.set_sync_debug_mode("error")`` checks it on one. ``guard.uploads`` lists, at the
+same times, host data copied to the device (``torch.tensor(x, device=...)``, ``.to(device)``
+of a CPU tensor): legal in eager code, an error inside a CUDA graph's recording.
 
 Use ``accelerator`` (the device to pass around) and the ``device_guard`` fixture (conftest).
 """
@@ -112,6 +114,7 @@ class DeviceGuard(TorchDispatchMode):
         super().__init__()
         self.generators = AcceleratorGenerators()
         self.syncs: list[str] = []
+        self.uploads: list[str] = []
         self.count_syncs = False
         self.ops = 0
 
@@ -170,6 +173,9 @@ class DeviceGuard(TorchDispatchMode):
         if self.count_syncs and "accelerator" in found and (
                 func in SYNCING or (func is aten._to_copy.default and not on_accelerator)):
             self.syncs.append(str(func))
+        if self.count_syncs and on_accelerator and func in TRANSFERS and any(
+                type(t) is torch.Tensor for t in flat):  # host data copied to the device
+            self.uploads.append(f"{func} {[tuple(t.shape) for t in flat if isinstance(t, torch.Tensor)]}")
         out = func(*tree_map(unwrap, args), **unwrapped_kwargs)
         schema = func._schema
         if schema.returns and is_write(schema.returns[0]):  # in-place / out=: the same object

@@ -393,6 +393,8 @@ COMMAND_CASES = {
                                ["dataset", "'nosuch'"], "fine"),
     "suite: method unknown": ("suite", ["--output", "{tmp}/run", "--methods", "Foo"],
                               ["method", "'Foo'"], "fine"),
+    "suite: limit negative": ("suite", ["--output", "{tmp}/run", "--limit", "-3", "--plan"],
+                              ["--limit", "-3"], "silent"),
     "suite: decoding unknown": ("suite", ["--output", "{tmp}/run", "--decoding", "weird"],
                                 ["decoding", "'weird'"], "fine"),
     "report: results JSON cut off": ("report", ["{tmp}/runs", "--output", "{tmp}/run"],

@@ -422,6 +422,10 @@ def run_suite(a: argparse.Namespace) -> Path:
                 from None
     elif a.seed is not None:
         seeds = (a.seed,)
+    for flag, value in (("--limit", a.limit), ("--max_gen_toks", a.max_gen_toks),
+                        ("--batch_size", a.batch_size)):
+        if value is not None and value < 1:  # (lm_eval's own errors for these are tracebacks)
+            raise PonderError(f"{flag} must be at least 1, got {value}")
     for name, given, known in (("method", methods, METHODS + EXTRA_METHODS),
                                ("dataset", datasets, registry.DATASET_NAMES),
                                ("decoding", decodings, DECODINGS)):

@@ -283,9 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip steps that would start after this many seconds")
     parser.add_argument("--skip", default="", type=lambda v: set(v.split(",")) - {""},
                         help="comma-separated step keys to leave out (ponder-none, ponder, "
-                             "ponder-none-captured, ponder-none-cudagraphs, ponder-none-inductor, hf-64, "
-                             "hf-256, "
-                             "sync-prompt, sync-token, train-prompt, train-token)")
+                             "ponder-none-captured, ponder-none-cudagraphs, "
+                             "ponder-none-inductor, hf-64, hf-256, sync-prompt, sync-token, "
+                             "train-prompt, train-token)")
     parser.add_argument("--fail", default="", type=lambda v: set(v.split(",")) - {""},
                         help="make these steps raise: checks that the check itself fails")
     args = parser.parse_args(argv)

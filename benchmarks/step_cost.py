@@ -27,6 +27,7 @@ model>``.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 
@@ -77,7 +78,10 @@ def main(argv: list[str] | None = None) -> float:
         for rows in args.rows:
             enc = tok(arith_chat_prompts(tok, rows), return_tensors="pt",
                       padding=True).to(args.device)
-            runs: dict[str, list[dict]] = {name: [] for name in [*loops, "hf"]}
+            runners = {path: functools.partial(run_loop, decode_step=mode)
+                       for path, mode in loops.items()}
+            runners["hf"] = run_hf
+            runs: dict[str, list[dict]] = {path: [] for path in runners}
             run_hf(model, tok, enc, 2, stop, args.device)  # warm-up: kernels, allocator, ...
             for mode in loops.values():  # ... the stop-token table, and (at this width) graphs
                 run_loop(model, tok, enc, 2 if mode == "dynamic" else args.max_new_tokens,
@@ -85,13 +89,9 @@ def main(argv: list[str] | None = None) -> float:
             for pair in range(args.pairs):
                 order = list(runs) if pair % 2 == 0 else list(runs)[::-1]
                 for path_name in order:
-                    if path_name == "hf":
-                        runs[path_name].append(run_hf(model, tok, enc, args.max_new_tokens,
-                                                      stop, args.device))
-                    else:
-                        runs[path_name].append(run_loop(
-                            model, tok, enc, args.max_new_tokens, stop, args.device,
-                            decode_step=loops[path_name]))
+                    runs[path_name].append(runners[path_name](model, tok, enc,
+                                                              args.max_new_tokens, stop,
+                                                              args.device))
             for path_name, rs in runs.items():
                 med = {k: statistics.median(r[k] for r in rs) for k in ("step_ms", "host_ms")}
                 phases = {k: statistics.median(r["phases"].get(k, 0.0) for r in rs)

@@ -175,7 +175,8 @@ class DeviceGuard(TorchDispatchMode):
             self.syncs.append(str(func))
         if self.count_syncs and on_accelerator and func in TRANSFERS and any(
                 type(t) is torch.Tensor for t in flat):  # host data copied to the device
-            self.uploads.append(f"{func} {[tuple(t.shape) for t in flat if isinstance(t, torch.Tensor)]}")
+            shapes = [tuple(t.shape) for t in flat if isinstance(t, torch.Tensor)]
+            self.uploads.append(f"{func} {shapes}")
         out = func(*tree_map(unwrap, args), **unwrapped_kwargs)
         schema = func._schema
         if schema.returns and is_write(schema.returns[0]):  # in-place / out=: the same object

@@ -57,7 +57,8 @@ class ReplayPlan:
     def copied(self) -> tuple[int, ...]:
         """Inputs a replay copies into graph-owned memory first (the step's own tensors:
         token ids, mask, positions)."""
-        return tuple(i for i in range(self.n_inputs) if i not in set(self.static))
+        static = set(self.static)
+        return tuple(i for i in range(self.n_inputs) if i not in static)
 
 
 def write_in_place(graph: torch.fx.Graph) -> int:
@@ -130,11 +131,8 @@ class ReplayBackend:
         from torch._dynamo.backends.common import aot_autograd
         from torch._dynamo.backends.debugging import boxed_nop
 
-        def eager(aot_model, aot_inputs):  # graphs with autograd: traced, not replayed
-            return boxed_nop(aot_model, aot_inputs)
-
-        return aot_autograd(
-            fw_compiler=eager, bw_compiler=eager,
+        return aot_autograd(  # graphs with autograd run as traced, not replayed
+            fw_compiler=boxed_nop, bw_compiler=boxed_nop,
             inference_compiler=functools.partial(self.capture, n_dynamo_inputs=len(example_inputs)),
             keep_inference_input_mutations=True)(gm, example_inputs)
 

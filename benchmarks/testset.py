@@ -104,7 +104,11 @@ def run_fixed(args, out: Path, task: str, alpha: float, limit: int) -> None:
         "--output", str(out), "--methods", "FR", "--alpha", repr(alpha), "--tasks", task,
         "--limit", str(limit), "--max_gen_toks", str(args.max_tokens),
         "--batch_size", str(args.batch_size), "--controller", "none", "--resume_within",
-        "--no_report", "--model_args", f"dtype={args.dtype}"])
+        "--no_report", "--model_args", f"dtype={args.dtype}",
+        "--decoding", getattr(args, "decoding", "greedy"),
+        "--seeds", getattr(args, "seeds", "0"), *(["--plan"] if getattr(args, "plan", False)
+                                                 else []),
+        *(["--pilot", args.pilot] if getattr(args, "pilot", None) else [])])
     if code:
         sys.exit(code)
 
@@ -720,6 +724,13 @@ def main(argv: list[str] | None = None) -> None:
     sw.add_argument("--tasks", default=",".join(TASKS))
     sw.add_argument("--depths", default=None, help="comma list (default: all)")
     sw.add_argument("--limit", type=int, default=None, help="documents per task (default: 500)")
+    sw.add_argument("--decoding", default="greedy",
+                    help="the suite's decoding: greedy (the first sweeps) or t0.7, the one the "
+                         "controllers' rollouts were sampled at (issue 52)")
+    sw.add_argument("--seeds", default="0", help="comma list of seeds (sampled decodings)")
+    sw.add_argument("--plan", action="store_true", help="print the runs (suite --plan); run none")
+    sw.add_argument("--pilot", default=None,
+                    help="with --plan: a finished pilot sweep root whose times price the runs")
     a = sub.choices["analyse"]
     a.add_argument("--generated", nargs="*", default=[],
                    help="controller directories whose own answers `evaluate` generated "

@@ -631,3 +631,62 @@ def test_eval_overhead_replays_recorded_answers(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert seconds > 0 and out[-1] == f"eval_overhead_s {seconds:.3f}"
     assert "accuracy 0.000" in out[-2]  # none of the made-up answers is right
+
+
+# ----------------------------------------------------------------------------- per_type.py (issue 52)
+from lib import analysis as an  # noqa: E402
+
+
+def _typed(n_per: int = 60, seed: int = 0):
+    """Two types whose best depths differ (A at 0, B at 2), three depths, 0/1 outcomes."""
+    rng = np.random.default_rng(seed)
+    groups = np.array(["A"] * n_per + ["B"] * n_per)
+    p = np.where(groups[:, None] == "A", [0.8, 0.4, 0.1], [0.1, 0.4, 0.8])
+    acc = (rng.random((2 * n_per, 3)) < p).astype(float)
+    tok = np.tile([10.0, 20.0, 30.0], (2 * n_per, 1))
+    fold = np.array(an.fold_of([f"k{i}" for i in range(2 * n_per)], 5))
+    return acc, tok, groups, fold
+
+
+def test_per_type_headroom_finds_real_types_and_not_shuffled_ones():
+    acc, tok, groups, fold = _typed()
+    s = an.per_type_headroom(acc, tok, groups, fold, 5, draws=300, nulls=50)
+    assert s["headroom"] > 0.2 and s["headroom_ci95"][0] > 0.1  # 0.8 against about 0.45
+    assert s["null"]["q95"] < s["headroom"] and s["null"]["p"] < 0.05
+    assert s["oracle_per_item_in_sample"] >= s["envelope_in_sample"]["accuracy"]
+    # labels that carry nothing: the headroom is within its own null
+    noise = np.array(["A", "B"] * 60)
+    s = an.per_type_headroom(acc, tok, noise, fold, 5, draws=300, nulls=50)
+    assert s["headroom"] <= s["null"]["q95"] + 1e-9 or s["null"]["p"] > 0.05
+
+
+def test_cross_fitted_choice_never_sees_its_own_fold():
+    acc, tok, groups, fold = _typed()
+    held = fold == 0
+    planted = acc.copy()
+    planted[held] = 0.0
+    planted[held, 1] = 1.0  # the held-out fold alone favours depth 1
+    pol = an.cross_fitted_policies(planted, groups, fold, 5)
+    assert (pol["single"][held] != 1).all() and (pol["per_type"][held] != 1).all()
+
+
+def test_curve_mix_matches_the_budget_on_the_envelope():
+    tokens, accuracy = np.array([10.0, 20.0, 30.0, 40.0]), np.array([0.2, 0.1, 0.5, 0.4])
+    assert an.curve_mix(tokens, accuracy, 5.0) == {0: 1.0}
+    mix = an.curve_mix(tokens, accuracy, 25.0)  # envelope 0 -> 2 (1 and 3 lie below it)
+    assert set(mix) == {0, 2} and mix[0] == pytest.approx(0.25)
+    assert sum(w * tokens[k] for k, w in mix.items()) == pytest.approx(25.0)
+    assert an.curve_mix(tokens, accuracy, 99.0) == {2: 1.0}
+
+
+def test_controller_gaps_against_its_comparators():
+    acc, tok, groups, fold = _typed()
+    runs = []
+    for f in range(5):
+        val = np.flatnonzero(fold == f)
+        train = fold != f
+        choice = an.per_type_choice(acc, groups, train)
+        runs.append({"val": val.tolist(), "depth": [choice[g] for g in groups[val]]})
+    g = an.controller_gaps(acc, tok, groups, runs, draws=200)
+    assert g["n"] == len(acc) and g["gap_per_type"] == pytest.approx(0.0)
+    assert g["gap_single"] > 0.2  # reading the type beats one depth for all

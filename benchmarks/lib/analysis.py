@@ -102,3 +102,139 @@ def depth_by_level(depth, level) -> tuple[dict[str, float], float] | None:
     by_level = {f"L{v}": float(d[lv == v].mean()) for v in sorted(set(lv.tolist()))}
     rho = float(spearmanr(lv, d).statistic) if np.ptp(d) > 0 else float("nan")
     return by_level, rho
+
+
+def per_type_choice(values, groups, train) -> dict:
+    """One depth per group (problem type), each the best mean ``values`` [item, depth] over
+    the ``train`` items of that group; a group with no training item gets the best depth of
+    all ``train`` items."""
+
+    overall = int(values[train].mean(axis=0).argmax())
+    out = {}
+    for g in sorted(set(groups.tolist())):
+        sel = train & (groups == g)
+        out[g] = int(values[sel].mean(axis=0).argmax()) if sel.any() else overall
+    return out
+
+
+def cross_fitted_policies(values, groups, fold, folds: int) -> dict:
+    """Each item's depth under two policies chosen on the *other* folds (issue 52): one depth
+    for all (``single``) and one depth per group (``per_type``). [item] int arrays."""
+    import numpy as np
+
+    single, per_type = np.zeros(len(fold), dtype=int), np.zeros(len(fold), dtype=int)
+    for f in range(folds):
+        held, train = fold == f, fold != f
+        single[held] = int(values[train].mean(axis=0).argmax())
+        choice = per_type_choice(values, groups, train)
+        per_type[held] = [choice[g] for g in groups[held].tolist()]
+    return {"single": single, "per_type": per_type}
+
+
+def per_type_headroom(accuracy, tokens, groups, fold, folds: int, draws: int = 2000,
+                      nulls: int = 200, seed: int = 0) -> dict:
+    """Does one depth per problem type beat one depth for all, held out? Both policies are
+    chosen by accuracy on the other folds and scored on the held-out fold; the headroom is the
+    mean per-item difference with a bootstrap 95% interval over items. The null repeats the
+    whole procedure with the group labels shuffled across items (``nulls`` times): the
+    headroom that choosing per group buys by chance, so a reader sees the noise floor; ``p`` is
+    the share of shuffles at or above the observed headroom. The in-sample envelope (the best
+    depth's mean, chosen on the items it is scored on) is the optimistic bound beside them."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    rows = np.arange(len(fold))
+
+    def scored(policy):
+        return accuracy[rows, policy], tokens[rows, policy]
+
+    pol = cross_fitted_policies(accuracy, groups, fold, folds)
+    acc_single, tok_single = scored(pol["single"])
+    acc_type, tok_type = scored(pol["per_type"])
+    diff = acc_type - acc_single
+    ci = bootstrap(lambda idx: {"d": float(diff[idx].mean())}, len(diff), draws, seed)["d"]
+    null = []
+    for _ in range(nulls):
+        shuffled = groups[rng.permutation(len(groups))]
+        p = cross_fitted_policies(accuracy, shuffled, fold, folds)["per_type"]
+        null.append(float((accuracy[rows, p] - acc_single).mean()))
+    null = np.array(null)
+    envelope = accuracy.mean(axis=0)
+    return {
+        "n": int(len(fold)), "folds": folds,
+        "single": {"accuracy": float(acc_single.mean()), "tokens": float(tok_single.mean())},
+        "per_type": {"accuracy": float(acc_type.mean()), "tokens": float(tok_type.mean())},
+        "headroom": float(diff.mean()), "headroom_ci95": [float(ci[0]), float(ci[1])],
+        "null": {"draws": nulls, "mean": float(null.mean()),
+                 "q95": float(np.percentile(null, 95)),
+                 "p": float((1 + (null >= diff.mean() - 1e-12).sum()) / (1 + nulls))},
+        "envelope_in_sample": {"depth": int(envelope.argmax()),
+                               "accuracy": float(envelope.max()),
+                               "tokens": float(tokens[:, int(envelope.argmax())].mean())},
+        "oracle_per_item_in_sample": float(accuracy.max(axis=1).mean()),
+        "per_depth": {"accuracy": envelope.tolist(), "tokens": tokens.mean(axis=0).tolist()},
+    }
+
+
+def controller_gaps(accuracy, tokens, groups, runs: list[dict], draws: int = 2000,
+                    seed: int = 0) -> dict:
+    """Cross-fitted controllers against the cross-fitted comparators on the same held-out
+    items. ``runs``: one per (seed, fold): ``{"val": [item], "depth": [depth]}``, the items a
+    run held out and the depth its controller chose on each. Per run, the comparators are
+    chosen on the items it did not hold out (its training side): the best depth, the best depth
+    per group, and the fixed curve at the controller's cost (``curve_mix``: the training side's
+    upper envelope at the controller's held-out mean tokens, as a mix of two depths, scored on
+    the held-out items). Per item the gaps are averaged over the runs that held it out (one per
+    seed)."""
+    import numpy as np
+
+    n = accuracy.shape[0]
+    sums = {k: np.zeros(n) for k in ("ctrl", "single", "per_type", "budget", "tokens")}
+    count = np.zeros(n)
+    for run in runs:
+        val = np.asarray(run["val"])
+        depth = np.asarray(run["depth"])
+        train = np.ones(n, dtype=bool)
+        train[val] = False
+        means = accuracy[train].mean(axis=0)
+        single = int(means.argmax())
+        choice = per_type_choice(accuracy, groups, train)
+        mix = curve_mix(tokens[train].mean(axis=0), means, tokens[val, depth].mean())
+        sums["ctrl"][val] += accuracy[val, depth]
+        sums["tokens"][val] += tokens[val, depth]
+        sums["single"][val] += accuracy[val, single]
+        sums["budget"][val] += sum(w * accuracy[val, k] for k, w in mix.items())
+        sums["per_type"][val] += accuracy[val, [choice[g] for g in groups[val].tolist()]]
+        count[val] += 1
+    seen = count > 0
+    mean = {k: v[seen] / count[seen] for k, v in sums.items()}
+    gaps = {name: mean["ctrl"] - mean[name] for name in ("single", "per_type", "budget")}
+    ci = bootstrap(lambda idx: {k: float(v[idx].mean()) for k, v in gaps.items()},
+                   int(seen.sum()), draws, seed)
+    return {"n": int(seen.sum()), "accuracy": float(mean["ctrl"].mean()),
+            "tokens": float(mean["tokens"].mean()),
+            **{f"gap_{k}": float(v.mean()) for k, v in gaps.items()},
+            **{f"gap_{k}_ci95": list(ci[k]) for k in gaps}}
+
+
+def curve_mix(tokens, accuracy, budget: float) -> dict[int, float]:
+    """The fixed-depth curve's upper envelope at a token budget as a policy: depth -> weight (a
+    random mix of the two envelope depths around ``budget``, whose mean tokens are the budget),
+    from per-depth mean ``tokens`` and ``accuracy`` measured on other items. Below the cheapest
+    depth, that depth; beyond the envelope's last point, its depth. What "the fixed curve at
+    equal tokens" means for a comparator that must itself be chosen out of sample."""
+    import numpy as np
+
+    order = [int(k) for k in np.argsort(tokens, kind="stable")]
+    envelope, best = [], -np.inf
+    for k in order:  # the running best in order of cost: the points the envelope joins
+        if accuracy[k] > best:
+            envelope.append(k)
+            best = accuracy[k]
+    if budget <= tokens[envelope[0]]:
+        return {envelope[0]: 1.0}
+    for a, b in zip(envelope, envelope[1:]):
+        if tokens[a] <= budget <= tokens[b]:
+            w = float((tokens[b] - budget) / (tokens[b] - tokens[a])) if tokens[b] > tokens[a] else 1.0
+            return {a: w, b: 1.0 - w}
+    return {envelope[-1]: 1.0}

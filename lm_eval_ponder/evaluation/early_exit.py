@@ -149,17 +149,20 @@ def exit_tests(candidates: Sequence[int], exit_layer: int) -> int:
 
 
 def exit_accounting(spec: FlopsSpec, settings: ExitSettings, exits: torch.Tensor,
-                    prompt_tokens: int, gen_tokens: int) -> dict[str, float]:
+                    prompt_tokens: int, gen_tokens: int,
+                    logits_to_keep: int = 1) -> dict[str, float]:
     """A row's ``exit_layer`` (the mean number of layers that produced its generated tokens,
     the first, from the prefill, at the full depth) and ``flops`` (``flops.
-    early_exit_generation_flops``), from the exit layers of its decode steps in order. Records
+    early_exit_generation_flops``, the prefill's logits kept as ``logits_to_keep`` says), from
+    the exit layers of its decode steps in order. Records
     after its last token (a finished row waiting for the batch) are cut off."""
     steps = [int(e) for e in exits[: max(gen_tokens - 1, 0)].tolist()]
     if len(steps) < gen_tokens - 1:
         raise RuntimeError(f"internal: {len(steps)} exit records for {gen_tokens} tokens")
     candidates = settings.candidates(spec.n_layers)
     flops = early_exit_generation_flops(spec, prompt_tokens,
-                                        [(e, exit_tests(candidates, e)) for e in steps])
+                                        [(e, exit_tests(candidates, e)) for e in steps],
+                                        logits_to_keep)
     mean = (spec.n_layers + sum(steps)) / (1 + len(steps)) if gen_tokens else spec.n_layers
     return {"exit_layer": float(mean), "flops": float(flops)}
 

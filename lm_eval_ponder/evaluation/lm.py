@@ -44,7 +44,11 @@ from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings, exit_ac
 from lm_eval_ponder.evaluation.generation import RowObserver, generate_rows
 from lm_eval_ponder.evaluation.progress import RowProgress
 from lm_eval_ponder.evaluation.resume import CACHE_MARKER, SampledAnswers, is_sampled
-from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token, check_model_supported
+from lm_eval_ponder.evaluation.rowbatch import (
+    cache_bytes_per_token,
+    check_model_supported,
+    supports_logits_to_keep,
+)
 from lm_eval_ponder.evaluation.sampling import SamplingConfig
 from lm_eval_ponder.evaluation.settings import (
     PonderArgs,
@@ -279,6 +283,9 @@ class PonderLM(HFLM):
         self.backbone_info = resolved
         bb.freeze(self.model)
         self.flops_spec = FlopsSpec.from_model(self.model)
+        # the prefill's logits as generation computes them (flops.generation_flops): the last
+        # position's where forward takes logits_to_keep (the loop and generate pass 1), else all
+        self.prefill_logits = 1 if supports_logits_to_keep(self.model) else 0
         per_token = cache_bytes_per_token(self.model.config, self.model.dtype)
         self.max_cache_tokens = None if self.max_cache_gib is None or per_token is None \
             else max(1, int(self.max_cache_gib * 2**30 // per_token))
@@ -656,7 +663,8 @@ class PonderLM(HFLM):
         stats = {"prompt_tokens": prompt, "gen_tokens": n, "ponder_steps": steps,
                  "controller_evals": evals}
         if exits is not None and self.early_exit is not None:
-            stats.update(exit_accounting(self.flops_spec, self.early_exit, exits, prompt, n))
+            stats.update(exit_accounting(self.flops_spec, self.early_exit, exits, prompt, n,
+                                          self.prefill_logits))
         return stats
 
     def row_text(self, text: str, row: dict[str, float]) -> GenerationText:
@@ -664,7 +672,8 @@ class PonderLM(HFLM):
         the row priced its own: early exit)."""
         if "flops" in row:
             return GenerationText(text, dict(row))
-        flops = generation_flops(self.flops_spec, row["prompt_tokens"], row["gen_tokens"])
+        flops = generation_flops(self.flops_spec, row["prompt_tokens"], row["gen_tokens"],
+                                 self.prefill_logits)
         if row["controller_evals"]:
             flops += self.controller.evaluation_flops(row["controller_evals"])
         return GenerationText(text, {**row, "flops": float(flops)})

@@ -112,4 +112,24 @@ def paired_difference(samples: list[dict], base: list[dict]) -> dict[str, float]
         return 1 - mine / theirs if theirs > 0 else math.nan
 
     return {"gain": sum(diffs) / len(diffs), "lo": lo, "hi": hi, "n": len(pairs),
-            "saved": saved("flops"), "tokens_saved": saved("gen_tokens")}
+            "p": sign_test(diffs), "saved": saved("flops"), "tokens_saved": saved("gen_tokens")}
+
+
+def sign_test(diffs: list[float]) -> float:
+    """Two-sided exact sign test of paired differences (McNemar's exact test when they are
+    0/1 scores; ties drop out): the p-value of a paired comparison, for ``holm``."""
+    from scipy.stats import binomtest
+
+    up, down = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
+    return 1.0 if up + down == 0 else float(binomtest(up, up + down, 0.5).pvalue)
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (same order as given): a paired
+    comparison flagged among many must survive it (issue 52: one "p = 0.016" of ten does not)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[i]))
+        adjusted[i] = running
+    return adjusted

@@ -5,7 +5,8 @@ figures.
   FP-CoT, FP-BoN) picks it, whatever else its label says, and the decoding policy of
   ``suite --decoding`` picks the marker. Labels the table split for another reason (e.g.
   ``[dtype=bfloat16]``) get hollow markers.
-- Accuracy is drawn with its Wilson 95% interval, on a 0..1 axis that every panel shares, so
+- Accuracy is drawn with its 95% interval (Wilson's for one seed, a bootstrap over questions
+  for a mean over seeds; every caption says which), on a 0..1 axis that every panel shares, so
   levels and datasets read on the same scale.
 - Fixed-alpha runs (FR at several alphas) are one curve through their points in order of cost:
   a controller helps only where it lies above that curve beyond its interval. Early-exit runs
@@ -47,8 +48,25 @@ SPARE_COLOURS = ("#17becf", "#bcbd22", "#e377c2", "#000000", "#aec7e8", "#98df8a
 # families drawn as one curve through their points: the parameter the points differ in
 CURVES = {"FR": ("alpha", "="), "EE": ("p", ">=")}
 DECODING_MARKERS = {"greedy": "o", "t0.7": "s", "top_p0.95": "^", "top_k40": "D"}
-CI_NOTE = ("Error bars: Wilson 95% intervals. Overlapping intervals are read as not "
-           "distinguishable (conservative for unpaired intervals).")
+CI_READING = ("Overlapping intervals are read as not distinguishable (conservative for "
+              "unpaired intervals).")
+
+
+def interval_kind(stats) -> str:
+    """Which 95% interval a set of cells carries (``measures.metrics``): Wilson's for a row of
+    one seed, a bootstrap over questions for a mean over seeds; said wherever intervals are
+    drawn, since a caption that names the wrong one misleads (issue 52)."""
+    seeds = {int(f.get("seeds", 1)) > 1 for f in stats}
+    if seeds == {True}:
+        return "95% bootstrap intervals over questions of the mean over seeds"
+    if seeds == {True, False}:
+        return ("95% intervals: Wilson for rows of one seed, a bootstrap over questions for "
+                "rows that average seeds")
+    return "Wilson 95% intervals"
+
+
+def ci_note(stats) -> str:
+    return f"Error bars: {interval_kind(stats)}. {CI_READING}"
 
 
 class LabelledRun(Protocol):
@@ -82,7 +100,8 @@ def style(label: str) -> Style:
     such as ``FR (alpha=-0.2) [t0.7]`` or ``FP-Direct [dtype=bfloat16]``."""
     variants = label_variants(label)
     name = re.sub(r" \[[^\]]+\]", "", label)
-    family = re.sub(r" \((?:alpha=[^)]*|p>=[^)]*|default args)\)$", "", name).strip()
+    family = re.sub(r" \((?:alpha=[^)]*|p>=[^)]*|default args|depth \d+ on every question)\)$",
+                    "", name).strip()
     decoding = next((v for v in variants if v in DECODING_MARKERS), "greedy")
     colour = FAMILY_COLOURS.get(family) or \
         SPARE_COLOURS[zlib.crc32(family.encode()) % len(SPARE_COLOURS)]
@@ -227,7 +246,8 @@ def pareto_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[Pa
     cost_axis(ax, "mean FLOPs per question")
     ax.set(ylabel="accuracy", title=dataset)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    caption = distinguishability(stats, dataset) + coincident(stats) + " " + CI_NOTE
+    caption = distinguishability(stats, dataset) + coincident(stats) + " " + \
+        ci_note(stats.values())
     return save(fig, out / f"pareto_{slug(dataset)}.png"), caption
 
 
@@ -245,7 +265,8 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
            for level in levels}
     sentences = [distinguishability(per[level], f"level {level}") + coincident(per[level])
                  for level in levels]
-    caption = f"{dataset} by level. " + " ".join(sentences) + " " + CI_NOTE
+    caption = f"{dataset} by level. " + " ".join(sentences) + " " + \
+        ci_note([f for cells in per.values() for f in cells.values()])
     written = []
 
     fig, axes = plt.subplots(1, len(levels), figsize=(2.8 * len(levels) + 2.2, 3.2),

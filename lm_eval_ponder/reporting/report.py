@@ -53,8 +53,15 @@ from lm_eval_ponder.registry import dataset_order
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import Identity, distinguish, flatten, parse_model_args, render
-from lm_eval_ponder.reporting.measures import by_level, metrics, paired_difference, spearman
-from lm_eval_ponder.reporting.plots import BASE_OF, family, label_variants, plots, table_rank
+from lm_eval_ponder.reporting.measures import by_level, holm, metrics, paired_difference, spearman
+from lm_eval_ponder.reporting.plots import (
+    BASE_OF,
+    family,
+    interval_kind,
+    label_variants,
+    plots,
+    table_rank,
+)
 from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
 
 
@@ -72,10 +79,42 @@ class Run:
     variant: str = ""
     note: str = ""  # why accounting is missing, if it is; which seeds were averaged
     seeds: list[int | None] = field(default_factory=lambda: [None])
+    depth: int | None = None  # the one depth its controller chose on every question, if so
 
     @property
     def label(self) -> str:
-        return f"{self.method} [{self.variant}]" if self.variant else self.method
+        name = self.method
+        if self.depth is not None:  # before any bracketed variant: "FP-Direct (depth 0 ...) [t0.7]"
+            head, tail = re.fullmatch(r"(.*?)((?: \[[^\]]+\])*)", name).groups()
+            name = f"{head}{ONE_DEPTH.format(k=self.depth)}{tail}"
+        return f"{name} [{self.variant}]" if self.variant else name
+
+
+# A controller that halts at the same depth on every question is a fixed offset, not adaptive
+# pondering; its row says so (issue 52), whatever the method is called.
+ONE_DEPTH = " (depth {k} on every question)"
+
+
+def single_depth(run: Run) -> int | None:
+    """The one ponder depth a run's controller chose on every question, read from the
+    per-question depths (``ponder_steps``); None when depths differ or no controller ran.
+    At token granularity a question's value is a mean over its tokens, which pins every
+    decision only at 0 or ``k_max``."""
+    pondering = run.identity.model.get("pondering")
+    pondering = pondering if isinstance(pondering, dict) else {}
+    row = next((m for m in registry.METHODS if m.label == run.method), None)
+    if not pondering.get("controller") and not (row and row.needs_controller):
+        return None
+    depths = {s.get("ponder_steps") for s in run.samples}
+    if len(depths) != 1 or None in depths:
+        return None
+    (value,) = depths
+    if not float(value).is_integer():
+        return None
+    k = int(value)
+    if pondering.get("granularity", "prompt") != "prompt" and k not in (0, pondering.get("k_max")):
+        return None
+    return k
 
 
 def _label(task: str, model: str, args: dict, marker: dict | None,
@@ -174,6 +213,8 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     if not runs:
         raise PonderError(f"no lm-eval results with --log_samples under {', '.join(map(str, paths))}")
     runs = merge_seed_runs(runs)
+    for run in runs.values():
+        run.depth = single_depth(run)
     by_method: dict[tuple[str, str], list[Run]] = defaultdict(list)
     for run in runs.values():
         by_method[(run.backbone, run.method)].append(run)
@@ -260,6 +301,11 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     return ordered, notes
 
 
+def cells(rows: list[dict], datasets: list[str]) -> list[dict]:
+    """Every filled cell of the table (one row's figures on one dataset)."""
+    return [r[d] for r in rows for d in datasets if isinstance(r.get(d), dict)]
+
+
 def identity_lines(rows: list[dict]) -> list[str]:
     """One line per configuration in the table: its short hash and what it is."""
     seen = {r["identity"]: r["model"] for r in rows}
@@ -299,7 +345,7 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
     paired per question (``measures.paired_difference``): whether steering's token saving
     costs accuracy is a paired question, which side-by-side intervals answer only
     conservatively."""
-    out = []
+    found = []
     for dataset in dataset_order(common):
         group = [r for r in common[dataset] if r.samples]
         for run in group:
@@ -311,14 +357,18 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
             if len(bases) != 1:
                 continue
             d = paired_difference(run.samples, bases[0].samples)
-            if d is None:
-                continue
-            verdict = ("gains beyond the interval" if d["lo"] > 0 else "loses beyond the interval"
-                       if d["hi"] < 0 else "no difference beyond the interval")
-            out.append(f"{dataset}: {run.label} against {bases[0].label}, paired on {d['n']} "
-                       f"questions: accuracy {d['gain']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
-                       f"({verdict}), {d['tokens_saved']:.0%} fewer tokens, {d['saved']:.0%} "
-                       f"fewer FLOPs")
+            if d is not None:
+                found.append((dataset, run, bases[0], d))
+    out = []
+    adjusted = holm([d["p"] for *_, d in found])
+    for (dataset, run, base, d), p_holm in zip(found, adjusted):
+        verdict = ("gains beyond the interval" if d["lo"] > 0 else "loses beyond the interval"
+                   if d["hi"] < 0 else "no difference beyond the interval")
+        out.append(f"{dataset}: {run.label} against {base.label}, paired on {d['n']} "
+                   f"questions: accuracy {d['gain']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
+                   f"({verdict}; sign test p = {d['p']:.3g}, Holm-adjusted over the "
+                   f"{len(found)} paired comparisons of this report p = {p_holm:.3g}), "
+                   f"{d['tokens_saved']:.0%} fewer tokens, {d['saved']:.0%} fewer FLOPs")
     return out
 
 
@@ -449,7 +499,8 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
              "<h1>Leaderboard</h1><table><tr><th>backbone</th><th>method</th><th>identity</th>"
              + head + "</tr>"
              + body + "</table>",
-             "<p>Accuracy: Wilson 95% interval, n questions (the questions every method of the "
+             f"<p>Accuracy: {interval_kind(cells(md_rows, datasets))}, n questions (the "
+             "questions every method of the "
              "dataset answered). Bold only when the interval does not overlap the runner-up's."
              "</p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>",
              "<h2>Identities</h2><p>The configuration behind each identity (model part; "
@@ -496,8 +547,9 @@ def report(paths: list[str | Path], out: str | Path, link_figures: bool = False)
     notes += steering_verdicts(common)
     md = write_tables(rows, datasets, notes, out)
     images = plots(common, out)
+    kind = interval_kind(cells(rows, datasets))
     with open(out / "leaderboard.md", "a") as f:
-        f.write("\nFigures (error bars: Wilson 95% intervals):\n" + "".join(
+        f.write(f"\nFigures (error bars: {kind}):\n" + "".join(
             f"\n![{img.stem}]({img.name})\n\n{caption}\n" for img, caption in images))
     spear = depth_difficulty([r for g in common.values() for r in g])
     if spear:

@@ -106,7 +106,7 @@ class OnlineEnvironment:
         for p, n_prompt, text, n, ppl, (_, depths) in zip(prompts, out.prompt_tokens, texts,
                                                           used, ppls, trajectories):
             correct, pred = grading.grade(p.kind, text, p.gold)
-            flops = generation_flops(lm.flops_spec, n_prompt, n) + \
+            flops = generation_flops(lm.flops_spec, n_prompt, n, lm.prefill_logits) + \
                 self.controller.evaluation_flops((self.k_max + 1) * len(depths))
             records.append({"key": p.key, "task": p.task, "level": p.level, "text": text,
                             "gen_tokens": n, "prompt_tokens": int(n_prompt),

@@ -67,3 +67,15 @@ def test_paired_difference_pairs_questions_and_prices_the_saving():
     assert d["gain"] == pytest.approx(-0.25) and d["hi"] < 0
     assert paired_difference(worse[:10], base[100:]) is None  # no shared question
     assert paired_difference(worse[:10], base)["n"] == 10
+
+
+def test_sign_test_and_holm() -> None:
+    from lm_eval_ponder.reporting.measures import holm, sign_test
+
+    assert sign_test([1.0] * 10) == pytest.approx(2 * 0.5**10)
+    assert sign_test([1.0, -1.0, 0.0, 0.0]) == 1.0 and sign_test([0.0, 0.0]) == 1.0
+    assert sign_test([1 / 3, -2 / 3] * 3 + [1.0] * 6) == sign_test([1.0] * 9 + [-1.0] * 3)
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1, order kept
+    # issue 52: p = 0.016 alone survives, as one of ten (the nine others at 0.5) it does not
+    assert holm([0.016] + [0.5] * 9)[0] == pytest.approx(0.16)

@@ -140,10 +140,11 @@ def ponder_config(**changes):
 
 
 def test_runs_differing_only_in_dtype_are_two_rows(tmp_path):
-    rows_a = [(i % 2 == 0, 50, 1, 1) for i in range(10)]
+    rows_a = [(i % 2 == 0, 50, i % 3, 1) for i in range(10)]  # depths differ: adaptive rows
     write_run(tmp_path, "f32", {"controller": "/c"}, "arith_ponder", rows_a,
               config=ponder_config(), configs=GEN)
-    write_run(tmp_path, "bf16", {"controller": "/c"}, "arith_ponder", [(True, 40, 1, 1)] * 10,
+    write_run(tmp_path, "bf16", {"controller": "/c"}, "arith_ponder",
+              [(True, 40, i % 2, 1) for i in range(10)],
               config=ponder_config(dtype="torch.bfloat16"), configs=GEN)
     runs = rp.load_runs([tmp_path])
     assert sorted(r.label for r in runs) == ["FP-Direct [dtype=bfloat16]",
@@ -178,7 +179,7 @@ def test_hf_runs_differing_in_dtype_and_gen_kwargs_are_split(tmp_path):
 
 
 def test_unreadable_differences_get_a_short_hash(tmp_path):
-    rows = [(True, 10, 1, None)] * 5
+    rows = [(True, 10, i % 2, None) for i in range(5)]
     write_run(tmp_path, "a", {}, "gsm8k_ponder", rows, config=ponder_config())
     write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
               config=ponder_config(backbone="some-org/a-much-longer-backbone-name"))
@@ -209,7 +210,7 @@ def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
 def test_label_follows_the_fingerprint_not_the_args(tmp_path):
     """lm-eval 0.4.13 parses the CLI string "controller=none" to None, which ponder reads as
     "not given" (the shipped controller): the fingerprint says what the model really did."""
-    rows = [(True, 10, 1, None)] * 5
+    rows = [(True, 10, i % 2, None) for i in range(5)]
     write_run(tmp_path, "on", "controller=none", "gsm8k_ponder", rows, config=ponder_config())
     write_run(tmp_path, "off", "controller=/c", "gsm8k_ponder", rows,
               config=ponder_config(pondering=None))
@@ -243,9 +244,10 @@ def test_early_exit_runs_are_labelled_by_threshold(tmp_path):
 def test_same_configuration_on_two_datasets_is_one_row(tmp_path):
     """One lm-eval run per dataset (as suite does): one identity, one row, no suffix, even
     though the tasks' generation kwargs differ."""
-    write_run(tmp_path, "a", {"controller": "/c"}, "arith_ponder", [(True, 10, 1, 1)] * 5,
-              config=ponder_config(), configs=GEN)
-    write_run(tmp_path, "b", {"controller": "/c"}, "gsm8k_ponder", [(True, 10, 1, None)] * 5,
+    write_run(tmp_path, "a", {"controller": "/c"}, "arith_ponder",
+              [(True, 10, i % 2, 1) for i in range(5)], config=ponder_config(), configs=GEN)
+    write_run(tmp_path, "b", {"controller": "/c"}, "gsm8k_ponder",
+              [(True, 10, i % 2, None) for i in range(5)],
               config=ponder_config(),
               configs={"gsm8k_ponder": {"generation_kwargs": {"max_gen_toks": 256}}})
     rows, _ = rp.leaderboard(rp.load_runs([tmp_path]))
@@ -420,9 +422,9 @@ def test_steered_runs_are_compared_with_their_own_base_paired(tmp_path):
     """FP-CoT against CoT (not Direct), at the same decoding, per question."""
     for name, method, rows in (
             ("cot", "CoT [t0.7]", [(i % 2 == 0, 100, 0, 1) for i in range(80)]),
-            ("fpcot", "FP-CoT [t0.7]", [(i % 4 == 0, 70, 1, 1) for i in range(80)]),
+            ("fpcot", "FP-CoT [t0.7]", [(i % 4 == 0, 70, i % 3, 1) for i in range(80)]),
             ("direct", "Direct [t0.7]", [(i % 2 == 0, 100, 0, 1) for i in range(80)]),
-            ("fpd", "FP-Direct [t0.7]", [(i % 2 == 0, 60, 1, 1) for i in range(80)]),
+            ("fpd", "FP-Direct [t0.7]", [(i % 2 == 0, 60, i % 3, 1) for i in range(80)]),
             ("fpg", "FP-Direct", [(True, 60, 1, 1) for i in range(80)])):
         (tmp_path / name).mkdir()
         (tmp_path / name / "ponder_run.json").write_text(json.dumps({"method": method}))
@@ -430,8 +432,67 @@ def test_steered_runs_are_compared_with_their_own_base_paired(tmp_path):
     lines = rp.steering_verdicts(rp.common_questions(rp.load_runs([tmp_path])))
     assert len(lines) == 2  # the greedy FP-Direct has no greedy Direct to pair with
     cot = next(x for x in lines if x.startswith("arith: FP-CoT [t0.7] against CoT [t0.7]"))
-    assert "accuracy -0.250" in cot and "(loses beyond the interval)" in cot
+    assert "accuracy -0.250" in cot and "(loses beyond the interval;" in cot
+    # 20 discordant questions, all against FP-CoT: sign test p = 2 * 0.5**20; two comparisons
+    assert "sign test p = 1.91e-06, Holm-adjusted over the 2 paired comparisons" in cot
+    assert "of this report p = 3.81e-06)" in cot
     assert "30% fewer tokens" in cot
     direct = next(x for x in lines if "FP-Direct [t0.7] against Direct [t0.7]" in x)
-    assert "+0.000 [+0.000, +0.000] (no difference beyond the interval)" in direct
+    assert "+0.000 [+0.000, +0.000] (no difference beyond the interval; sign test p = 1," in direct
     assert "40% fewer tokens" in direct
+
+
+def test_a_controller_at_one_depth_everywhere_is_labelled_so(tmp_path):
+    """Issue 52: a controller that halts at one depth on every question is a fixed offset; its
+    row says so, read from the per-question depths (not from the method's name)."""
+    cases = {
+        "everywhere0": ([0] * 6, {}),                      # the shipped controller's case
+        "varies": ([0, 1, 0, 2, 0, 1], {}),                # adaptive: no label
+        "token_mean": ([0.5] * 6, {"granularity": "token"}),  # a mean over tokens: not pinned
+        "token_kmax": ([8] * 6, {"granularity": "token"}),    # k_max at every token: pinned
+        "token_mid": ([3] * 6, {"granularity": "token"}),     # 3 may be a mean of 0s and 6s
+    }
+    for name, (depths, extra) in cases.items():
+        write_run(tmp_path, name, {"controller": "/c"}, "arith_ponder",
+                  [(True, 10, d, 1) for d in depths], config=ponder_config(
+                      pondering={**FINGERPRINT["pondering"], "controller": name, "k_max": 8,
+                                 **extra}))
+    write_run(tmp_path, "fr", "", "arith_ponder", [(True, 10, 0, 1)] * 6, config=ponder_config(
+        pondering={**FINGERPRINT["pondering"], "controller": None, "alpha": -0.2}))
+    runs = rp.load_runs([tmp_path])
+    depth = {r.source.split("/")[-3]: r.depth for r in runs}
+    assert depth == {"everywhere0": 0, "varies": None, "token_mean": None, "token_kmax": 8,
+                     "token_mid": None, "fr": None}
+    labels = {r.source.split("/")[-3]: r.label for r in runs}
+    assert labels["everywhere0"].startswith("FP-Direct (depth 0 on every question)")
+    assert labels["token_kmax"].startswith("FP-Direct (depth 8 on every question)")
+    assert "on every question" not in labels["varies"] + labels["fr"]
+    # table, CSV, plots and the plot family all carry it
+    rp.report([tmp_path], tmp_path / "out")
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    csv_text = (tmp_path / "out" / "leaderboard.csv").read_text()
+    assert "| FP-Direct (depth 0 on every question) [" in md
+    assert "FP-Direct (depth 0 on every question) [" in csv_text
+    from lm_eval_ponder.reporting.plots import style
+
+    assert style("FP-Direct (depth 0 on every question) [t0.7]").family == "FP-Direct"
+    # after the variant's brackets are added, the note stays before them
+    run = next(r for r in runs if r.depth == 0)
+    assert rp.Run(run.backbone, "FP-CoT [t0.7]", "arith", depth=2, variant="x").label == \
+        "FP-CoT (depth 2 on every question) [t0.7] [x]"
+
+
+def test_interval_captions_name_their_interval(tmp_path):
+    from lm_eval_ponder.reporting.plots import interval_kind
+
+    assert interval_kind([{"seeds": 1}]) == "Wilson 95% intervals"
+    assert "bootstrap" in interval_kind([{"seeds": 3}]) and "Wilson" not in \
+        interval_kind([{"seeds": 3}])
+    assert "Wilson for rows of one seed" in interval_kind([{"seeds": 1}, {"seeds": 3}])
+    for seed in (0, 1):
+        write_run(tmp_path, f"s{seed}", {"controller": "none"}, "arith_ponder",
+                  [(i % 2 == seed, 10, 0, 1 + i % 5) for i in range(10)],
+                  config={"random_seed": seed})
+    rp.report([tmp_path], tmp_path / "out")
+    md = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "Wilson" not in md and "bootstrap intervals over questions" in md

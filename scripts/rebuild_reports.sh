@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Rebuild every published leaderboard and report figure from the committed compact logs under
+# results/suite (no generation: seconds per report). Each line is the command behind one
+# published artefact; docs/results/ links each table to its line here.
+#   bash scripts/rebuild_reports.sh            # all of them
+#   ONLY=gsm8k bash scripts/rebuild_reports.sh # the ones whose name contains "gsm8k"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py="${PYTHON:-python}"
+s=results/suite
+seven="{Direct,CoT,BoN,FR,FP-Direct,FP-CoT,FP-BoN}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+report() {  # name, output, runs...
+  local name="$1" out="$2"
+  shift 2
+  if [[ -n "${ONLY:-}" && "$name" != *"$ONLY"* ]]; then return; fi
+  echo "== $name -> $out"
+  # shellcheck disable=SC2068  # the run patterns are globbed on purpose
+  "$py" -m lm_eval_ponder.report $@ --output "$out" --link-figures >/dev/null
+}
+
+figure() {  # a report's figure copied under docs/figures: source, target
+  if [[ -f "$1" ]]; then cp "$1" "$2"; fi
+}
+
+# Table 1, greedy (our documented protocol): one page per dataset and all four together
+for t in arith gsm8k math500 gpqa; do
+  report "greedy-$t" "docs/leaderboard/$t" $(eval echo "$s/greedy/$seven/$t")
+done
+report greedy-full docs/leaderboard/full $(eval echo "$s/greedy/$seven/'*'")
+# four decodings on the arith ladder (seed 0 of each)
+report decoding-arith docs/leaderboard/arith-decoding \
+  $(eval echo "$s/{greedy,t0.7,top_p0.95,top_k40}/{Direct,CoT,FR,FP-Direct}/arith")
+# Table 1 under the paper's protocol (T = 0.7, seeds 0-2; Best-of-5 and FP-BoN one seed)
+report paper-arith "$tmp/paper" "$s/t0.7" "$s/t0.7-seed1" "$s/t0.7-seed2" \
+  "$s/greedy/BoN/arith" "$s/greedy/FP-BoN/arith"
+figure "$tmp/paper/pareto_arith_t0.7.png" docs/figures/paper_pareto_arith_t0.7.png
+figure "$tmp/paper/savings_by_level_arith_t0.7.png" docs/figures/paper_savings_by_level_arith_t0.7.png
+figure "$tmp/paper/relative_to_cot_arith_t0.7.png" docs/figures/paper_relative_to_cot_arith_t0.7.png
+# early exit against Direct, FR and FP-Direct (greedy, four thresholds)
+for t in arith gsm8k; do
+  report "early-exit-$t" "$tmp/ee-$t" $(eval echo "$s/greedy/{Direct,FR,FP-Direct}/$t") \
+    "$s"/greedy/EE_*/"$t"
+  figure "$tmp/ee-$t/pareto_$t.png" "docs/figures/early_exit_${t/arith/arith500}.png"
+done

@@ -383,6 +383,14 @@ COMMAND_CASES = {
     "train: no output": ("train", [], ["--output"], "fine"),
     "train: dtype unknown": ("train", ["--output", "{tmp}/run", "--dtype", "int8"],
                              ["dtype", "'int8'"], "fine"),
+    # issue 55: a config file in another encoding ended in UnicodeDecodeError's traceback; a
+    # task with no training split, in lm-eval's bare KeyError once the backbone had loaded
+    "train: config file not UTF-8": ("train", ["--config", "{tmp}/latin1.yaml", "--output",
+                                               "{tmp}/run"], ["{tmp}/latin1.yaml", "utf-8"],
+                                     "traceback"),
+    "train: prompts of an unknown task": (
+        "train", ["--output", "{tmp}/run", "--rollout.prompts", '{"arith": 4}'],
+        ["rollout.prompts", "'arith'", "arith_ponder", "gsm8k_ponder"], "traceback"),
     "steer: no questions": ("steer", ["extract", "--n-questions", "0", "--output", "{tmp}/run"],
                             ["--n-questions", "0"], "fine"),
     "steer: batch size zero": ("steer", ["extract", "--batch_size", "0", "--output",
@@ -418,6 +426,7 @@ COMMAND_CASES = {
 def prepare(name: str, tmp: Path) -> None:
     """What a case needs on disk beside its command."""
     (tmp / "bad.yaml").write_text("grpo:\n  max_steps: ten\n")
+    (tmp / "latin1.yaml").write_bytes("# réglages\ngrpo:\n  max_steps: 10\n".encode("latin-1"))
     runs = tmp / "runs"
     runs.mkdir()
     if name == "report: results JSON cut off":
@@ -561,7 +570,7 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
     out = tmp_path / "run"
     argv = ["--output", str(out), "--pretrained", str(tiny_model_dir), "--steering",
             str(tiny_vector_dir), *TINY_ARGS]
-    real = PonderLM.generate_rendered
+    real = PonderLM.generate_texts
     calls = []
 
     def ctrl_c_in_second_block(self, *args, **kwargs):
@@ -570,7 +579,7 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
             raise KeyboardInterrupt
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(PonderLM, "generate_rendered", ctrl_c_in_second_block)
+    monkeypatch.setattr(PonderLM, "generate_texts", ctrl_c_in_second_block)
     stopped = run_command("train", argv, capfd)
     lines = [line for line in stopped.stderr.splitlines() if line.startswith(STOPPED)]
     assert stopped.status == INTERRUPTED and len(lines) == 1, stopped.stderr[-3000:]
@@ -581,7 +590,7 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
                  "Resume with: python -m lm_eval_ponder.train --output"):
         assert part in lines[0], (part, lines[0])
     assert not (out / "controller.safetensors").exists()
-    monkeypatch.setattr(PonderLM, "generate_rendered", real)
+    monkeypatch.setattr(PonderLM, "generate_texts", real)
     finished = run_command("train", argv, capfd)
     assert finished.status == 0, finished.stderr[-3000:]
     (summary,) = [line for line in finished.stdout.splitlines() if line.startswith("controller:")]

@@ -23,10 +23,21 @@ import logging
 import math
 import types
 import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    KeyValidationError,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from lm_eval_ponder import registry
 from lm_eval_ponder.backbone import check_dtype
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.pondering.dynamics import PonderConfig
@@ -92,12 +103,7 @@ class TrainConfig:
             raise PonderError(
                 "granularity=token trains on online rollouts with greedy text (the randomness "
                 "is in the halting decisions): rollout.samples must be 1")
-        prompts = self.rollout.prompts
-        if not isinstance(prompts, dict) or not prompts or not all(
-                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
-                for k, v in prompts.items()):
-            raise PonderError(f"rollout.prompts must map task names to positive counts, e.g. "
-                              f"'{{arith_ponder: 50, gsm8k_ponder: 14}}', got {prompts!r}")
+        check_prompts(self.rollout.prompts)
         end = self.controller_temperature_end
         if end is not None and not (math.isfinite(end) and end > 0):
             raise PonderError(f"controller_temperature_end must be > 0 or None, got {end}")
@@ -107,20 +113,37 @@ class TrainConfig:
         return self
 
 
+def training_tasks() -> list[str]:
+    """The tasks a controller may train on: each prompt (Direct, CoT, BoN) of every dataset
+    with a training split (the registry's ``train_split``, the only splits
+    ``training.rollouts`` reads)."""
+    return [registry.task_name(d.name, base) for d in registry.DATASETS if d.train_split
+            for base in registry.BASELINES]
+
+
+def check_prompts(prompts: Any) -> None:
+    """``rollout.prompts`` maps training tasks to positive counts. A task name checked here,
+    before anything loads: ``--rollout.prompts '{arith: 4}'`` ended in lm-eval's bare
+    ``KeyError: 'arith'`` after the backbone had loaded (issue 55)."""
+    if not isinstance(prompts, dict) or not prompts or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+            for k, v in prompts.items()):
+        raise PonderError(f"rollout.prompts must map task names to positive counts, e.g. "
+                          f"'{{arith_ponder: 50, gsm8k_ponder: 14}}', got {prompts!r}")
+    known = training_tasks()
+    unknown = [task for task in prompts if task not in known]
+    if unknown:
+        raise PonderError(f"rollout.prompts names {', '.join(map(repr, unknown))}, not a task "
+                          f"with a training split; the tasks are {', '.join(known)}")
+
+
 # ----------------------------------------------------------------------------- config I/O
-def _convert(value: Any, current: Any) -> Any:
-    import yaml
-
-    if isinstance(value, str):
-        parsed = yaml.safe_load(value) if value != "" else None
-    else:
-        parsed = value
-    if isinstance(current, tuple) and isinstance(parsed, list):
-        return tuple(parsed)
-    if isinstance(current, float) and isinstance(parsed, int) and not isinstance(parsed, bool):
-        return float(parsed)
-    return parsed
-
+# Parsing and type checks are OmegaConf's: ``TrainConfig`` is a structured config, so a value
+# of the wrong type is refused at the key that holds it (a string where a number belongs would
+# otherwise travel to the first comparison that uses it, ``'>' not supported between 'str' and
+# 'int'`` deep in the trainer). What stays here: old key names, where a mapping replaces a
+# field and where it sets a section's keys, and OmegaConf's refusals as one line naming the
+# key (and the file).
 
 def describe(hint: Any) -> str:
     """A field's type in words, for the error that names it."""
@@ -136,70 +159,18 @@ def describe(hint: Any) -> str:
             str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
-def typed(key: str, value: Any, hint: Any, raw: Any = None) -> Any:
-    """``value`` (YAML-converted) as the field's type ``hint``, or a ``PonderError`` naming the
-    key, the value and the type: a string where a number belongs would otherwise travel to the
-    first comparison that uses it (``'>' not supported between 'str' and 'int'``, deep in the
-    trainer). ``raw``: the string the user typed, kept as is for a string field (``--output
-    2024`` is the directory "2024", not the number YAML reads)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-
-    def refuse() -> PonderError:
-        return PonderError(f"config key {key!r} must be {describe(hint)}, got {value!r}")
-
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return typed(key, value, option, raw)
-            except PonderError:
-                continue
-        raise refuse()
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(raw, str):
-            return raw
-        raise refuse()
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise refuse()
-    if hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise refuse()
-    if hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string, Python a number
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise refuse()
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise refuse()
-        if not args:
-            return value
-        return {typed(key, k, args[0]): typed(f"{key}.{k}", v, args[1]) for k, v in value.items()}
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise refuse()
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(typed(key, v, args[0]) for v in value)
-        if len(value) != len(args):
-            raise refuse()
-        return tuple(typed(key, v, a) for v, a in zip(value, args))
-    return value  # a type this checker does not know: as given
-
-
-def field_hint(obj: Any, name: str) -> Any:
-    """The type annotation of dataclass ``obj``'s field ``name`` (resolved: the modules use
-    ``from __future__ import annotations``)."""
-    return typing.get_type_hints(type(obj))[name]
+def key_type(key: str) -> Any:
+    """The declared type of a dotted key of ``TrainConfig`` (inside a mapping field: its
+    values' type; ``Any`` for a key it does not have), for the words of an error and to know
+    which command-line values are text as typed."""
+    hint: Any = TrainConfig
+    for part in key.split("."):
+        if dataclasses.is_dataclass(hint):
+            hint = typing.get_type_hints(hint).get(part, Any)
+        else:
+            args = typing.get_args(hint)
+            hint = args[1] if len(args) == 2 else Any
+    return hint
 
 
 # Keys renamed to TRL's GRPOConfig vocabulary; the old spellings still work, with a warning.
@@ -210,50 +181,137 @@ RENAMED_KEYS = {
 }
 
 
-def set_key(cfg: Any, dotted: str, value: Any, prefix: str = "") -> None:
-    """Set ``a.b.c`` on nested dataclasses (and dicts), converting strings like YAML does and
-    checking the result against the field's type (``typed``).
+def current_name(key: str) -> str:
+    """A key as the config spells it now: underscores for dashes (``--max-steps``), TRL's name
+    for an old one (with a warning, so configs get updated rather than break)."""
+    key = key.replace("-", "_")
+    if key in RENAMED_KEYS:
+        LOGGER.warning("config key %r is now %r (TRL's name); please update", key,
+                       RENAMED_KEYS[key])
+        return RENAMED_KEYS[key]
+    return key
 
-    ``prefix`` is the path of ``cfg`` inside the root config (for renamed keys in nested YAML).
-    """
-    dotted = dotted.replace("-", "_")
-    full = prefix + dotted
-    if full in RENAMED_KEYS:
-        LOGGER.warning("config key %r is now %r (TRL's name); please update", full,
-                       RENAMED_KEYS[full])
-        dotted = RENAMED_KEYS[full][len(prefix):]
-        full = prefix + dotted
-    parts = dotted.split(".")
-    obj, hint = cfg, None
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(obj, dict):
-            # a mapping field (rollout.prompts, reward.weights): its values' type
-            args = typing.get_args(hint)
-            inner = args[1] if len(args) == 2 else None
-            if last:
-                new = _convert(value, obj.get(part))
-                obj[part] = new if inner is None else typed(full, new, inner, value)
-                return
-            obj, hint = obj.setdefault(part, {}), inner
-            continue
-        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in
-                                                             dataclasses.fields(obj)}:
-            raise PonderError(f"unknown config key {prefix + dotted!r} (see --help for the keys)")
-        if last:
-            current = getattr(obj, part)
-            new = _convert(value, current)
-            if dataclasses.is_dataclass(current) and isinstance(new, dict):
-                path = prefix + ".".join(parts[: i + 1]) + "."
-                for k, v in new.items():
-                    set_key(current, k, v, prefix=path)
-            elif dataclasses.is_dataclass(current):
-                raise PonderError(f"config key {full!r} holds nested keys ({full}.KEY VALUE); "
-                                  f"got {new!r}")
-            else:
-                setattr(obj, part, typed(full, new, field_hint(obj, part), value))
-            return
-        obj, hint = getattr(obj, part), field_hint(obj, part)
+
+def is_section(node: Any) -> bool:
+    """Whether a node of the structured config is a nested dataclass (``grpo``, ``reward``):
+    a mapping given to it sets its keys, where one given to a mapping field replaces it."""
+    return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
+
+
+def assignments(conf: DictConfig, key: str, value: Any) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of each field that ``key: value`` sets. A mapping given to a
+    section sets its keys one by one, so the section's other keys keep their values (``grpo:
+    {max_steps: 7}`` in YAML); one given to a mapping field replaces it whole (``--rollout.prompts
+    '{arith_ponder: 4}'`` trains on arith alone), which OmegaConf's merge would not do."""
+    key = current_name(str(key))
+    node = OmegaConf.select(conf, key)
+    if not is_section(node):
+        yield key, value
+    elif isinstance(value, Mapping):
+        for inner, inner_value in value.items():
+            yield from assignments(conf, f"{key}.{inner}", inner_value)
+    else:
+        raise PonderError(f"config key {key!r} holds nested keys ({key}.KEY VALUE); "
+                          f"got {value!r}")
+
+
+def assign(conf: DictConfig, key: str, value: Any) -> None:
+    """Set one field, OmegaConf checking the value against its type; its refusal becomes one
+    line that names the key, the value and the type the key takes."""
+    parent = key.rpartition(".")[0]
+    if parent and not OmegaConf.is_dict(OmegaConf.select(conf, parent)):
+        raise PonderError(f"unknown config key {key!r} (see --help for the keys)")
+    try:
+        OmegaConf.update(conf, key, value, merge=False)
+    except (ConfigAttributeError, ConfigKeyError):
+        raise PonderError(f"unknown config key {key!r} (see --help for the keys)") from None
+    except KeyValidationError:  # a mapping field given a key that is not a string
+        raise PonderError(f"config key {key!r} must be {describe(key_type(key))}, "
+                          f"got {value!r}") from None
+    except ValidationError as error:
+        where = error.full_key or key
+        raise PonderError(f"config key {where!r} must be {describe(key_type(where))}, "
+                          f"got {error.value!r}") from None
+    except OmegaConfBaseException as error:
+        raise PonderError(f"config key {key!r}: {first_line(error)}") from None
+
+
+def first_line(error: OmegaConfBaseException) -> str:
+    """OmegaConf's message without the lines it appends (full_key, object_type)."""
+    return str(error.msg).splitlines()[0] if error.msg else type(error).__name__
+
+
+def apply(conf: DictConfig, key: Any, value: Any, source: str | None = None) -> None:
+    """Set ``key: value`` (a YAML entry or a ``--key value``); ``source``, the file it came
+    from, leads the error."""
+    try:
+        for leaf, leaf_value in assignments(conf, key, value):
+            assign(conf, leaf, leaf_value)
+    except PonderError as error:
+        if source is None:
+            raise
+        raise PonderError(f"{source}: {error}") from None
+    except OmegaConfBaseException as error:  # a key OmegaConf cannot parse (``a[0``)
+        raise PonderError(f"{source + ': ' if source else ''}config key {key!r}: "
+                          f"{first_line(error)}") from None
+
+
+def read_config_file(path: str) -> dict:
+    """A YAML config file as a mapping (OmegaConf's YAML reader), or one line naming the file:
+    missing, not UTF-8, not YAML, not a mapping."""
+    import yaml
+
+    try:
+        loaded = OmegaConf.load(Path(path))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        # a YAML error spans several lines (where it was parsing, what it found): one line here
+        raise PonderError(f"cannot read config {path}: {' '.join(str(error).split())}") from None
+    if not OmegaConf.is_dict(loaded):
+        raise PonderError(f"{path} must hold a mapping of config keys")
+    return OmegaConf.to_container(loaded)
+
+
+def cli_value(key: str, raw: str) -> Any:
+    """A ``--key value`` as YAML reads it (``3``, ``1e-3``, ``true``, ``null``, ``[1, 2]``,
+    ``{arith_ponder: 4}``), except for a field that takes a string: the text as typed
+    (``--output 2024`` is the directory "2024", not the number; ``--steering null`` is None)."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        return raw  # not YAML: text, which the field's type check then names
+    hint = key_type(key)
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = typing.get_args(hint) if union else (hint,)
+    if str in options and not (value is None and type(None) in options):
+        return raw
+    return value
+
+
+def overrides(rest: list[str]) -> Iterator[tuple[str, str]]:
+    """(key, value) of each ``--key value`` or ``--key=value`` on the command line."""
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        if not token.startswith("--"):
+            raise PonderError(f"unexpected argument {token!r}; options look like --key value")
+        key, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(rest):
+                raise PonderError(f"--{key} needs a value")
+            value, i = rest[i + 1], i + 1
+        yield key, value
+        i += 1
+
+
+def built(conf: DictConfig) -> TrainConfig:
+    """The ``TrainConfig`` the structured config holds (interpolations such as
+    ``${output}/rollouts`` resolved here: one that names no key ends in one line)."""
+    try:
+        return OmegaConf.to_object(conf)
+    except OmegaConfBaseException as error:
+        raise PonderError(f"config key {error.full_key!r}: {first_line(error)}") from None
 
 
 def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
@@ -269,8 +327,6 @@ def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    import yaml
-
     keys = "\n".join(f"  --{k} {json.dumps(v, default=str)}" + (f"\n        {h}" if h else "")
                      for k, v, h in flat_keys(TrainConfig()))
     parser = argparse.ArgumentParser(
@@ -280,32 +336,14 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         epilog="Every config key can be given as --key value (defaults shown):\n" + keys)
     parser.add_argument("--config", help="YAML file with any of the keys below (nested)")
     args, rest = parser.parse_known_args(argv)
-    cfg = TrainConfig()
+    conf = OmegaConf.structured(TrainConfig)
     if args.config:
-        try:
-            loaded = yaml.safe_load(Path(args.config).read_text()) or {}
-        except (OSError, yaml.YAMLError) as error:
-            raise PonderError(f"cannot read config {args.config}: {error}") from None
-        if not isinstance(loaded, dict):
-            raise PonderError(f"{args.config} must hold a mapping of config keys")
-        for key, value in loaded.items():
-            try:
-                set_key(cfg, key, value)
-            except PonderError as error:
-                raise PonderError(f"{args.config}: {error}") from None
-    i = 0
-    while i < len(rest):
-        token = rest[i]
-        if not token.startswith("--"):
-            raise PonderError(f"unexpected argument {token!r}; options look like --key value")
-        key, eq, value = token[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(rest):
-                raise PonderError(f"--{key} needs a value")
-            value, i = rest[i + 1], i + 1
-        set_key(cfg, key, value)
-        i += 1
-    return cfg.validate()
+        for key, value in read_config_file(args.config).items():
+            apply(conf, key, value, source=args.config)
+    for key, raw in overrides(rest):
+        key = current_name(key)
+        apply(conf, key, cli_value(key, raw))
+    return built(conf).validate()
 
 
 def config_dict(cfg: TrainConfig) -> dict:

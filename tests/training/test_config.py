@@ -87,3 +87,60 @@ def test_values_read_as_the_fields_type(tmp_path):
                       "--reward.rep_betas", "[1, 2, 3]"])
     assert (cfg.output, cfg.grpo.learning_rate, cfg.layer, cfg.reward.ppl_baseline,
             cfg.steering, cfg.reward.rep_betas) == ("2024", 0.001, 3, 2.0, None, (1.0, 2.0, 3.0))
+
+
+def test_a_mapping_replaces_a_mapping_field_and_sets_a_sections_keys(tmp_path):
+    """``rollout.prompts`` and ``reward.weights`` are fields: a mapping given to one replaces it
+    (``{arith_ponder: 4}`` trains on arith alone, as it always has; OmegaConf's merge would
+    keep gsm8k's 14). ``grpo``, ``reward`` are sections: a mapping sets the keys it names,
+    the others keep theirs; old key names inside it are renamed."""
+    yaml_file = tmp_path / "c.yaml"
+    yaml_file.write_text("rollout:\n  prompts: {gsm8k_ponder: 3}\nreward:\n  weights: {acc: 2}\n")
+    cfg = parse_args(["--config", str(yaml_file), "--output", str(tmp_path)])
+    assert cfg.rollout.prompts == {"gsm8k_ponder": 3} and cfg.reward.weights == {"acc": 2.0}
+    assert cfg.rollout.max_completion_length == 256 and cfg.reward.len_target == 64
+    cfg = parse_args(["--output", str(tmp_path), "--rollout.prompts", '{"arith_ponder": 4}',
+                      "--grpo", "{max_steps: 3, lr: 0.01}", "--rollout.prompts.gsm8k_ponder", "2"])
+    assert cfg.rollout.prompts == {"arith_ponder": 4, "gsm8k_ponder": 2}
+    assert (cfg.grpo.max_steps, cfg.grpo.learning_rate, cfg.grpo.t1) == (3, 0.01, 500)
+    assert (cfg.reward.rep_betas, cfg.reward.balance) == ((0.02, 0.05, 0.1), ("flops",))
+    with pytest.raises(PonderError, match=re.escape("unknown config key 'seed.x'")):
+        parse_args(["--output", str(tmp_path), "--seed.x", "1"])
+
+
+def test_unreadable_config_files_are_one_line_naming_the_file(tmp_path):
+    """Not UTF-8 (was UnicodeDecodeError's traceback, issue 55), not YAML (a YAML error spans
+    several lines), a key twice, not a mapping: each one line that names the file."""
+    cases = {b"# r\xe9glages\nseed: 3\n": "'utf-8' codec can't decode",
+             b"grpo: [\n": "did not find expected node content",
+             b"seed: 1\nseed: 2\n": "found duplicate key seed",
+             b"- seed\n": "must hold a mapping of config keys"}
+    for i, (text, message) in enumerate(cases.items()):
+        path = tmp_path / f"c{i}.yaml"
+        path.write_bytes(text)
+        with pytest.raises(PonderError, match=re.escape(message)) as caught:
+            parse_args(["--config", str(path), "--output", str(tmp_path)])
+        assert str(path) in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_prompts_name_tasks_with_a_training_split(tmp_path):
+    """``{arith: 4}`` ended in lm-eval's ``KeyError: 'arith'`` once the backbone had loaded
+    (issue 55); now before anything loads, naming the tasks there are. MATH500 has no training
+    split, so its task is refused too."""
+    out = ["--output", str(tmp_path)]
+    for task in ("arith", "math500_ponder"):
+        with pytest.raises(PonderError, match=re.escape(f"rollout.prompts names '{task}'")) as e:
+            parse_args(out + ["--rollout.prompts", f'{{"{task}": 4}}'])
+        assert "arith_ponder" in str(e.value) and "gsm8k_ponder_cot" in str(e.value)
+    assert parse_args(out + ["--rollout.prompts", "{gsm8k_ponder_cot: 2}"]).rollout.prompts == \
+        {"gsm8k_ponder_cot": 2}
+
+
+def test_interpolations_resolve_or_name_their_key(tmp_path):
+    """OmegaConf's interpolation: ``${output}`` in another key is that key's value; one that
+    names no key is one line naming the key that holds it."""
+    cfg = parse_args(["--output", str(tmp_path), "--cache_dir", "${output}/cache"])
+    assert cfg.cache_dir == f"{tmp_path}/cache"
+    with pytest.raises(PonderError, match=re.escape("config key 'cache_dir': Interpolation key "
+                                                    "'nowhere' not found")):
+        parse_args(["--output", str(tmp_path), "--cache_dir", "${nowhere}"])

@@ -7,7 +7,7 @@
 # machine's start cost about 75 s of device time.
 #
 #   python3 ../shared/gpu/bundle.py && bash scripts/gpu_parts.sh split 12
-#   bash scripts/gpu_parts.sh slim      # move results/ docs/ controllers/ tests/ aside
+#   bash scripts/gpu_parts.sh slim      # move results/ docs/ controllers/ tests/ studies/ aside
 #   ... the transfers: part K with carry [.device/parts/partK, .device/kit/stash.sh], command
 #       `bash .device/kit/stash.sh K`, K = 1..N-1, back to back; the last with carry
 #       [.device/parts/partN, .device/kit] and `bash .device/kit/run.sh --stash N CMD`
@@ -31,7 +31,7 @@ case "${1:-}" in
     echo "$n parts of $(stat -c %s .device/parts/part1) bytes" ;;
   slim)
     mkdir -p "$aside"
-    for d in results docs controllers tests; do [ -e "$d" ] && mv "$d" "$aside/"; done
+    for d in results docs controllers tests studies; do [ -e "$d" ] && mv "$d" "$aside/"; done
     echo "moved aside to $aside: $(ls "$aside" | tr '\n' ' ')" ;;
   restore)
     for d in "$aside"/*; do mv "$d" .; done

@@ -5,13 +5,9 @@ lives here (or, when the package itself has a use for it, in ``lm_eval_ponder``)
 take it as ``from lib.<module> import ...``. Running ``python benchmarks/<script>.py`` puts
 ``benchmarks/`` first on ``sys.path`` (Python does so for the script's own folder), so ``lib``
 is found without touching ``sys.path``; tests and ``python -c`` add ``benchmarks/`` themselves.
-``lib`` itself imports nothing from the scripts. ``tests/test_benchmarks.py`` enforces the rule.
+``lib`` itself imports nothing from the scripts. ``tests/test_benchmarks.py`` enforces the rule
+(here and in ``studies/``, whose shared code is ``studies/studylib``).
 
-- ``caches``: the two pondering forms and the headroom rollout caches (``headroom.py`` builds
-  them; ``adaptation.py`` and ``testset.py`` read them).
-- ``analysis``: per-prompt outcome matrices, the fixed-depth curve, oracle choices,
-  cross-fitting folds, bootstrap intervals, depth by difficulty level.
-- ``heldout``: the packed held-out records of an adaptation sweep.
 - ``decoding``: the timing harness of a decode step (a tiny random model, arith chat prompts,
   our loop and HFLM's path with their forwards timed).
 """

@@ -5,7 +5,7 @@
 # top_p0.95, top_k40), then the seven methods on GSM8K, MATH500 and GPQA Diamond.
 # Resumable at every level: finished runs are skipped, and --resume_within keeps the answers of
 # a run (sampled ones too: evaluation.resume) after each batch of 512 requests.
-# About 25 h of a 2-core CPU in all (docs/results.md, "Pilot and estimate").
+# 23.1 h of one shared core of a 2-core CPU in all (docs/results/leaderboard.md, "What it took").
 # Commit results/suite/ as runs finish (.gitignore keeps only what may be published); an
 # unfinished run's answers_rank0.kept.jsonl.gz (refreshed every minute; never GPQA's) carries it
 # to the next machine, where --resume_within restores it.
@@ -13,7 +13,7 @@
 # than one on two threads (about 1.2 against 1.4 s per answer, measured on rollout builds), e.g.
 #   OMP_NUM_THREADS=1 python -m lm_eval_ponder.suite ... --tasks gsm8k --methods BoN &
 #   OMP_NUM_THREADS=1 python -m lm_eval_ponder.suite ... --tasks gsm8k --methods FP-BoN &
-# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/leaderboard.sh [extra suite args]
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash studies/leaderboard.sh [extra suite args]
 set -euo pipefail
 out="${OUT:-results/suite}"
 suite=(python -m lm_eval_ponder.suite --output "$out" --no_report --resume_within "$@")

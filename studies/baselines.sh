@@ -3,7 +3,7 @@
 # and the first 50 GSM8K test questions, chat template, greedy (BoN: 5 samples at T=0.7).
 # CPU budget: arith --limit 100 (documents are interleaved by level: 20 per level) and at most
 # 256 new tokens instead of the paper's 500 (override with MAX_TOKS / ARITH_LIMIT).
-# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/baselines.sh
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash studies/baselines.sh
 set -euo pipefail
 out="${OUT:-results/baselines}"
 common=(--model ponder --model_args controller=none --apply_chat_template --batch_size "${BATCH:-32}" --log_samples

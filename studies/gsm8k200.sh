@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Issue 4's comparison extended to the first 200 GSM8K test questions: runs questions 50..199 for
 # Direct, CoT, BoN-5 (controller=none), FR alpha=-0.2 and FP-Direct (shipped controller) with the
-# same settings as benchmarks/baselines.sh, alpha_sweep.sh and fp_eval.sh (chat template, batch 32,
+# same settings as studies/baselines.sh, alpha_sweep.sh and fp_eval.sh (chat template, batch 32,
 # 256 new tokens); the report merges them by doc_id with those first-50 runs into 200 per method.
 # lm-eval --samples keeps the test set's own doc_id in the samples files (checked below), and a
 # run directory that already has results is skipped, so an interrupted script can be re-run.
-# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/gsm8k200.sh
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash studies/gsm8k200.sh
 set -euo pipefail
 out="${OUT:-results/gsm8k200}"
 first="${FIRST:-50}"; last="${LAST:-199}"

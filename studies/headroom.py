@@ -3,16 +3,16 @@ then the best fixed depth against the per-prompt oracle on held-out prompts, and
 
     export LM_EVAL_PONDER_DATA=../shared/data   # the benchmark data (see its README)
     # 1. build (resumable: run it again after any interruption; finished prompts are kept)
-    python benchmarks/headroom.py build --form ours  --samples 4 --batch-size 256
-    python benchmarks/headroom.py build --form ours  --samples 1      # the greedy outcomes
-    python benchmarks/headroom.py build --form paper --samples 4
+    python studies/headroom.py build --form ours  --samples 4 --batch-size 256
+    python studies/headroom.py build --form ours  --samples 1      # the greedy outcomes
+    python studies/headroom.py build --form paper --samples 4
     # on 2 cores, two one-thread builds of disjoint prompt blocks (64 prompts each at batch
     # 256 and 4 samples) draw exactly what one build draws (on the paper form's cache: 2.36-2.38 s
     # per answer each, 1.2 s per answer together, against 1.4 s for one build on two threads):
-    #   OMP_NUM_THREADS=1 python benchmarks/headroom.py build ... --threads 1 --blocks 6:8 &
-    #   OMP_NUM_THREADS=1 python benchmarks/headroom.py build ... --threads 1 --blocks 8:
+    #   OMP_NUM_THREADS=1 python studies/headroom.py build ... --threads 1 --blocks 6:8 &
+    #   OMP_NUM_THREADS=1 python studies/headroom.py build ... --threads 1 --blocks 8:
     # 2. analyse whatever prefix of prompts is complete (every depth, every sample)
-    python benchmarks/headroom.py analyse --form ours --samples 4 --out docs/headroom  # [--prompts N]
+    python studies/headroom.py analyse --form ours --samples 4 --out docs/headroom  # [--prompts N]
 
 A cache is exactly the trainer's (``python -m lm_eval_ponder.train --cache_dir DIR`` with the
 same settings reuses it): the issue's prompt set (400 arith train prompts, all levels
@@ -38,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from lib.analysis import (
+from studylib.analysis import (
     accuracy_at_tokens,
     bootstrap,
     fixed_by_fold,
@@ -47,7 +47,7 @@ from lib.analysis import (
     oracle_choice,
     outcome_matrices,
 )
-from lib.caches import cache_arguments, cache_dir, train_config
+from studylib.caches import cache_arguments, cache_dir, train_config
 
 
 def recorded_dtype(directory: Path) -> str | None:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 4's comparison row: FP-Direct with the shipped controller (the default of --model ponder
-# on the embedded backbone), on the same subsets and settings as benchmarks/baselines.sh and
-# benchmarks/alpha_sweep.sh (arith --limit 100 = 20 per level, the first 50 GSM8K test
+# on the embedded backbone), on the same subsets and settings as studies/baselines.sh and
+# studies/alpha_sweep.sh (arith --limit 100 = 20 per level, the first 50 GSM8K test
 # questions, 256 new tokens, batch 32, chat template), then one report over all of them.
-# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/fp_eval.sh
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash studies/fp_eval.sh
 set -euo pipefail
 out="${OUT:-results/fp}"
 common=(--model ponder --apply_chat_template --batch_size "${BATCH:-32}" --log_samples

@@ -1,7 +1,7 @@
 """Stage 1 of the curriculum: the paper's schedule (no update before T1) against our imitation
 fix, same rollout cache, seeds 0..S-1. Prints held-out inference-time figures and training time.
 
-Usage: python benchmarks/stage1_compare.py CACHE_DIR OUT_DIR [SEEDS] [extra --key value ...]
+Usage: python studies/stage1_compare.py CACHE_DIR OUT_DIR [SEEDS] [extra --key value ...]
 (CACHE_DIR: a finished rollout cache for the embedded backbone, e.g. the one the shipped
 controller was trained on; each run trains in OUT_DIR/<mode>-<seed>.)
 """

@@ -4,14 +4,14 @@ the controllers were trained at? (issue 52)
     export LM_EVAL_PONDER_DATA=../shared/data
     # the training prompts' rollout caches (T = 0.7, 4 samples per prompt and depth), with the
     # cross-fitted controllers of an adaptation sweep judged on the same held-out prompts
-    python benchmarks/per_type.py caches --form ours --sweep results/adaptation/ours-s4/n600-787ccefe8d
+    python studies/per_type.py caches --form ours --sweep results/adaptation/ours-s4/n600-787ccefe8d
     # a fixed-depth sweep of the test documents (testset.py sweep), greedy or sampled
-    python benchmarks/per_type.py sweep --root results/testset-bf16 --form ours --decoding greedy
+    python studies/per_type.py sweep --root results/testset-bf16 --form ours --decoding greedy
 
 Every policy is chosen on some items and scored on others (5 folds by key hash):
 - ``single``: the one depth with the best mean accuracy on the other folds;
 - ``per_type``: one depth per arith level and one for GSM8K, each chosen the same way. z_0
-  predicts the arith level with 0.998 accuracy (docs/results.md), so this is what a controller
+  predicts the arith level with 0.998 accuracy (docs/results/headroom.md), so this is what a controller
   reading z_0 could at least learn; a controller that sees only the type is a fair upper
   reference for it.
 The per-type headroom over ``single`` comes with a bootstrap interval over items and a null:
@@ -28,8 +28,8 @@ import argparse
 import json
 from pathlib import Path
 
-from lib.analysis import controller_gaps, fold_of, per_type_headroom
-from lib.caches import FORMS, cache_dir, train_config
+from studylib.analysis import controller_gaps, fold_of, per_type_headroom
+from studylib.caches import FORMS, cache_dir, train_config
 
 FOLDS = 5
 
@@ -98,8 +98,8 @@ def cache_matrices(directory: Path, keys: list[str], k_max: int):
 
 def sweep_runs(sweep: Path, keys: list[str], k_max: int) -> dict[str, list[dict]]:
     """Arm -> its runs' held-out items and depths (at the controller's own tau), from the
-    sweep's packed records (``lib.heldout``)."""
-    from lib.heldout import records
+    sweep's packed records (``studylib.heldout``)."""
+    from studylib.heldout import records
 
     index = {k: i for i, k in enumerate(keys)}
     arms: dict[str, list[dict]] = {}

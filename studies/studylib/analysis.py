@@ -1,7 +1,7 @@
-"""The analysis that ``headroom.py``, ``adaptation.py`` and ``testset.py`` share: expected
+"""The analysis that ``headroom.py``, ``adaptation.py``, ``testset.py`` and ``per_type.py`` share: expected
 outcomes per (prompt, depth), the fixed-depth curve and a point's accuracy against it, oracle
 choices, cross-fitting folds, bootstrap intervals, depth by difficulty level. One copy of each,
-so that the three scripts' figures in docs/results.md are computed the same way.
+so that the scripts' figures in the study pages (docs/results/) are computed the same way.
 
 Arrays are [item, depth] (an item is a prompt or a test document) unless a docstring says
 otherwise; ``testset.py`` keeps its sweeps [depth, document] and transposes when it calls in.

@@ -8,10 +8,10 @@
 # git does not keep): the build keeps each finished batch, `adaptation.py train` skips finished
 # runs, `testset.py sweep` skips finished depths and keeps answers within a depth. A stopped
 # study is continued by running the same command. Commit results/ and docs/ as steps finish.
-# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/adaptation_study.sh ours|paper
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash studies/adaptation_study.sh ours|paper
 #        (THREADS=2 when it has the machine to itself; TASKS=arith,gsm8k adds the GSM8K test
 #        sweep, about 3 h of one thread per form)
-# Wall times on this 2-core CPU: docs/results.md, "Does adaptation help?".
+# Wall times on a 2-core CPU: docs/results/adaptation.md, "What the study costs".
 set -euo pipefail
 form="${1:?usage: adaptation_study.sh ours|paper}"
 threads="${THREADS:-1}"

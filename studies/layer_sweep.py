@@ -4,7 +4,7 @@ For each layer, fixed offsets of -A and +A (fractions of that layer's mean resid
 the first N arith documents (interleaved levels), greedy, chat template, at most T new tokens,
 compared with no steering. A useful steering layer moves output length in the vector's
 direction (+: longer, more deliberate; -: shorter) without wrecking accuracy at -A.
-Usage: python benchmarks/layer_sweep.py [--layers 6 10 15 20 25] [--alpha 0.2] [--limit 25]
+Usage: python studies/layer_sweep.py [--layers 6 10 15 20 25] [--alpha 0.2] [--limit 25]
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ phi(z_k) for every k in one call (``pondering.dynamics.ponder``). The figure dra
 k, one line per problem coloured by level, with tau; the halting depth is the first k at which
 the line reaches tau. No generation: a forward per prompt.
 
-    python benchmarks/trajectories.py --per-level 4 --out docs/figures
-    python benchmarks/trajectories.py --controller runs/x --per-level 4 --out docs/figures
+    python studies/trajectories.py --per-level 4 --out docs/figures
+    python studies/trajectories.py --controller runs/x --per-level 4 --out docs/figures
 
 Writes ``trajectories_<name>.png`` and ``.json`` (per problem: level, id, phi per step, depth).
 """

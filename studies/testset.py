@@ -3,19 +3,19 @@
     export LM_EVAL_PONDER_DATA=../shared/data
     # 1. the sweep: --model ponder alpha=c_k for every depth k of the form, greedy, on the full
     #    arith ladder (500) and the first 500 GSM8K test questions (resumable, see below)
-    python benchmarks/testset.py sweep --form ours
+    python studies/testset.py sweep --form ours
     # 2. controllers: trained on the headroom cache's complete prompts, one per arm and seed
-    python benchmarks/adaptation.py train --form ours --samples 4 --final
+    python studies/adaptation.py train --form ours --samples 4 --final
     # 3. every controller against the sweep; 4. the composition checked through lm_eval itself
-    python benchmarks/testset.py analyse --form ours --sweep results/adaptation/ours-s4/n128-...
-    python benchmarks/testset.py verify --form ours --controller DIR --limit 100
+    python studies/testset.py analyse --form ours --sweep results/adaptation/ours-s4/n128-...
+    python studies/testset.py verify --form ours --controller DIR --limit 100
     # a token-level controller generates its own answers, then joins the analysis
-    python benchmarks/testset.py evaluate --form ours --controller DIR [--tau 0.5]
-    python benchmarks/testset.py analyse --form ours ... --generated DIR [DIR@tau=0.5]
+    python studies/testset.py evaluate --form ours --controller DIR [--tau 0.5]
+    python studies/testset.py analyse --form ours ... --generated DIR [DIR@tau=0.5]
     # where a long sweep stands: each finished depth's figures so far, and where controllers go
-    python benchmarks/testset.py status --form paper [--sweep DIR] [--extra DIR ...]
+    python studies/testset.py status --form paper [--sweep DIR] [--extra DIR ...]
     # the halting threshold tau swept for given controllers on the arith sweep (no generation)
-    python benchmarks/testset.py taus --form ours --extra DIR ... [--taus 0.05,0.1,0.2,0.3,0.5,0.8]
+    python studies/testset.py taus --form ours --extra DIR ... [--taus 0.05,0.1,0.2,0.3,0.5,0.8]
 
 Why the controllers need no generation of their own: a prompt-level controller chooses its
 depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
@@ -44,8 +44,8 @@ import json
 import sys
 from pathlib import Path
 
-from lib.analysis import accuracy_at_tokens, bootstrap, depth_by_level, fixed_curve, oracle_choice
-from lib.caches import FORMS, train_config
+from studylib.analysis import accuracy_at_tokens, bootstrap, depth_by_level, fixed_curve, oracle_choice
+from studylib.caches import FORMS, train_config
 
 from lm_eval_ponder.reporting.compact import answers_digest
 
@@ -500,7 +500,7 @@ def write_markdown(path: Path, s: dict) -> None:
              "", f"Greedy, through `lm_eval --model ponder` (256 new tokens, "
              f"{s.get('dtype', 'float32')}). A "
              "controller's answers are the sweep's answers at the depth it chooses per document "
-             "(see `benchmarks/testset.py`; `verify` below checks this through lm_eval). CIs: "
+             "(see `studies/testset.py`; `verify` below checks this through lm_eval). CIs: "
              "Wilson for accuracies, paired bootstrap over documents for the gap.", ""]
     for task, t in s["tasks"].items():
         lines += [f"## {task} ({t['documents']} documents; sweep wall {t['sweep_wall_s'] / 3600:.1f} h)",

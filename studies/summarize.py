@@ -2,7 +2,7 @@
 mean ponder steps per task, and per arith level, as text (``python -m lm_eval_ponder.report``
 writes the full leaderboard, plots and HTML).
 
-Usage: python benchmarks/summarize.py results/baselines [results/alpha_sweep/alpha_-0.2 ...]
+Usage: python studies/summarize.py results/baselines [results/alpha_sweep/alpha_-0.2 ...]
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 cache, cross-fitted over prompts, placed against the fixed-depth accuracy-tokens curve.
 
     export LM_EVAL_PONDER_DATA=../shared/data
-    python benchmarks/headroom.py build --form ours --samples 4       # the cache (resumable)
-    python benchmarks/adaptation.py train --form ours --samples 4     # resumable, see below
-    python benchmarks/adaptation.py analyse --form ours --samples 4 --out docs/adaptation
-    python benchmarks/adaptation.py train --form ours --samples 4 --final  # for testset.py
+    python studies/headroom.py build --form ours --samples 4       # the cache (resumable)
+    python studies/adaptation.py train --form ours --samples 4     # resumable, see below
+    python studies/adaptation.py analyse --form ours --samples 4 --out docs/adaptation
+    python studies/adaptation.py train --form ours --samples 4 --final  # for testset.py
 
 ``train`` takes the prompts of the cache that are complete (every depth and sample), splits
 them into the same 5 folds as ``headroom.py analyse`` (by key hash) and, for every arm of the
@@ -38,8 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-from lib import heldout
-from lib.analysis import (
+from studylib import heldout
+from studylib.analysis import (
     accuracy_at_tokens,
     bootstrap,
     depth_by_level,
@@ -48,7 +48,7 @@ from lib.analysis import (
     fold_of,
     outcome_matrices,
 )
-from lib.caches import FORMS, PROMPTS, cache_arguments, cache_dir
+from studylib.caches import FORMS, PROMPTS, cache_arguments, cache_dir
 
 ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
                                  "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
@@ -397,7 +397,8 @@ def controller_figures(mats, weights_by_seed, fixed_depths, idx) -> dict:
 
 def expected_depth_profile(weights: list, prompts) -> dict:
     """Where an arm's depths go: histogram of the expected depth weights, mean expected depth by
-    arith level and on GSM8K, Spearman with the arith level (``lib.analysis.depth_by_level``)."""
+    arith level and on GSM8K, Spearman with the arith level
+    (``studylib.analysis.depth_by_level``)."""
     import numpy as np
 
     w = np.concatenate(weights)
@@ -640,7 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--final", action="store_true",
                    help="train each arm and seed once on every complete prompt and save it as "
                         "a controller directory (<run>/all/controller) for lm_eval; see "
-                        "benchmarks/testset.py")
+                        "studies/testset.py")
     t.add_argument("--threads", type=int, default=1, help="torch threads (a tiny MLP)")
     a = sub.choices["analyse"]
     a.add_argument("--out", default="docs/adaptation", help="summary JSON, table and plot")

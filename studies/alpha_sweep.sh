@@ -2,7 +2,7 @@
 # Issue 3's fixed-alpha sweep (Fractional-Reasoning-style baseline): Direct prompts steered by
 # alpha * (mean residual norm at the steering layer) * h, on arith (--limit 100: 20 per level)
 # and the first 50 GSM8K test questions; alpha=0 is the Direct baseline (token-identical).
-# Usage: LM_EVAL_PONDER_DATA=../shared/data bash benchmarks/alpha_sweep.sh [alpha ...]
+# Usage: LM_EVAL_PONDER_DATA=../shared/data bash studies/alpha_sweep.sh [alpha ...]
 set -euo pipefail
 out="${OUT:-results/alpha_sweep}"
 alphas=("$@"); [ ${#alphas[@]} -gt 0 ] || alphas=(-0.4 -0.2 -0.1 0.1 0.2)

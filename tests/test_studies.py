@@ -1,0 +1,529 @@
+"""The study scripts under ``studies/`` (whose figures go into docs/results/) and the analysis
+they share (``studies/studylib``): a wrong helper there would silently print a wrong number, and
+a user's mistake must end in one line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO
+
+from lm_eval_ponder.pondering.dynamics import halting_depth
+from lm_eval_ponder.training.grpo import sample_depths
+
+STUDIES = REPO / "studies"
+sys.path.insert(0, str(STUDIES))
+import adaptation  # noqa: E402
+
+
+@pytest.fixture
+def probabilities():
+    return torch.rand(6, 5, generator=torch.Generator().manual_seed(0))
+
+
+def test_sampled_depths_are_the_training_policy(probabilities):
+    """``depth_weights(p, "sampled")`` is the distribution GRPO's sampler draws from."""
+    w = adaptation.depth_weights(probabilities.numpy().astype(float), "sampled")
+    assert np.allclose(w.sum(axis=1), 1)
+    gen = torch.Generator().manual_seed(1)
+    draws = sample_depths(probabilities.repeat_interleave(20000, dim=0), gen).view(6, 20000)
+    freq = np.stack([np.bincount(d, minlength=5) / 20000 for d in draws.numpy()])
+    assert np.abs(freq - w).max() < 0.02
+
+
+def test_threshold_rule_is_the_inference_rule(probabilities):
+    """``depth_weights(p, "tau=0.2")`` is one-hot at the depth ``--model ponder`` halts at."""
+    w = adaptation.depth_weights(probabilities.numpy().astype(float), "tau=0.2")
+    assert np.array_equal(w.argmax(axis=1), halting_depth(probabilities, 0.2).numpy())
+    assert np.array_equal(w.sum(axis=1), np.ones(6))
+
+
+def test_arms_train_as_they_say(tmp_path):
+    """Issue 13's arms keep the settings they were trained with (Adam clipped at 1, constant
+    T, gates at 0) whatever the trainer's defaults; issue 38's arms switch exactly one thing
+    each: the anneal, the gates, the optimiser (Adam as issue 13 ran it)."""
+    old = adaptation.arm_config("ours", 4, "balanced-lr5e-5", 0, 10, tmp_path)
+    assert (old.grpo.optim, old.grpo.max_grad_norm, old.controller_temperature_end,
+            old.grpo.theta_comp, old.grpo.theta_qual, old.grpo.learning_rate) == \
+        ("adam", 1.0, None, 0.0, 0.0, 5e-5)
+    paper = adaptation.arm_config("ours", 4, "anneal1-gates1-sgd", 0, 10, tmp_path)
+    assert (paper.grpo.optim, paper.grpo.max_grad_norm, paper.controller_temperature_end,
+            paper.grpo.quality_gates, paper.grpo.theta_comp) == ("sgd", None, 0.1, True, 0.5)
+    off = adaptation.arm_config("ours", 4, "anneal0-gates0-adam", 0, 10, tmp_path)
+    assert (off.grpo.optim, off.grpo.max_grad_norm, off.controller_temperature_end,
+            off.grpo.quality_gates) == ("adam", 1.0, None, False)
+    assert len(adaptation.PAPER_ARMS) == 8
+    typed = adaptation.arm_config("ours", 4, "anneal1-gates1-sgd-types", 0, 10, tmp_path)
+    assert (typed.grpo.group_by, typed.grpo.optim, typed.grpo.max_grad_norm) == \
+        ("type", "sgd", None)
+
+
+# ----------------------------------------------------------------------------- testset.py
+import testset  # noqa: E402
+
+from lm_eval_ponder.reporting.compact import answers_digest, compact_tree  # noqa: E402
+
+
+@pytest.fixture
+def sweep():
+    """Three depths x four documents: depth 1 is right on documents 0-1, depth 2 on 2-3."""
+    correct = np.array([[0, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 1]], dtype=float)
+    tokens = np.array([[10, 10, 10, 10], [20, 20, 20, 20], [30, 30, 30, 30]], dtype=float)
+    return {"docs": [0, 1, 2, 3], "correct": correct, "gen_tokens": tokens,
+            "flops": tokens * 100.0}
+
+
+def test_a_controller_at_one_fixed_depth_sits_on_the_curve(sweep):
+    f = testset.composed_figures(sweep, np.full(4, 1), 7.0, np.arange(4))
+    assert f["accuracy"] == 0.5 and f["gen_tokens"] == 20 and f["flops"] == 2007.0
+    assert f["gap_accuracy_at_equal_tokens"] == 0.0
+
+
+def test_a_controller_that_picks_per_document_is_above_the_curve(sweep):
+    f = testset.composed_figures(sweep, np.array([1, 1, 2, 2]), 0.0, np.arange(4))
+    assert f["accuracy"] == 1.0 and f["gen_tokens"] == 25.0
+    assert f["gap_accuracy_at_equal_tokens"] == pytest.approx(0.5)  # envelope at 25 tokens: 0.5
+    resampled = testset.composed_figures(sweep, np.array([1, 1, 2, 2]), 0.0, np.array([0, 0, 2]))
+    assert resampled["accuracy"] == 1.0 and resampled["depth"] == pytest.approx(4 / 3)
+
+
+def test_each_dtype_has_its_own_sweep_and_figures():
+    """A bf16 sweep must never resume into, or be analysed as, the float32 one."""
+    assert testset.default_root("bfloat16") == "results/testset-bf16"
+    assert testset.default_root("float32") == "results/testset"
+    assert testset.default_out("bfloat16") == "docs/testset/bf16"
+    assert testset.default_out("float32") == "docs/testset"
+
+
+def _write_samples(directory, task, docs, correct):
+    import json
+
+    directory.mkdir(parents=True)
+    # an older run's text-free twin must not be read for the newer run's full log
+    (directory / f"samples_{task}_ponder_2025.stripped.jsonl").write_text('{"doc_id": 0}\n')
+    with open(directory / f"samples_{task}_ponder_2026.jsonl", "w") as f:
+        for d, c in zip(docs, correct):
+            f.write(json.dumps({
+                "doc_id": d, "doc": {"level": 1 + d % 2}, "exact_match": c, "gen_tokens": 5.0,
+                "flops": 1.0, "resps": [[f"answer {d}"]],
+                "arguments": {"gen_args_0": {"arg_0": f"question {d}", "arg_1": {}}}}) + "\n")
+
+
+def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
+    for k, correct in enumerate(([1, 0, 1], [0, 0, 1])):
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k) / "greedy" / "FR" / "arith",
+                       "arith", [0, 1, 2], correct)
+    assert testset.load_sweep(str(tmp_path), "ours", "arith", 2) is None  # depth 2 missing
+    s = testset.load_sweep(str(tmp_path), "ours", "arith", 1)
+    assert s["correct"].tolist() == [[1, 0, 1], [0, 0, 1]]
+    assert s["contexts"] == ["question 0", "question 1", "question 2"]
+    assert s["level"].tolist() == [1, 2, 1]
+    assert s["answers"][1][2] == answers_digest({"resps": [["answer 2"]]})
+    _write_samples(testset.run_dir(str(tmp_path), "ours", 2) / "greedy" / "FR" / "arith",
+                   "arith", [0, 1], [1, 1])
+    with pytest.raises(SystemExit, match="different documents"):
+        testset.load_sweep(str(tmp_path), "ours", "arith", 2)
+
+
+def test_a_committed_sweep_reads_as_the_full_one(tmp_path):
+    """A clone has the sweep's compact logs only (reporting.compact): the same figures,
+    prompts and answer digests."""
+    for k, correct in enumerate(([1, 0, 1], [0, 0, 1])):
+        _write_samples(testset.run_dir(str(tmp_path / "full"), "ours", k) / "greedy" / "FR" /
+                       "arith", "arith", [0, 1, 2], correct)
+    full = testset.load_sweep(str(tmp_path / "full"), "ours", "arith", 1)
+    compact_tree(tmp_path / "full")
+    for log in (tmp_path / "full").rglob("samples_*.jsonl"):
+        log.unlink()
+    kept = testset.load_sweep(str(tmp_path / "full"), "ours", "arith", 1)
+    for key in ("docs", "answers", "contexts", "wall_s"):
+        assert kept[key] == full[key], key
+    for key in ("correct", "gen_tokens", "flops", "level"):
+        assert np.array_equal(kept[key], full[key]), key
+
+
+def test_verify_measures_the_noise_floor_at_the_controllers_modal_depth(tmp_path, monkeypatch):
+    """bf16 texts fork when a smaller run batches documents differently: verify re-runs the
+    controller's most common depth as fixed alpha and reports how often that rerun agrees."""
+    import argparse
+    import json
+
+    from lm_eval_ponder.reporting import suite
+
+    for k in range(2):
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k) / "greedy" / "FR" / "arith",
+                       "arith", [0, 1, 2], [1, 0, 1])
+    s = testset.load_sweep(str(tmp_path), "ours", "arith", 1)
+    calls = []
+
+    def fake_main(argv):
+        calls.append(argv)
+        out = Path(argv[argv.index("--output") + 1]) / "greedy" / "FR" / "arith"
+        _write_samples(out, "arith", [0, 1, 2], [0, 0, 1])
+        log = next(out.glob("samples_arith_ponder_2026.jsonl"))
+        rows = [json.loads(line) for line in log.read_text().splitlines()]
+        rows[0]["resps"] = [["a forked answer"]]
+        log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0
+
+    monkeypatch.setattr(suite, "main", fake_main)
+    args = argparse.Namespace(form="ours", limit=3, max_tokens=256, batch_size=8,
+                              dtype="bfloat16")
+    floor = testset.fixed_rerun(args, tmp_path / "verify", "arith", s, np.array([1, 1, 0]),
+                                {0: 0, 1: 1, 2: 2})
+    assert floor == {"depth": 1, "documents": 3, "text_agrees_with_sweep": 2 / 3,
+                     "rerun_accuracy": 1 / 3, "sweep_accuracy": 2 / 3}
+    argv = calls[0]
+    assert float(argv[argv.index("--alpha") + 1]) == testset.offsets_of("ours")[1]
+    assert argv[argv.index("--limit") + 1] == "3"
+
+
+def test_depth_status_reports_finished_depths_before_the_sweep_ends(tmp_path, capsys):
+    import json
+
+    root = str(tmp_path)
+    assert testset.depth_status(root, "paper", "arith", 0) == {"state": "not started"}
+    run = testset.run_dir(root, "paper", 0) / "greedy" / "FR" / "arith"
+    run.mkdir(parents=True)  # lm-eval's answer cache is there, no samples yet: killed or running
+    assert testset.depth_status(root, "paper", "arith", 0) == {"state": "started"}
+    run.rmdir()
+    _write_samples(run, "arith", [0, 1, 2, 3], [1, 0, 0, 1])
+    (run / "ponder_run.json").write_text(json.dumps({"wall_s": 12.5}))
+    st = testset.depth_status(root, "paper", "arith", 0)
+    assert st["state"] == "finished" and st["documents"] == 4 and st["accuracy"] == 0.5
+    assert st["gen_tokens"] == 5.0 and st["wall_s"] == 12.5
+    assert st["ci95"][0] < 0.5 < st["ci95"][1]
+    testset.main(["status", "--form", "paper", "--root", root, "--tasks", "arith"])
+    out = capsys.readouterr().out
+    assert "k=0 alpha=+0.0000  0.500 [" in out and "(n=4, 12 s)" in out
+    assert "k=1 alpha=+0.0500  not started" in out
+
+
+def test_a_generated_controller_is_placed_against_the_curve_by_its_own_answers(sweep):
+    own = {"correct": np.array([1.0, 1.0, 1.0, 0.0]), "gen_tokens": np.full(4, 15.0),
+           "flops": np.full(4, 3.0), "depth": np.array([0.5, 1.5, 2.0, 0.0])}
+    f = testset.generated_figures(sweep, own, np.arange(4))
+    assert f["accuracy"] == 0.75 and f["gen_tokens"] == 15 and f["depth"] == 1.0
+    assert f["gap_accuracy_at_equal_tokens"] == pytest.approx(0.5)  # envelope at 15: 0.25
+    assert testset.generated_figures(sweep, own, np.array([3, 3]))["accuracy"] == 0.0
+
+
+def test_load_generated_reads_a_controllers_own_run_and_refuses_other_documents(tmp_path):
+    import json
+
+    controller = tmp_path / "ctrl"
+    run = testset.controller_run_dir(str(tmp_path), "ours", "generated", controller)
+    _write_samples(run / "greedy" / "FP-Direct" / "arith", "arith", [0, 1], [1, 0])
+    path = next((run / "greedy" / "FP-Direct" / "arith").glob("*.jsonl"))
+    rows = [{**json.loads(line), "ponder_steps": 2.5} for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    g = testset.load_generated(str(tmp_path), "ours", "arith", controller, [0, 1])
+    assert g["correct"].tolist() == [1.0, 0.0] and g["depth"].tolist() == [2.5, 2.5]
+    with pytest.raises(SystemExit, match="answered 2 documents"):
+        testset.load_generated(str(tmp_path), "ours", "arith", controller, [0, 1, 2])
+    with pytest.raises(SystemExit, match="testset.py evaluate"):
+        testset.load_generated(str(tmp_path), "ours", "arith", tmp_path / "other", [0, 1])
+    # a run at another halting threshold is another run, found only with that threshold
+    with pytest.raises(SystemExit, match="--tau 0.5"):
+        testset.load_generated(str(tmp_path), "ours", "arith", controller, [0, 1], 0.5)
+    assert testset.controller_run_dir(str(tmp_path), "ours", "generated", controller,
+                                      0.5).name == run.name + "-tau0.5"
+    # --generated DIR@tau=X names that run; analyse refuses a controller never evaluated
+    assert testset.generated_run(str(tmp_path), "ours", f"{controller}@tau=0.5") == (
+        controller, 0.5, testset.controller_run_dir(str(tmp_path), "ours", "generated",
+                                                    controller, 0.5))
+    assert testset.generated_run(str(tmp_path), "ours", str(controller))[2] == run
+    argv = ["analyse", "--root", str(tmp_path), "--out", str(tmp_path / "out"), "--generated"]
+    with pytest.raises(SystemExit, match="--tau 0.5` first"):
+        testset.main([*argv, str(controller), f"{controller}@tau=0.5"])
+
+
+def test_depth_profile_takes_fractional_depths_per_token():
+    p = testset.depth_profile(np.array([0.4, 0.6, 2.2, 3.0]), np.array([2, 2, 1, 1]))
+    assert p["depth_hist"][:4] == [1, 1, 1, 1]
+    assert p["mean_depth_by_level"] == {"L1": pytest.approx(2.6), "L2": pytest.approx(0.5)}
+    assert p["spearman_depth_vs_level"] < 0
+
+
+def test_final_controllers_choose_depths_as_the_evaluation_path_does(tmp_path):
+    """``adaptation.save_final`` writes what ``testset.controller_depths`` (and ``--model
+    ponder``) load: the same first-phi<=tau depths and the controller's FLOPs; a controller of
+    the other form is refused."""
+    _final_controller(tmp_path)
+
+
+def _final_controller(tmp_path):
+    """A saved final controller of our form, checked; (its depths on z0, directory, z0)."""
+    from types import SimpleNamespace
+
+    from lm_eval_ponder.pondering.controller import PonderController
+    from lm_eval_ponder.pondering.dynamics import candidate_states
+    from lm_eval_ponder.steering.vector import load_vector
+
+    torch.manual_seed(0)
+    controller = PonderController(576, 16)
+    ident = {"backbone": "b", "backbone_sha256": "0" * 64, "layer": 15,
+             "steering_sha256": "s", "scale": 3.0, "samples": 4, "prompts_sha256": "p" * 64}
+    record = {"arm": "flops0", "train_wall_s": 1.0}
+    for form in ("ours", "paper"):
+        cfg = adaptation.arm_config(form, 4, "flops0", 0, 10, tmp_path / form)
+        adaptation.save_final(SimpleNamespace(controller=controller), cfg, ident,
+                              tmp_path / form / "controller", record, 5)
+    z0 = torch.randn(5, 576)
+    offsets = testset.offsets_of("ours")
+    depth, flops, config = testset.controller_depths(tmp_path / "ours" / "controller", z0, offsets)
+    steering = load_vector(config["backbone"]["steering_dir"])
+    h = float(steering.residual_norm(15)) * steering.vector(15)
+    with torch.no_grad():
+        p = controller(candidate_states(z0, h, torch.tensor(offsets))).squeeze(-1)
+    assert depth.tolist() == halting_depth(p, 0.2).tolist()
+    assert flops == controller.evaluation_flops(9) and config["data"]["arm"] == "flops0"
+    with pytest.raises(SystemExit, match="other form"):
+        testset.controller_depths(tmp_path / "paper" / "controller", z0, offsets)
+    return depth, tmp_path / "ours" / "controller", z0
+
+
+def test_status_places_a_controller_once_the_depths_it_picks_have_finished(tmp_path, capsys):
+    """``status --extra DIR`` reads z_0 from the sweep's cache (keyed by the contexts), reports
+    the controller's depth histogram at once and its composed accuracy only when every depth
+    it picks has been answered."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    depth, directory, z0 = _final_controller(tmp_path)
+    root = tmp_path / "runs"
+    docs = list(range(5))
+    contexts = [f"question {d}" for d in docs]
+    (root / "ours").mkdir(parents=True)
+    save_file({"z0": z0.contiguous()}, str(root / "ours" / "z0_arith.safetensors"), metadata={
+        "contexts_sha256": hashlib.sha256("\n\0".join(contexts).encode()).hexdigest()})
+    picked = set(depth.tolist())
+    unpicked = min(set(range(9)) - picked)
+    # a depth the controller never picks has finished, its own have not
+    _write_samples(testset.run_dir(str(root), "ours", unpicked) / "greedy" / "FR" / "arith",
+                   "arith", docs, [0] * len(docs))
+    argv = ["status", "--form", "ours", "--root", str(root), "--tasks", "arith",
+            "--extra", str(directory)]
+    testset.main(argv)
+    hist = [int((depth == k).sum()) for k in range(9)]
+    assert f"depths {hist}; waiting for the depths it picks" in capsys.readouterr().out
+    for k in picked:  # right exactly where the controller goes
+        _write_samples(testset.run_dir(str(root), "ours", k) / "greedy" / "FR" / "arith",
+                       "arith", docs, [int(depth[d] == k) for d in docs])
+    testset.main(argv)
+    assert f"depths {hist}; 1.000 [" in capsys.readouterr().out
+
+
+def test_arms_change_one_setting_each(tmp_path):
+    """``flops<w>`` fixes the FLOPs weight without balancing; ``balanced-*`` keep the shipped
+    reward and change one GRPO setting; the shipped config is untouched otherwise."""
+    base = adaptation.arm_config("ours", 4, "balanced", 0, 10, tmp_path)
+    fixed = adaptation.arm_config("ours", 4, "flops0.5", 0, 10, tmp_path)
+    assert fixed.reward.balance == () and fixed.reward.weights["flops"] == 0.5
+    for arm, (name, value) in adaptation.GRPO_ARMS.items():
+        cfg = adaptation.arm_config("ours", 4, arm, 0, 10, tmp_path)
+        assert getattr(cfg.grpo, name) == value != getattr(base.grpo, name)
+        assert cfg.reward == base.reward and cfg.ponder == base.ponder
+    assert adaptation.arm_config("paper", 4, "balanced", 0, 10, tmp_path).ponder.alpha_start == 0
+
+
+import headroom  # noqa: E402
+
+
+def test_headroom_gap_against_the_fixed_curve_is_not_flattered_by_a_poor_comparator():
+    """Two depths with equal accuracy, the second dearer: a fixed comparator at the dear depth
+    makes an oracle that matches the cheap one look ahead at equal tokens; against the
+    fixed-depth curve (its envelope) the same oracle gains nothing."""
+    n = 40
+    acc = np.tile([0.5, 0.5], (n, 1))
+    tokens = np.tile([50.0, 100.0], (n, 1))
+    mats = {"accuracy": acc, "gen_tokens": tokens, "score": acc - tokens / 1000}
+    fixed = {"fixed": np.zeros(n, dtype=int), "fixed_acc": np.ones(n, dtype=int)}
+    halves = (mats, mats)
+    lambdas = np.concatenate([[0.0], np.geomspace(1e-6, 1.0, 61)])
+    out = headroom.headroom_figures(mats, halves, fixed, lambdas)
+    assert out["gap_accuracy_at_fixed_acc_tokens_cf"] == pytest.approx(0.0)
+    assert out["gap_accuracy_vs_fixed_curve_at_fixed_acc_tokens_cf"] == pytest.approx(0.0)
+    # a comparator that is a worse depth: accuracy 0.4 at the dear depth
+    acc2 = np.tile([0.5, 0.4], (n, 1))
+    mats2 = {"accuracy": acc2, "gen_tokens": tokens, "score": acc2 - tokens / 1000}
+    out2 = headroom.headroom_figures(mats2, (mats2, mats2), fixed, lambdas)
+    assert out2["gap_accuracy_at_fixed_acc_tokens_cf"] == pytest.approx(0.1)
+    assert out2["gap_accuracy_vs_fixed_curve_at_fixed_acc_tokens_cf"] == pytest.approx(0.0)
+
+
+def test_headroom_blocks_read_as_a_slice_and_refuse_nonsense():
+    import argparse
+
+    assert headroom.block_range("6:8") == range(6, 8)
+    assert headroom.block_range(":2") == range(0, 2)
+    assert headroom.block_range("8:").start == 8 and 10**6 in headroom.block_range("8:")
+    for bad in ("6", "8:6", "a:b", "-1:3"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            headroom.block_range(bad)
+
+
+# ----------------------------------------------------------------------------- studylib/heldout.py
+from studylib import heldout  # noqa: E402
+
+
+def test_a_packed_sweep_reads_bit_for_bit_as_its_runs_files(tmp_path):
+    """A clone has one pack per sweep instead of 105 heldout.json files: every record comes
+    back exactly (the float32 probabilities too), and ``load_runs`` finds the same runs."""
+    keys = [f"k{i}" for i in range(10)]
+    p = torch.rand(10, 5, generator=torch.Generator().manual_seed(3))  # float32, like a run's
+    written = {}
+    for seed in (0, 1):
+        for fold in range(2):
+            rows = list(range(fold, 10, 2))
+            rec = {"arm": "balanced", "seed": seed, "fold": fold, "val_keys": [keys[i] for i in rows],
+                   "val_p_continue": (p[rows] ** (seed + 1)).tolist(), "val_depths": [1] * 5,
+                   "log": [{"stage": 3, "accuracy": 1 / 3}], "train_wall_s": 1.5}
+            run = tmp_path / "balanced" / f"seed{seed}" / f"fold{fold}"
+            run.mkdir(parents=True)
+            (run / heldout.RECORD).write_text(json.dumps(rec) + "\n")
+            written[f"balanced/seed{seed}/fold{fold}"] = rec
+    (tmp_path / "flops0" / "seed0" / "fold0").mkdir(parents=True)  # unfinished: no record
+    loose = adaptation.load_runs(tmp_path, keys, 2)
+    heldout.pack(tmp_path)
+    for own in tmp_path.rglob(heldout.RECORD):
+        own.unlink()
+    assert heldout.records(tmp_path) == written
+    packed = adaptation.load_runs(tmp_path, keys, 2)
+    assert packed.keys() == loose.keys() == {("balanced", 0), ("balanced", 1)}
+    for key in loose:
+        assert np.array_equal(packed[key]["p"], loose[key]["p"])
+        assert packed[key]["records"] == loose[key]["records"]
+    assert heldout.record(tmp_path, tmp_path / "flops0" / "seed0" / "fold0") is None
+
+
+# ----------------------------------------------------------------------------- a user's mistakes
+def _cache_without_prompts(root: Path) -> None:
+    """A rollout cache as a fresh clone has it: the outcomes git keeps, not the prompts and z_0."""
+    cache = root / "caches" / "ours-s4"
+    cache.mkdir(parents=True)
+    source = REPO / "results" / "headroom" / "ours-s4"
+    for path in [source / "manifest.json", *sorted(source.glob("*.outcomes.json.xz"))[:1]]:
+        shutil.copy(path, cache / path.name)
+
+
+def _sweep_with_one_depth(root: Path) -> None:
+    """A test-set sweep with depth 0 answered and its z_0 kept, as ``testset.py sweep`` and
+    ``status`` leave them."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    docs = [0, 1, 2]
+    _write_samples(testset.run_dir(str(root / "sweep"), "ours", 0) / "greedy" / "FR" / "arith",
+                   "arith", docs, [1, 0, 1])
+    digest = hashlib.sha256("\n\0".join(f"question {d}" for d in docs).encode()).hexdigest()
+    save_file({"z0": torch.zeros(len(docs), 576)}, str(root / "sweep" / "ours" / "z0_arith.safetensors"),
+              metadata={"contexts_sha256": digest, "dtype": "bfloat16"})
+
+
+MISTAKES = {  # case: (set-up, script and arguments ({tmp}: the test's folder), what the line names)
+    "adaptation: a cache without its prompts": (_cache_without_prompts, [
+        "adaptation.py", "train", "--form", "ours", "--samples", "4", "--root", "{tmp}/caches",
+        "--out-root", "{tmp}/runs", "--arms", "balanced", "--seeds", "0", "--final"],
+        "--restore-only"),
+    "headroom: a cache without its prompts": (_cache_without_prompts, [
+        "headroom.py", "analyse", "--form", "ours", "--samples", "4", "--root", "{tmp}/caches",
+        "--out", "{tmp}/out"], "--restore-only"),
+    "testset: a controller that is not there": (_sweep_with_one_depth, [
+        "testset.py", "status", "--form", "ours", "--root", "{tmp}/sweep", "--tasks", "arith",
+        "--extra", "{tmp}/no-such-controller"], "controller directory not found"),
+    "testset: --max-tokens 0": (lambda root: None, [
+        "testset.py", "sweep", "--form", "ours", "--tasks", "arith", "--depths", "0",
+        "--max-tokens", "0", "--plan", "--root", "{tmp}/sweep"], "max_gen_toks"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISTAKES))
+def test_a_study_script_ends_a_users_mistake_in_one_line(case, tmp_path):
+    """Run as a user runs it (``python studies/X.py ...`` from another folder), a mistake ends
+    in one line ``lm-eval-ponder error: ...`` naming the fix, exit status 2, no traceback, and
+    nothing written. Without the script's last line, ``run_program(command(main))``, the first
+    three are a traceback with status 1 (``--max-tokens 0`` is refused by the suite it calls,
+    which ends its own errors so)."""
+    setup, (script, *argv), names = MISTAKES[case]
+    setup(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    done = subprocess.run(
+        [sys.executable, str(STUDIES / script), *(a.format(tmp=tmp_path) for a in argv)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert len(lines) == 1 and lines[0].startswith("lm-eval-ponder error: "), lines
+    assert names in lines[0]
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+# ----------------------------------------------------------------------------- per_type.py (issue 52)
+from studylib import analysis as an  # noqa: E402
+
+
+def _typed(n_per: int = 60, seed: int = 0):
+    """Two types whose best depths differ (A at 0, B at 2), three depths, 0/1 outcomes."""
+    rng = np.random.default_rng(seed)
+    groups = np.array(["A"] * n_per + ["B"] * n_per)
+    p = np.where(groups[:, None] == "A", [0.8, 0.4, 0.1], [0.1, 0.4, 0.8])
+    acc = (rng.random((2 * n_per, 3)) < p).astype(float)
+    tok = np.tile([10.0, 20.0, 30.0], (2 * n_per, 1))
+    fold = np.array(an.fold_of([f"k{i}" for i in range(2 * n_per)], 5))
+    return acc, tok, groups, fold
+
+
+def test_per_type_headroom_finds_real_types_and_not_shuffled_ones():
+    acc, tok, groups, fold = _typed()
+    s = an.per_type_headroom(acc, tok, groups, fold, 5, draws=300, nulls=50)
+    assert s["headroom"] > 0.2 and s["headroom_ci95"][0] > 0.1  # 0.8 against about 0.45
+    assert s["null"]["q95"] < s["headroom"] and s["null"]["p"] < 0.05
+    assert s["oracle_per_item_in_sample"] >= s["envelope_in_sample"]["accuracy"]
+    # labels that carry nothing: the headroom is within its own null
+    noise = np.array(["A", "B"] * 60)
+    s = an.per_type_headroom(acc, tok, noise, fold, 5, draws=300, nulls=50)
+    assert s["headroom"] <= s["null"]["q95"] + 1e-9 or s["null"]["p"] > 0.05
+
+
+def test_cross_fitted_choice_never_sees_its_own_fold():
+    acc, tok, groups, fold = _typed()
+    held = fold == 0
+    planted = acc.copy()
+    planted[held] = 0.0
+    planted[held, 1] = 1.0  # the held-out fold alone favours depth 1
+    pol = an.cross_fitted_policies(planted, groups, fold, 5)
+    assert (pol["single"][held] != 1).all() and (pol["per_type"][held] != 1).all()
+
+
+def test_curve_mix_matches_the_budget_on_the_envelope():
+    tokens, accuracy = np.array([10.0, 20.0, 30.0, 40.0]), np.array([0.2, 0.1, 0.5, 0.4])
+    assert an.curve_mix(tokens, accuracy, 5.0) == {0: 1.0}
+    mix = an.curve_mix(tokens, accuracy, 25.0)  # envelope 0 -> 2 (1 and 3 lie below it)
+    assert set(mix) == {0, 2} and mix[0] == pytest.approx(0.25)
+    assert sum(w * tokens[k] for k, w in mix.items()) == pytest.approx(25.0)
+    assert an.curve_mix(tokens, accuracy, 99.0) == {2: 1.0}
+
+
+def test_controller_gaps_against_its_comparators():
+    acc, tok, groups, fold = _typed()
+    runs = []
+    for f in range(5):
+        val = np.flatnonzero(fold == f)
+        train = fold != f
+        choice = an.per_type_choice(acc, groups, train)
+        runs.append({"val": val.tolist(), "depth": [choice[g] for g in groups[val]]})
+    g = an.controller_gaps(acc, tok, groups, runs, draws=200)
+    assert g["n"] == len(acc) and g["gap_per_type"] == pytest.approx(0.0)
+    assert g["gap_single"] > 0.2  # reading the type beats one depth for all

@@ -218,11 +218,13 @@ def dangling(dotted: str, pkg: Path = PKG) -> bool:
 
 def test_named_modules_exist():
     """Every dotted ``lm_eval_ponder.*`` name in the package, the task bindings, the autoload
-    module, the README and the design doc names a module (or a name in one) that exists: the
-    layout moves left ``lm_eval_ponder.tasklib`` and ``lm_eval_ponder.extraction`` behind."""
+    module, the README, the pages directly under docs/ and the design pages names a module (or
+    a name in one) that exists: the layout moves left ``lm_eval_ponder.tasklib`` and
+    ``lm_eval_ponder.extraction`` behind."""
     root = PKG.parent
-    texts = [root / "README.md", root / "docs" / "design.md", root / "lm_eval_ponder_autoload.py",
-             *sorted(root.glob("tasks/*/*.py")), *sorted(PKG.rglob("*.py"))]
+    texts = [root / "README.md", *sorted(root.glob("docs/*.md")), *sorted(root.glob("docs/design/*.md")),
+             root / "lm_eval_ponder_autoload.py", *sorted(root.glob("tasks/*/*.py")),
+             *sorted(PKG.rglob("*.py"))]
     stale = [f"{path.relative_to(root)}: {name}" for path in texts
              for name in re.findall(r"lm_eval_ponder(?:\.[A-Za-z_]\w*)+", path.read_text())
              if not name.endswith(".pth") and dangling(name)]

@@ -1,5 +1,5 @@
 """The tracked tree travels to a GPU machine in one transfer of at most 64 MiB, and is kept
-under 10 MiB (issue 35; docs/design.md, "What the repository keeps"). This test is the alarm
+under 10 MiB (issue 35; docs/design/repository.md). This test is the alarm
 before the limit: it fails once the tracked files pass 15 MiB, naming the largest."""
 
 from __future__ import annotations
@@ -32,5 +32,5 @@ def test_the_tracked_tree_stays_small():
     largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:10]
     assert total <= LIMIT, (
         f"the tracked tree is {total / 2**20:.1f} MiB, over {LIMIT / 2**20:.0f} MiB (target 10 "
-        "MiB, docs/design.md 'What the repository keeps'); largest files:\n" +
+        "MiB, docs/design/repository.md); largest files:\n" +
         "\n".join(f"  {size / 2**20:6.2f} MiB  {path}" for path, size in largest))

@@ -7,7 +7,7 @@ output directory). ``BEFORE`` says how each case ended before issue 39: ``"trace
 ``"silent"`` (it went on without a word, or said something wrong) or ``"fine"`` (already one
 line: kept here so it stays so). Errors that lm-eval itself owns (``--tasks nosuch``,
 ``--limit 0``, ``device=`` in ``--model_args``) are listed too, to check that we leave them to
-lm-eval: the README's troubleshooting section says what they mean. Five report cases were one
+lm-eval: docs/troubleshooting.md says what they mean. Five report cases were one
 line before but left an empty report folder behind (the report made its output folder before it
 read a run); the last check caught that. (The issue saw a traceback for a broken samples line;
 here, as at the commit before the fix, it was one line already: ``files.read_jsonl``.)
@@ -182,7 +182,7 @@ DATA_CASES = {
     "data line malformed": ({"LM_EVAL_PONDER_DATA": "{bad_data}"},
                             ["gsm8k/test.jsonl.gz", "line 2 "], "silent"),
 }
-# lm-eval's own errors: not ours to reword (README, "Troubleshooting")
+# lm-eval's own errors: not ours to reword (docs/troubleshooting.md)
 LM_EVAL_OWNED = {
     "task unknown": (["--tasks", "nosuch_task"], "nosuch_task"),
     "limit zero": (["--limit", "0"], None),
@@ -288,7 +288,7 @@ def test_data_mistakes_are_one_line(lm_eval_runs, name):
 
 @pytest.mark.parametrize("name", list(LM_EVAL_OWNED))
 def test_errors_lm_eval_owns_are_left_to_it(lm_eval_runs, name):
-    """Not our line: lm-eval says what is wrong in its own words (README, Troubleshooting)."""
+    """Not our line: lm-eval says what is wrong in its own words (docs/troubleshooting.md)."""
     runs, _ = lm_eval_runs
     outcome, out = runs[name]
     _, says = LM_EVAL_OWNED[name]

@@ -150,6 +150,23 @@ class DeviceGuard(TorchDispatchMode):
         kwargs = kwargs or {}
         self.ops += 1
         flat, _ = tree_flatten((args, kwargs))
+        found = self.refuse_mixing(func, kwargs, flat)
+        on_accelerator, unwrapped_kwargs = self.placement(func, args, kwargs, found)
+        if self.count_syncs:
+            self.record_transfers(func, flat, found, on_accelerator)
+        out = func(*tree_map(unwrap, args), **unwrapped_kwargs)
+        schema = func._schema
+        if schema.returns and is_write(schema.returns[0]):  # in-place / out=: the same object
+            for i, arg in enumerate(schema.arguments):
+                if is_write(arg):
+                    return kwargs[arg.name] if arg.name in kwargs else args[i]
+        if on_accelerator:
+            return tree_map(lambda t: OnAccelerator(t) if type(t) is torch.Tensor else t, out)
+        return out
+
+    def refuse_mixing(self, func, kwargs: dict, flat: list) -> set[str]:
+        """The devices of an op's tensors, after refusing what a GPU refuses: a generator on
+        another device than its op's tensors, and tensors on two devices (but in a transfer)."""
         found = self.devices(func, flat)
         generators = {f for f in found if f.startswith("generator on ")}
         if generators:  # a generator must sit where its op runs, or be the only thing there
@@ -162,6 +179,12 @@ class DeviceGuard(TorchDispatchMode):
             shapes = [(tuple(t.shape), "accelerator" if isinstance(t, OnAccelerator)
                        else t.device.type) for t in flat if isinstance(t, torch.Tensor)]
             raise DeviceMixError(f"{func} mixes devices {sorted(found)}: {shapes}")
+        return found
+
+    def placement(self, func, args, kwargs: dict, found: set[str]) -> tuple[bool, dict]:
+        """(whether the op's result lives on the stand-in accelerator, the kwargs to run it
+        with on the CPU data): where its inputs are, else where ``device=`` puts it (factories,
+        ``.to``), else, for ``copy_``, where its destination is."""
         on_accelerator = "accelerator" in found
         unwrapped_kwargs = tree_map(unwrap, kwargs)
         if kwargs.get("device") is not None:  # factories and .to(device)
@@ -170,22 +193,18 @@ class DeviceGuard(TorchDispatchMode):
                 unwrapped_kwargs["device"] = torch.device("cpu")
         elif func is aten.copy_.default:
             on_accelerator = isinstance(args[0], OnAccelerator)
-        if self.count_syncs and "accelerator" in found and (
+        return on_accelerator, unwrapped_kwargs
+
+    def record_transfers(self, func, flat: list, found: set[str], on_accelerator: bool) -> None:
+        """Host syncs (a read of accelerator data on the host) and uploads (host data copied to
+        the accelerator), the two a captured step must not make."""
+        if "accelerator" in found and (
                 func in SYNCING or (func is aten._to_copy.default and not on_accelerator)):
             self.syncs.append(str(func))
-        if self.count_syncs and on_accelerator and func in TRANSFERS and any(
+        if on_accelerator and func in TRANSFERS and any(
                 type(t) is torch.Tensor for t in flat):  # host data copied to the device
             shapes = [tuple(t.shape) for t in flat if isinstance(t, torch.Tensor)]
             self.uploads.append(f"{func} {shapes}")
-        out = func(*tree_map(unwrap, args), **unwrapped_kwargs)
-        schema = func._schema
-        if schema.returns and is_write(schema.returns[0]):  # in-place / out=: the same object
-            for i, arg in enumerate(schema.arguments):
-                if is_write(arg):
-                    return kwargs[arg.name] if arg.name in kwargs else args[i]
-        if on_accelerator:
-            return tree_map(lambda t: OnAccelerator(t) if type(t) is torch.Tensor else t, out)
-        return out
 
 
 def unwrap(t):

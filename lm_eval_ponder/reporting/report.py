@@ -41,6 +41,7 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -173,6 +174,37 @@ def pool(kept: Run, other: Run) -> None:
     kept.source = f"{kept.source}, {other.source}"
 
 
+def result_runs(result: Path, roots: list[Path], estimators: Estimators) -> Iterator[Run]:
+    """The runs one ``results_*.json`` holds: one per task of ours whose samples were logged
+    (the full log, else the compact one a committed run keeps: ``reporting.compact``). Another
+    lm-eval task in the same file, or one run without ``--log_samples``, is passed over."""
+    data = read_json(result)
+    config = data.get("config", {})
+    model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
+    marker = _marker(result.parent, roots)
+    for task in data.get("results", {}):
+        samples_file = run_log(result, task) if registry.TASK_INFIX in task else None
+        if samples_file is None:
+            continue
+        backbone, method = _label(task, model, args, marker, config.get("ponder_fingerprint"))
+        samples = read_samples(samples_file)
+        yield Run(backbone, method, registry.dataset_of(task), samples, str(result),
+                  Identity.of(data, task), seeds=[run_seed(data)],
+                  note=accounting_note(samples_file, samples, model, args, estimators))
+
+
+def accounting_note(samples_file: Path, samples: list[dict], model: str, args: dict,
+                    estimators: Estimators) -> str:
+    """Tokens and FLOPs of a model that kept none, estimated from a full log's prompts and
+    answers (the note says how); a compact log keeps neither, so the note says they were not
+    estimated rather than guess."""
+    if is_full(samples_file):
+        return estimators.fill(samples, model, args) or ""
+    if needs_estimate(samples):
+        return "tokens and FLOPs not estimated: only the compact log was kept"
+    return ""
+
+
 def load_runs(paths: list[str | Path]) -> list[Run]:
     """Every (backbone, method, identity, dataset) found under the given lm-eval output
     directories, with the accounting of models that kept none estimated."""
@@ -184,28 +216,8 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     runs: dict[tuple[str, str, str, str], Run] = {}
     estimators = Estimators()
     for result in files:
-        data = read_json(result)
-        config = data.get("config", {})
-        model, args = str(config.get("model")), parse_model_args(config.get("model_args"))
-        marker = _marker(result.parent, roots)
-        for task in data.get("results", {}):
-            if registry.TASK_INFIX not in task:
-                continue
-            # the full log, else the compact one a committed run keeps (reporting.compact)
-            samples_file = run_log(result, task)
-            if samples_file is None:
-                continue
-            backbone, method = _label(task, model, args, marker,
-                                      config.get("ponder_fingerprint"))
-            samples = read_samples(samples_file)
-            if is_full(samples_file):
-                note = estimators.fill(samples, model, args) or ""
-            else:  # no prompts and answers to re-count: say so rather than guess
-                note = ("tokens and FLOPs not estimated: only the compact log was kept"
-                        if needs_estimate(samples) else "")
-            run = Run(backbone, method, registry.dataset_of(task), samples, str(result),
-                      Identity.of(data, task), note=note, seeds=[run_seed(data)])
-            key = (backbone, method, run.dataset, run.identity.digest, run.seeds[0])
+        for run in result_runs(result, roots, estimators):
+            key = (run.backbone, run.method, run.dataset, run.identity.digest, run.seeds[0])
             if key in runs:
                 pool(runs[key], run)
             else:
@@ -215,13 +227,19 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     runs = merge_seed_runs(runs)
     for run in runs.values():
         run.depth = single_depth(run)
+    name_variants(list(runs.values()))
+    return sorted(runs.values(), key=lambda r: (r.backbone, r.dataset, r.label))
+
+
+def name_variants(runs: list[Run]) -> None:
+    """Set ``variant`` on the runs of one (backbone, method) that differ in configuration, so
+    their rows can be told apart (``identity.distinguish`` names what differs)."""
     by_method: dict[tuple[str, str], list[Run]] = defaultdict(list)
-    for run in runs.values():
+    for run in runs:
         by_method[(run.backbone, run.method)].append(run)
     for group in by_method.values():
         for run, variant in zip(group, distinguish([(r.dataset, r.identity) for r in group])):
             run.variant = variant
-    return sorted(runs.values(), key=lambda r: (r.backbone, r.dataset, r.label))
 
 
 def merge_seed_runs(runs: dict[tuple, Run]) -> dict[tuple, Run]:

@@ -403,25 +403,34 @@ def interrupted_in(i: int, n: int, r: dict, target: Path, resume_within: bool,
                        f"{kept_text}; finished runs are kept. Resume with: {resume_command(argv)}")
 
 
-def run_suite(a: argparse.Namespace) -> Path:
-    out = Path(a.output)
+def suite_seeds(a: argparse.Namespace, protocol_seeds: tuple[int, ...]) -> tuple[int, ...]:
+    """The seeds to run: ``--seeds`` (a list), else ``--seed`` (one), else the protocol's."""
+    if a.seeds is not None:
+        try:
+            return tuple(int(x) for x in a.seeds.split(","))
+        except ValueError:
+            raise PonderError(f"--seeds takes comma-separated integers, got {a.seeds!r}") \
+                from None
+    if a.seed is not None:
+        return (a.seed,)
+    return protocol_seeds
+
+
+def checked_choices(a: argparse.Namespace) -> tuple[list[str], list[str], list[str],
+                                                     tuple[int, ...]]:
+    """(methods, datasets, decodings, seeds) as the options give them, every one checked
+    before any run starts: a wrong name or a count below 1 is one line now, not a traceback
+    (lm_eval's own errors for ``--limit`` and the like) or a failure hours into the suite."""
     methods = [m.strip() for m in a.methods.split(",")]
     datasets = [d.strip() for d in a.tasks.split(",")]
     if a.protocol not in PROTOCOLS:
         raise PonderError(f"unknown protocol {a.protocol!r}; choose from {list(PROTOCOLS)}")
-    decoding, seeds = PROTOCOLS[a.protocol]
+    decoding, protocol_seeds = PROTOCOLS[a.protocol]
     if a.decoding is not None:  # an explicit decoding list overrides the protocol's
         decodings = [d.strip() for d in a.decoding.split(",")]
     else:
         decodings = [decoding]
-    if a.seeds is not None:
-        try:
-            seeds = tuple(int(x) for x in a.seeds.split(","))
-        except ValueError:
-            raise PonderError(f"--seeds takes comma-separated integers, got {a.seeds!r}") \
-                from None
-    elif a.seed is not None:
-        seeds = (a.seed,)
+    seeds = suite_seeds(a, protocol_seeds)
     for flag, value in (("--limit", a.limit), ("--max_gen_toks", a.max_gen_toks),
                         ("--batch_size", a.batch_size)):
         if value is not None and value < 1:  # (lm_eval's own errors for these are tracebacks)
@@ -432,6 +441,13 @@ def run_suite(a: argparse.Namespace) -> Path:
         bad = [x for x in given if x not in known]
         if bad:
             raise PonderError(f"unknown {name}(s) {bad}; choose from {list(known)}")
+    return methods, datasets, decodings, seeds
+
+
+def suite_controller(a: argparse.Namespace, methods: list[str]) -> str | None:
+    """The controller the FP methods run: ``--controller``, else the one shipped for the
+    backbone; ``none`` (or none shipped) skips the FP methods, with a warning when some were
+    asked for, so a suite without one still runs the rest."""
     controller = a.controller
     if controller is None:
         from lm_eval_ponder import backbone as bb
@@ -446,6 +462,13 @@ def run_suite(a: argparse.Namespace) -> Path:
     if controller is None and any(registry.method(m).needs_controller for m in methods):
         LOGGER.warning("suite: no controller for this backbone (pass --controller DIR); FP "
                        "methods are skipped")
+    return controller
+
+
+def run_suite(a: argparse.Namespace) -> Path:
+    out = Path(a.output)
+    methods, datasets, decodings, seeds = checked_choices(a)
+    controller = suite_controller(a, methods)
     # the row label the report shows: a name, never a directory of this machine
     backbone = portable_name(a.pretrained) if a.pretrained else EMBEDDED_NAME
     controller = portable_path(controller) if controller else controller
@@ -460,6 +483,19 @@ def run_suite(a: argparse.Namespace) -> Path:
     if a.snapshot:
         print(snapshot(runs, out))
         return out
+    run_locked(a, runs, out, backbone, env)
+    if a.report:
+        from lm_eval_ponder.reporting.report import report
+
+        print(report([out], out / "report"))
+    return out
+
+
+def run_locked(a: argparse.Namespace, runs: list[dict], out: Path, backbone: str,
+               env: dict[str, str]) -> None:
+    """``run_all`` with every run still to do locked for its length (``lock_runs``: a second
+    suite on the same runs is refused), unless ``--force``; the logs of runs finished before
+    compact logs existed are compacted first."""
     argv = list(getattr(a, "argv", None) or [])
     if out.is_dir():
         compact_tree(out)  # runs finished before compact logs existed
@@ -474,11 +510,6 @@ def run_suite(a: argparse.Namespace) -> Path:
     finally:
         for lock in locks:
             lock.release()
-    if a.report:
-        from lm_eval_ponder.reporting.report import report
-
-        print(report([out], out / "report"))
-    return out
 
 
 def run_all(a: argparse.Namespace, runs: list[dict], out: Path, backbone: str,

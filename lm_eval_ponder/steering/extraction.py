@@ -80,6 +80,39 @@ def _render_example(tokenizer, text: str, use_chat: bool) -> str:
     )
 
 
+def _checked_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
+    """The layers asked for (None: all), each an index of a decoder block: one out of range
+    would otherwise surface as a KeyError of the captured states after a whole forward."""
+    layers = list(range(n_layers)) if layers is None else [int(x) for x in layers]
+    bad = [x for x in layers if not 0 <= x < n_layers]
+    if bad:
+        raise PonderError(f"layer(s) {bad} out of range: the model has {n_layers} decoder layers")
+    return layers
+
+
+def _forward_options(model) -> tuple[dict[str, Any], bool]:
+    """(keyword arguments for the forward, whether it takes ``position_ids``), from what this
+    model's forward accepts: no KV cache, and the LM head on one position only (only the
+    hidden states matter); positions are passed so left padding does not shift them."""
+    params = _inspect.signature(model.forward).parameters
+    extra: dict[str, Any] = {"use_cache": False} if "use_cache" in params else {}
+    if "logits_to_keep" in params:  # only the states matter; skip the LM head on all but one
+        extra["logits_to_keep"] = 1
+    return extra, "position_ids" in params
+
+
+def _left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of token lists padded on the left, so every prompt's last
+    token sits in the last column, where the hooks read it."""
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        input_ids[r, width - len(row) :] = torch.tensor(row)
+        mask[r, width - len(row) :] = 1
+    return input_ids, mask
+
+
 @torch.no_grad()
 def last_token_states(
     model,
@@ -104,21 +137,13 @@ def last_token_states(
     if batch_size < 1:
         raise PonderError(f"batch_size must be >= 1, got {batch_size}")
     blocks = decoder_layers(model)
-    n_layers = len(blocks)
-    layers = list(range(n_layers)) if layers is None else [int(x) for x in layers]
-    bad = [x for x in layers if not 0 <= x < n_layers]
-    if bad:
-        raise PonderError(f"layer(s) {bad} out of range: the model has {n_layers} decoder layers")
+    layers = _checked_layers(layers, len(blocks))
     ids, use_chat = _encode(tokenizer, prompts, chat_template)
     device = next(model.parameters()).device
     pad_id = next(
         (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0
     )
-    params = _inspect.signature(model.forward).parameters
-    extra: dict[str, Any] = {"use_cache": False} if "use_cache" in params else {}
-    if "logits_to_keep" in params:  # only the states matter; skip the LM head on all but one
-        extra["logits_to_keep"] = 1
-    wants_positions = "position_ids" in params
+    extra, wants_positions = _forward_options(model)
 
     captured: dict[int, torch.Tensor] = {}
 
@@ -136,12 +161,7 @@ def last_token_states(
         bar = tqdm(total=len(ids), desc=desc, unit="prompt", disable=not progress)
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
-            width = max(len(ids[i]) for i in rows)
-            input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for r, i in enumerate(rows):
-                input_ids[r, width - len(ids[i]) :] = torch.tensor(ids[i])
-                mask[r, width - len(ids[i]) :] = 1
+            input_ids, mask = _left_padded([ids[i] for i in rows], pad_id)
             kwargs = dict(extra)
             if wants_positions:
                 kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)

@@ -62,52 +62,75 @@ def inspect_vector(
     W_U v ("direct"), since g is far from uniform in many models. Running a unit vector through
     the norm itself would be meaningless: RMSNorm rescales it to norm sqrt(d).
     """
+    lines = _provenance(sv) + [""]
+    lines += _logit_lens(sv, model, tokenizer, top_k, lens_layers)
+    lines += _norms_table(sv) + [""]
+    lines += _cosine_matrix(sv)
+    return "\n".join(lines) + "\n"
+
+
+def _provenance(sv: SteeringVector) -> list[str]:
+    """Where the vector came from: method, layers, backbone, questions, contrastive prompts
+    (what a reader needs to tell two vectors apart before comparing their numbers)."""
     meta = sv.meta
+    bb = meta.get("backbone") or {}
+    prompts = meta.get("prompts") or {}
+    return [
+        f"steering vector: method={meta.get('method')} default layer={sv.default_layer} "
+        f"stored layers={format_ranges(sv.layers)} hidden={sv.hidden_size}",
+        f"backbone: {bb.get('name')} (source sha256 {str(bb.get('source_sha256'))[:16]}...)",
+        f"questions: {meta.get('n_questions')} from {meta.get('question_source')} "
+        f"(sha256 {str(meta.get('questions_sha256'))[:16]}...), chat template: "
+        f"{meta.get('chat_template')}",
+        f"prompts: + {prompts.get('positive')!r}",
+        f"         - {prompts.get('negative')!r}",
+    ]
+
+
+def _logit_lens(sv: SteeringVector, model, tokenizer, top_k: int,
+                lens_layers: Sequence[int] | None) -> list[str]:
+    """The tokens each lens layer's vector promotes and suppresses, through the final norm's
+    gain and directly (``inspect_vector``'s docstring says why both); a model without an
+    output embedding gets a line saying it was skipped."""
     layer = sv.default_layer
     v = sv.vector(layer).detach().float().cpu()
-    lines: list[str] = []
-    bb = meta.get("backbone") or {}
-    lines.append(f"steering vector: method={meta.get('method')} default layer={layer} "
-                 f"stored layers={format_ranges(sv.layers)} hidden={sv.hidden_size}")  # fmt: skip
-    lines.append(f"backbone: {bb.get('name')} (source sha256 {str(bb.get('source_sha256'))[:16]}...)")
-    lines.append(f"questions: {meta.get('n_questions')} from {meta.get('question_source')} "
-                 f"(sha256 {str(meta.get('questions_sha256'))[:16]}...), chat template: "
-                 f"{meta.get('chat_template')}")  # fmt: skip
-    prompts = meta.get("prompts") or {}
-    lines.append(f"prompts: + {prompts.get('positive')!r}")
-    lines.append(f"         - {prompts.get('negative')!r}")
-    lines.append("")
-
     head = model.get_output_embeddings()
     if head is None or getattr(head, "weight", None) is None:
-        lines.append("logit lens: the model has no output embedding matrix; skipped")
-    else:
-        w_u = head.weight.detach().float().cpu()
-        if w_u.shape[1] != v.shape[0]:
-            raise PonderError(
-                f"the model's unembedding has width {w_u.shape[1]} but the vector has {v.shape[0]}"
-            )
-        gain = _final_norm_weight(model, v.shape[0])
-        if lens_layers is None:
-            lens_layers = list(dict.fromkeys([layer, sv.layers[-1]]))
-        for lens_layer in lens_layers:
-            u = sv.vector(lens_layer).detach().float().cpu()
-            lines.append(f"logit lens of layer {lens_layer}'s unit vector (+ = toward the positive "
-                         "prompt, i.e. 'deliberate'; - = toward 'direct'):")  # fmt: skip
-            if gain is not None:
-                lines += _lens_block("[through the final-norm gain: W_U (g * v)]", w_u @ (gain * u),
-                                     tokenizer, top_k)  # fmt: skip
-                lines.append("")
-            lines += _lens_block("[direct: W_U v]", w_u @ u, tokenizer, top_k)
+        return ["logit lens: the model has no output embedding matrix; skipped"]
+    w_u = head.weight.detach().float().cpu()
+    if w_u.shape[1] != v.shape[0]:
+        raise PonderError(
+            f"the model's unembedding has width {w_u.shape[1]} but the vector has {v.shape[0]}"
+        )
+    gain = _final_norm_weight(model, v.shape[0])
+    if lens_layers is None:
+        lens_layers = list(dict.fromkeys([layer, sv.layers[-1]]))
+    lines: list[str] = []
+    for lens_layer in lens_layers:
+        u = sv.vector(lens_layer).detach().float().cpu()
+        lines.append(f"logit lens of layer {lens_layer}'s unit vector (+ = toward the positive "
+                     "prompt, i.e. 'deliberate'; - = toward 'direct'):")  # fmt: skip
+        if gain is not None:
+            lines += _lens_block("[through the final-norm gain: W_U (g * v)]", w_u @ (gain * u),
+                                 tokenizer, top_k)  # fmt: skip
             lines.append("")
+        lines += _lens_block("[direct: W_U v]", w_u @ u, tokenizer, top_k)
+        lines.append("")
+    return lines
 
+
+def _norms_table(sv: SteeringVector) -> list[str]:
+    """Per stored layer: the raw difference's norms, the residual norm that alpha is a
+    fraction of, their ratio, and the cosines to the layer before and to the default layer
+    (how fast the direction turns with depth)."""
+    meta, layer = sv.meta, sv.default_layer
     residual = meta.get("residual_norm")
     raw = meta.get("raw_norm") or {}
     raw_mean, raw_sum = raw.get("mean"), raw.get("sum")
-    lines.append("norms per layer (at the last prompt token; alpha elsewhere is a fraction of "
-                 "residual_norm):")  # fmt: skip
-    lines.append(f"  {'layer':>5} {'raw_sum':>11} {'raw_mean':>9} {'residual':>9} "
-                 f"{'mean/resid':>10} {'cos(l-1,l)':>10} {'cos(l,default)':>14}")  # fmt: skip
+    lines = ["norms per layer (at the last prompt token; alpha elsewhere is a fraction of "
+             "residual_norm):",
+             f"  {'layer':>5} {'raw_sum':>11} {'raw_mean':>9} {'residual':>9} "
+             f"{'mean/resid':>10} {'cos(l-1,l)':>10} {'cos(l,default)':>14}"]  # fmt: skip
     vd = sv.vector(layer)
     for j, lay in enumerate(sv.layers):
         def fmt(values, width, spec, j=j):
@@ -126,15 +149,20 @@ def inspect_vector(
         mark = " *" if lay == layer else ""
         lines.append(f"  {lay:5d} {fmt(raw_sum, 11, '.2f')} {fmt(raw_mean, 9, '.3f')} "
                      f"{fmt(residual, 9, '.2f')} {ratio} {adj} {_cos(sv.vectors[j], vd):14.3f}{mark}")
-    lines.append("")
+    return lines
 
+
+def _cosine_matrix(sv: SteeringVector) -> list[str]:
+    """Cosines between the vectors of up to 8 stored layers (evenly strided, the last always
+    in), and the fractional PCA's figures where the extraction ran it."""
+    meta, layer = sv.meta, sv.default_layer
     n = len(sv.layers)
     stride = max(1, math.ceil(n / 7))
     picks = list(range(0, n, stride))
     if picks[-1] != n - 1:
         picks.append(n - 1)
-    lines.append(f"cosine similarity between layers' vectors (stored layers at stride {stride}):")
-    lines.append("  " + " " * 6 + "".join(f"{sv.layers[j]:>7d}" for j in picks))
+    lines = [f"cosine similarity between layers' vectors (stored layers at stride {stride}):",
+             "  " + " " * 6 + "".join(f"{sv.layers[j]:>7d}" for j in picks)]
     for a in picks:
         row = "".join(f"{_cos(sv.vectors[a], sv.vectors[b]):7.2f}" for b in picks)
         lines.append(f"  {sv.layers[a]:>6d}{row}")
@@ -144,4 +172,4 @@ def inspect_vector(
         lines.append(f"fractional PCA: PC1 explains {pca.get('explained_variance_ratio_pc1', 0):.3f} "
                      f"of the variance of the differences; cosine(final, mean difference) at "
                      f"layer {layer}: {pca['cosine_with_mean_difference'][sv.index(layer)]:.4f}")  # fmt: skip
-    return "\n".join(lines) + "\n"
+    return lines

@@ -212,9 +212,6 @@ def load_vector(
     source hash when both that and the vector's are known; raises ``PonderError`` naming both
     values on a mismatch.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     path = Path(directory_or_file).expanduser()
     directory = path.parent if path.is_file() else path
     vec_path, meta_path = directory / VECTORS_FILE, directory / META_FILE
@@ -224,17 +221,39 @@ def load_vector(
             f"no steering vector at {path}: missing {', '.join(missing)} (make one with "
             "`python -m lm_eval_ponder.steer extract --output DIR`)"
         )
+    meta = _read_meta(meta_path)
+    vectors, layers = _read_vectors(vec_path, meta_path, meta)
+    sv = SteeringVector(vectors, layers, meta)
+    _check_consistent(sv, vec_path, meta_path)
+    _check_fits_backbone(sv, directory, model_config, backbone_sha256)
+    return sv
+
+
+def _read_meta(meta_path: Path) -> dict:
+    """The vector's JSON metadata, or one line naming the file: a hand-edited or cut-off file
+    would otherwise end in a JSON traceback, or an AttributeError on a non-object."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise PonderError(f"cannot read {meta_path}: {exc}") from None
     if not isinstance(meta, dict):
         raise PonderError(f"{meta_path} does not hold a JSON object")
+    return meta
+
+
+def _read_vectors(vec_path: Path, meta_path: Path, meta: dict) -> tuple[torch.Tensor, list[int]]:
+    """(unit vectors [n_layers, d] float32, their layers) from the safetensors file, checked to
+    be the file its metadata was written with (the SHA-256 it records, the layers it lists):
+    the two files travel as a pair, and a pair mixed from two extractions would steer with
+    vectors the metadata does not describe."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     expected_sha = meta.get("vectors_sha256")
     if expected_sha and file_sha256(vec_path) != expected_sha:
         raise PonderError(
-            f"{vec_path.name} does not match {meta_path.name} in {directory} (the file's SHA-256 "
-            "differs from the one recorded): the pair was mixed or edited; re-extract"
+            f"{vec_path.name} does not match {meta_path.name} in {vec_path.parent} (the file's "
+            "SHA-256 differs from the one recorded): the pair was mixed or edited; re-extract"
         )
     try:
         tensors = load_file(str(vec_path))
@@ -242,15 +261,21 @@ def load_vector(
         raise PonderError(f"cannot read {vec_path}: {exc}") from None
     if "vectors" not in tensors or "layers" not in tensors:
         raise PonderError(f"{vec_path} lacks the tensors 'vectors' and 'layers'")
-    vectors = tensors["vectors"].to(torch.float32)
     layers = [int(x) for x in tensors["layers"].tolist()]
     if meta.get("layers") is not None and list(meta["layers"]) != layers:
         raise PonderError(
             f"{meta_path.name} lists layers {meta['layers']} but {vec_path.name} holds {layers}"
         )
-    sv = SteeringVector(vectors, layers, meta)
-    if sv.default_layer not in layers:
-        raise PonderError(f"default layer {sv.default_layer} is not among the stored {layers}")
+    return tensors["vectors"].to(torch.float32), layers
+
+
+def _check_consistent(sv: SteeringVector, vec_path: Path, meta_path: Path) -> None:
+    """The vector agrees with itself: its default layer is stored, its rows are finite unit
+    vectors (alpha is a fraction of the residual norm only for a unit direction), its width
+    is the hidden size the metadata records."""
+    if sv.default_layer not in sv.layers:
+        raise PonderError(f"default layer {sv.default_layer} is not among the stored {sv.layers}")
+    vectors, meta = sv.vectors, sv.meta
     norms = vectors.norm(dim=-1)
     if not torch.isfinite(vectors).all() or (norms - 1).abs().max() > _UNIT_TOL:
         raise PonderError(f"{vec_path} does not hold finite unit-norm rows (norms {norms.tolist()[:4]}...)")
@@ -259,6 +284,13 @@ def load_vector(
             f"{meta_path.name} says hidden size {meta['hidden_size']} but the vectors have {sv.hidden_size}"
         )
 
+
+def _check_fits_backbone(sv: SteeringVector, directory: Path, model_config: Any,
+                         backbone_sha256: str | None) -> None:
+    """The vector fits the backbone it will steer: its hidden size, its layer count and the
+    backbone's source hash, where each is known. A vector of another model of the same width
+    would steer without an error, with a direction that means nothing there."""
+    meta, layers = sv.meta, sv.layers
     hidden, n_layers = config_dims(model_config)
     if hidden is not None and hidden != sv.hidden_size:
         raise PonderError(
@@ -283,4 +315,3 @@ def load_vector(
             f"steering vector {directory} was extracted from backbone source sha256 {recorded} "
             f"but the backbone in use has sha256 {backbone_sha256}: re-extract for this backbone"
         )
-    return sv

@@ -5,7 +5,11 @@ that reads it; its suffix maps are inverse; GPQA is never published."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import json
 import re
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -73,14 +77,67 @@ def test_gpqa_is_never_published():
     assert registry.publishable("bbh")  # another lm-eval task a report was given
 
 
+def loaders() -> dict[str, Callable]:
+    """Each dataset's loader in ``lm_eval_ponder.data`` (``load_<name>``, ``load_gpqa_diamond``),
+    found by its name: the module where the data comes from, which cannot lie about it."""
+    from lm_eval_ponder import data
+
+    found = {name: [f for key, f in vars(data).items() if key.startswith(f"load_{name}")
+                    and callable(f)] for name in registry.DATASET_NAMES}
+    assert all(len(f) == 1 for f in found.values()), found
+    return {name: f[0] for name, f in found.items()}
+
+
 def test_only_datasets_with_a_train_split_train_a_controller():
-    assert [d.name for d in registry.DATASETS if d.train_split] == ["arith", "gsm8k"]
-    assert [d.name for d in registry.DATASETS if d.synthetic] == ["arith"]
+    """A dataset has a training split exactly when its loader reads one (takes ``split`` and
+    returns rows for "train"), and the trainer's reader agrees: it draws prompts from those and
+    refuses the others (it never trains on a test split)."""
+    from lm_eval_ponder.errors import PonderError
+    from lm_eval_ponder.training.rollouts import train_documents
+
+    for name, load in loaders().items():
+        reads_train = "split" in inspect.signature(load).parameters and len(load("train")) > 0
+        assert registry.dataset(name).train_split == reads_train, name
+        task = registry.task_name(name, "Direct")
+        if reads_train:
+            assert len(train_documents(task, 2)) == 2
+        else:
+            with pytest.raises(PonderError, match="no training split"):
+                train_documents(task, 2)
+
+
+def test_synthetic_datasets_are_the_ones_generated_without_a_data_source(tmp_path, monkeypatch):
+    """``synthetic`` (our own generated data, kept whole in compact logs) is exactly what loads
+    with no data at all: an empty data folder (no file to read, and the Hub is never asked
+    once the folder is set) stops every downloaded dataset and no generated one."""
+    from lm_eval_ponder.errors import PonderDataError
+
+    monkeypatch.setenv("LM_EVAL_PONDER_DATA", str(tmp_path))
+    for name, load in loaders().items():
+        try:
+            generated = len(load()) > 0
+        except PonderDataError:
+            generated = False
+        assert registry.dataset(name).synthetic == generated, name
+
+
+def published_table_1() -> list[str]:
+    """The dataset columns of the published Table 1, in order: the leaderboard that
+    ``scripts/rebuild_reports.sh`` writes as ``greedy-full`` from the committed logs."""
+    script = (TASKS.parent / "scripts" / "rebuild_reports.sh").read_text()
+    (folder,) = re.findall(r"^report greedy-full (\S+)", script, re.M)
+    header = (TASKS.parent / folder / "leaderboard.md").read_text().splitlines()[0]
+    return re.findall(r"\| (\w+) ACC", header)
 
 
 def test_table_1_column_order():
-    assert registry.DATASET_NAMES == ("arith", "gsm8k", "math500", "gpqa")
-    assert registry.dataset_order(["mmlu", "gpqa", "arith", "gpqa"]) == ["arith", "gpqa", "mmlu"]
+    """The registry's order is the published Table 1's (the committed leaderboard of every
+    method on the four datasets; the report orders its columns by the registry, so a change
+    of order here without rebuilding the published tables fails); any other dataset a report
+    is given comes after the known ones."""
+    assert list(registry.DATASET_NAMES) == published_table_1()
+    shuffled = [*reversed(registry.DATASET_NAMES), "mmlu", registry.DATASET_NAMES[0]]
+    assert registry.dataset_order(shuffled) == [*registry.DATASET_NAMES, "mmlu"]
 
 
 @pytest.mark.parametrize("base", registry.BASELINES)
@@ -103,11 +160,45 @@ def test_every_method_runs_a_baselines_prompt():
     assert registry.task_name("gpqa", "FP-CoT") == "gpqa_ponder_cot"
 
 
+def committed_runs() -> list[tuple[str, dict]]:
+    """(method label, fingerprint) of every committed run of the greedy suite
+    (``results/suite/greedy``, each method on each dataset): the fingerprint is what the model
+    did (``evaluation.lm``): its steering vector, controller, alpha or early exit."""
+    out = []
+    for marker in sorted((TASKS.parent / "results" / "suite" / "greedy").glob("*/*/ponder_run.json")):
+        label = json.loads(marker.read_text())["method"].split(" ")[0]  # "FR (alpha=-0.2)"
+        (result,) = marker.parent.glob("*/results_*.json")
+        out.append((label, json.loads(result.read_text())["config"]["ponder_fingerprint"]))
+    return out
+
+
 def test_method_flags():
-    assert [m.label for m in registry.METHODS if m.needs_controller] == ["FP-Direct", "FP-CoT", "FP-BoN"]
-    assert [m.label for m in registry.METHODS if m.steered] == ["FR", "FP-Direct", "FP-CoT", "FP-BoN"]
-    assert [m.label for m in registry.METHODS if m.samples] == ["BoN", "FP-BoN"]
-    assert [m.label for m in registry.METHODS if not m.default] == ["EE"]
+    """Each method's flags agree with what its runs did and its tasks do: a controller chose
+    the depths exactly where ``needs_controller``, the steering vector was added exactly where
+    ``steered``, a fixed alpha and the early exit exactly for those models (the committed
+    suite's fingerprints); its task samples exactly where ``samples`` (the tasks' YAML); the
+    suite leaves out of its default exactly the methods it plans as a sweep (several runs per
+    dataset: one per early-exit threshold)."""
+    from lm_eval_ponder.reporting import suite
+
+    seen = set()
+    for label, fingerprint in committed_runs():
+        m, pondering = registry.method(label), fingerprint.get("pondering") or {}
+        assert m.needs_controller == bool(pondering.get("controller")), label
+        assert m.steered == bool(pondering.get("steering")), label
+        assert (m.model == "alpha") == (pondering.get("alpha") is not None), label
+        assert (m.model == "early_exit") == bool(fingerprint.get("early_exit")), label
+        seen.add(label)
+    assert seen == set(registry.METHOD_LABELS)  # every method has committed runs
+    for m in registry.METHODS:
+        for dataset in registry.DATASET_NAMES:
+            (path,) = (TASKS / dataset).glob(f"{registry.task_name(dataset, m.label)}.yaml")
+            samples = re.search(r"^\s+do_sample:\s*true\s*$", path.read_text(), re.M | re.I)
+            assert m.samples == bool(samples), (m.label, path.name)
+    planned = Counter(r["method"] for r in suite.plan(
+        list(registry.METHOD_LABELS), ["arith"], ["greedy"], -0.2, "ctrl"))
+    assert {label for label, n in planned.items() if n > 1} == {
+        m.label for m in registry.METHODS if not m.default}
 
 
 def test_unknown_names_are_refused_naming_the_known():

@@ -144,3 +144,27 @@ def test_a_broken_link_is_caught(tmp_path):
                     "[gone](nothere.md) [bad anchor](there.md#nothing)\n```\n[in code](nothing.md)\n```\n")
     assert broken_links([page], tmp_path) == [
         "page.md: nothere.md", "page.md: there.md#nothing (no such heading)"]
+
+
+def listed_scripts(readme: Path) -> set[str]:
+    """The scripts a folder's README lists: the first cell of each row of its table."""
+    lines = readme.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| script |"))
+    names = set()
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        names.add(re.fullmatch(r"`([\w.]+)`", line.strip("|").split("|")[0].strip()).group(1))
+    return names
+
+
+def test_each_script_folder_lists_its_scripts():
+    """benchmarks/README.md and studies/README.md have a row for every script in their folder
+    (the question it answers, its command, kept or historical) and none for a script that is
+    gone."""
+    for folder in ("benchmarks", "studies"):
+        here = REPO / folder
+        scripts = {p.name for p in here.iterdir() if p.suffix in (".py", ".sh")}
+        listed = listed_scripts(here / "README.md")
+        assert listed == scripts, (f"{folder}/README.md lacks {sorted(scripts - listed)}, "
+                                   f"lists missing {sorted(listed - scripts)}")

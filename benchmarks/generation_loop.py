@@ -36,7 +36,8 @@ def rows_until_eos(tokens: list[list[int]], eos: set[int]) -> list[list[int]]:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The options; ``--omp-passive`` takes effect here, before torch is imported."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=64)
@@ -57,6 +58,58 @@ def main() -> None:
         if "torch" in sys.modules:
             raise SystemExit("--omp-passive must be applied before torch is imported")
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return args
+
+
+def time_round(order: list, run_hf, run_loop, n_rows: int) -> tuple[dict, dict, dict]:
+    """Each side once, in ``order``: (wall seconds, generated tokens per row, what each did:
+    generate's steps, the loop's forwards, row-slots and joins)."""
+    times, outs, infos = {}, {}, {}
+    for name, kw in order:
+        t = time.perf_counter()
+        if kw is None:
+            outs[name], steps = run_hf()
+            infos[name] = f"{steps} steps x {n_rows} rows"
+        else:
+            outs[name], res = run_loop(**kw)
+            infos[name] = (f"{res.decode_forwards} decode fwd, {res.decode_row_slots} "
+                           f"row-slots, {res.prefill_forwards} prefill, {res.joins} joins")
+        times[name] = time.perf_counter() - t
+    return times, outs, infos
+
+
+def print_round(pair: int, names: list[str], times: dict, outs: dict, infos: dict, n_rows: int,
+                ratios: dict[str, list[float]]) -> None:
+    """One round's line per side: wall, useful tokens/s and, against ``generate``, the speed
+    ratio (kept in ``ratios``) and the rows whose tokens are identical."""
+    ref = outs["generate"]
+    useful = sum(len(r) for r in ref)
+    print(f"\npair {pair + 1}: {useful} useful tokens "
+          f"({useful / (n_rows * max(len(r) for r in ref)):.0%} of generate's "
+          f"decoded slots)")
+    for name in names:
+        line = f"  {name:28s} {times[name]:7.2f} s  {useful / times[name]:7.1f} tok/s"
+        if name != "generate":
+            ratio = times["generate"] / times[name]
+            ratios[name].append(ratio)
+            same = sum(a == b for a, b in zip(outs[name], ref)) / len(ref)
+            line += f"  x{ratio:.2f}  identical {same:.0%}"
+        print(f"{line}  [{infos[name]}]")
+
+
+def print_noise_baseline(args: argparse.Namespace, run_hf, ref: list[list[int]]) -> None:
+    """``generate`` in chunks of ``--max-rows`` against one batch: how much batch composition
+    alone changes greedy tokens in this dtype (the floor under "identical")."""
+    chunks = [list(range(i, min(i + args.max_rows, args.prompts)))
+              for i in range(0, args.prompts, args.max_rows)]
+    chunked = [row for c in chunks for row in run_hf(c)[0]]
+    same = sum(a == b for a, b in zip(chunked, ref)) / len(ref)
+    print(f"\nnoise baseline: generate in chunks of {args.max_rows} vs one batch of "
+          f"{args.prompts}: identical {same:.0%}")
+
+
+def main() -> None:
+    args = parse_args()
     import torch
 
     torch.set_num_threads(args.threads)
@@ -116,37 +169,11 @@ def main() -> None:
             order = [("generate", None)] + variants
             if pair % 2:  # alternate which side runs first
                 order = order[1:] + order[:1]
-            times, outs, infos = {}, {}, {}
-            for name, kw in order:
-                t = time.perf_counter()
-                if kw is None:
-                    outs[name], steps = run_hf()
-                    infos[name] = f"{steps} steps x {ids.shape[0]} rows"
-                else:
-                    outs[name], res = run_loop(**kw)
-                    infos[name] = (f"{res.decode_forwards} decode fwd, {res.decode_row_slots} "
-                                   f"row-slots, {res.prefill_forwards} prefill, {res.joins} joins")
-                times[name] = time.perf_counter() - t
-            ref = outs["generate"]
-            useful = sum(len(r) for r in ref)
-            print(f"\npair {pair + 1}: {useful} useful tokens "
-                  f"({useful / (ids.shape[0] * max(len(r) for r in ref)):.0%} of generate's "
-                  f"decoded slots)")
-            for name, _ in [("generate", None)] + variants:
-                line = f"  {name:28s} {times[name]:7.2f} s  {useful / times[name]:7.1f} tok/s"
-                if name != "generate":
-                    ratio = times["generate"] / times[name]
-                    ratios[name].append(ratio)
-                    same = sum(a == b for a, b in zip(outs[name], ref)) / len(ref)
-                    line += f"  x{ratio:.2f}  identical {same:.0%}"
-                print(f"{line}  [{infos[name]}]")
+            times, outs, infos = time_round(order, run_hf, run_loop, ids.shape[0])
+            print_round(pair, ["generate", *(name for name, _ in variants)], times, outs, infos,
+                        ids.shape[0], ratios)
         if args.noise_baseline and args.max_rows and args.max_rows < args.prompts:
-            chunks = [list(range(i, min(i + args.max_rows, args.prompts)))
-                      for i in range(0, args.prompts, args.max_rows)]
-            chunked = [row for c in chunks for row in run_hf(c)[0]]
-            same = sum(a == b for a, b in zip(chunked, ref)) / len(ref)
-            print(f"\nnoise baseline: generate in chunks of {args.max_rows} vs one batch of "
-                  f"{args.prompts}: identical {same:.0%}")
+            print_noise_baseline(args, run_hf, outs["generate"])
     print("\nmedian speedup over generate:")
     for name, vals in ratios.items():
         listed = ", ".join(f"{v:.2f}" for v in vals)

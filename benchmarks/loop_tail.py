@@ -33,7 +33,8 @@ from lib.decoding import embedded_tokenizer, padding_bound
 SUITE_ARITH = Path(__file__).resolve().parents[1] / "results/suite/greedy/Direct/arith"
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, ``--samples`` defaulting to the suite's committed arith Direct log."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--limit", type=int, default=100)
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -52,6 +53,31 @@ def main(argv: list[str] | None = None) -> int:
         args.samples = next(iter(sorted(SUITE_ARITH.glob("*/samples_*.compact.jsonl.xz"))), None)
     if args.samples is None or not args.samples.exists():
         raise SystemExit(f"no samples log at {args.samples}: pass --samples")
+    return args
+
+
+def summarise(calls: list[list], name: str, wall: float, tokens: int) -> int:
+    """One path's wall time split into prefill, decode forwards (by rows in flight, in
+    power-of-two buckets) and host time, from the forwards the hooks recorded; returns the
+    number of decode forwards."""
+    prefill = [c for c in calls if c[1] > 1]
+    decode = [c for c in calls if c[1] == 1]
+    forward = sum(c[2] for c in calls)
+    print(f"{name}: wall {wall:.1f} s, {tokens} tokens; prefill {sum(c[2] for c in prefill):.1f} "
+          f"s in {len(prefill)} calls; decode forwards {sum(c[2] for c in decode):.1f} s in "
+          f"{len(decode)} calls, {sum(c[0] for c in decode)} row-steps; host "
+          f"{wall - forward:.1f} s", flush=True)
+    buckets: dict[int, list[float]] = collections.defaultdict(list)
+    for rows, _, seconds in decode:
+        buckets[1 << (rows - 1).bit_length()].append(seconds)
+    for b in sorted(buckets):
+        print(f"    rows <= {b:4d}: {len(buckets[b]):4d} forwards, "
+              f"{statistics.median(buckets[b]) * 1e3:7.1f} ms median, {sum(buckets[b]):6.1f} s")
+    return len(decode)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     import torch
     from transformers import AutoModelForCausalLM
@@ -86,22 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     hooks = [model.register_forward_pre_hook(before, with_kwargs=True),
              model.register_forward_hook(after, with_kwargs=True)]
 
-    def summarise(name: str, wall: float, tokens: int) -> int:
-        prefill = [c for c in calls if c[1] > 1]
-        decode = [c for c in calls if c[1] == 1]
-        forward = sum(c[2] for c in calls)
-        print(f"{name}: wall {wall:.1f} s, {tokens} tokens; prefill {sum(c[2] for c in prefill):.1f} "
-              f"s in {len(prefill)} calls; decode forwards {sum(c[2] for c in decode):.1f} s in "
-              f"{len(decode)} calls, {sum(c[0] for c in decode)} row-steps; host "
-              f"{wall - forward:.1f} s", flush=True)
-        buckets: dict[int, list[float]] = collections.defaultdict(list)
-        for rows, _, seconds in decode:
-            buckets[1 << (rows - 1).bit_length()].append(seconds)
-        for b in sorted(buckets):
-            print(f"    rows <= {b:4d}: {len(buckets[b]):4d} forwards, "
-                  f"{statistics.median(buckets[b]) * 1e3:7.1f} ms median, {sum(buckets[b]):6.1f} s")
-        return len(decode)
-
     forwards = 0
     try:
         runs = [("loop", (a, k)) for a in args.admit_fractions for k in args.requests_per_call]
@@ -124,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                         sampling=SamplingConfig(), max_rows=args.rows, admit_fraction=admit)
                     gen_tokens += list(res.gen_tokens)
                     joins += res.joins
-                forwards = summarise(f"loop, admit_fraction {admit}, {len(chunks)} call(s) "
+                forwards = summarise(calls, f"loop, admit_fraction {admit}, {len(chunks)} call(s) "
                                      f"({joins} joins)", time.perf_counter() - start,
                                      sum(gen_tokens))
                 print(f"    padding bound at batch {args.rows}: "
@@ -137,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                         out = model.generate(**enc, max_new_tokens=args.max_new_tokens,
                                              do_sample=False, pad_token_id=tok.pad_token_id)
                     tokens += int((out[:, enc.input_ids.shape[1]:] != tok.pad_token_id).sum())
-                summarise(f"generate, batch {args.rows}", time.perf_counter() - start, tokens)
+                summarise(calls, f"generate, batch {args.rows}", time.perf_counter() - start, tokens)
     finally:
         for h in hooks:
             h.remove()

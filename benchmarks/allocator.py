@@ -42,9 +42,10 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import generate_rows
-    from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token
-    from lm_eval_ponder.evaluation.sampling import SamplingConfig
+    from lm_eval_ponder.engine.config import LoopConfig
+    from lm_eval_ponder.engine.loop import generate_rows
+    from lm_eval_ponder.engine.rows import cache_bytes_per_token
+    from lm_eval_ponder.engine.sampling import SamplingConfig
 
     torch.set_num_threads(threads)
     Path("/proc/self/oom_score_adj").write_text("1000")  # if memory runs out, this goes first
@@ -65,7 +66,8 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
     before = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     res = generate_rows(model, ids, mask, max_new_tokens=new, eos_token_ids={tok.eos_token_id},
-                        pad_token_id=tok.pad_token_id, sampling=cfg, max_rows=rows)
+                        pad_token_id=tok.pad_token_id, sampling=cfg,
+                        config=LoopConfig(max_rows=rows))
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_SELF)
     return {"wall_s": wall, "user_s": after.ru_utime - before.ru_utime,

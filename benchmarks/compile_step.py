@@ -1,20 +1,13 @@
-"""Would a static-shape, compiled decode step pay? The measurement before building one.
+"""Does a decode step captured as a CUDA graph pay? The step alone, before the loop.
 
-Issue 36's optional item is a decode step with fixed shapes (transformers' ``StaticCache``,
-one slot per row, rows reused) that ``torch.compile`` can capture: on a GPU, the path to CUDA
-graphs, which remove the per-kernel launch cost that dominates a small model's step. Building
-slot reuse into the generation loop is a few hundred lines; this script measures what it can
-win first, on the step itself: one decode forward over a ``StaticCache`` of ``--cache-len``
-columns with a per-row [rows, cache-len] attention mask (rows at different lengths, as the loop
-keeps them), eager against ``torch.compile(model.forward, fullgraph=True, dynamic=False)``
-(``mode=reduce-overhead``, i.e. CUDA graphs, on CUDA; inductor's default on a CPU).
-``--backend cudagraphs`` compiles with dynamo's ``"cudagraphs"`` backend instead, and ``--backend
-replay`` with ``evaluation.graph_replay.ReplayBackend`` (what ``decode_step=cudagraphs`` uses:
-the model's own kernels replayed, weights and cache static, cache writes in the graph), and
-``--backend captured`` records the eager forward with ``torch.cuda.graph``
-(``evaluation.graph_capture``, ``decode_step=captured``; on a CPU it is the eager forward). On a
-CPU no graph replays: the two dynamo backends run their traced graphs (dynamo's own copying the
-whole cache out and back at every step), ``captured`` the eager forward.
+One decode forward over a ``StaticCache`` of ``--cache-len`` columns with a per-row
+[rows, cache-len] attention mask (rows at different lengths, as the static layout keeps them),
+eager against the same forward recorded once with ``torch.cuda.graph`` and replayed
+(``engine.capture.CapturedForward``, ``decode_step=captured``; on a CPU it is the eager forward,
+so the ratio is 1 there). The step is where a small model's launch cost lives: on an H100 an eager
+step of the embedded model was 23-27 ms whatever the rows. Two dynamo-based alternatives (dynamo's
+``"cudagraphs"`` backend through a custom replay backend, and inductor's ``reduce-overhead``) were
+measured here before and deleted with their decode modes (issue 53; docs/results/gpu.md).
 
 Also checked: the static cache with per-row masks decodes the same greedy tokens as the
 loop's ``DynamicCache`` from the same prefill (``--check-steps`` steps, float32 advised); the
@@ -23,10 +16,9 @@ columns).
 
     python benchmarks/compile_step.py --pairs 3                    # this CPU, tiny model
     python benchmarks/compile_step.py --device cuda --model embedded --rows 64 256
-    python benchmarks/compile_step.py --device cuda --model embedded --rows 64 256 --backend replay
 
 Last line: ``compiled_over_eager <step-time ratio at the largest row count>`` (below 1: the
-compiled step is faster).
+captured step is faster).
 """
 
 from __future__ import annotations
@@ -129,11 +121,6 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--cache-len", type=int, default=512)
     parser.add_argument("--check-steps", type=int, default=24)
-    parser.add_argument("--backend", default="inductor",
-                        choices=["inductor", "cudagraphs", "replay", "captured"],
-                        help="inductor (reduce-overhead on CUDA), dynamo's cudagraphs, "
-                             "graph_replay.ReplayBackend (decode_step=cudagraphs), or "
-                             "graph_capture.CapturedForward (decode_step=captured: no dynamo)")
     add_device_args(parser)
     args = parser.parse_args(argv)
 
@@ -141,9 +128,8 @@ def main(argv: list[str] | None = None) -> float:
     from transformers import AutoModelForCausalLM, StaticCache
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.graph_capture import CapturedForward
-    from lm_eval_ponder.evaluation.graph_replay import ReplayBackend
-    from lm_eval_ponder.evaluation.rowbatch import cache_keyword
+    from lm_eval_ponder.engine.capture import CapturedForward
+    from lm_eval_ponder.engine.rows import cache_keyword
 
     if args.steps < 1 or args.pairs < 1 or args.cache_len < PROMPT + args.steps:
         sys.exit(f"compile_step: need --steps >= 1, --pairs >= 1 and --cache-len >= "
@@ -156,12 +142,9 @@ def main(argv: list[str] | None = None) -> float:
             bb.resolve_backbone(None).path, dtype=dtype).to(args.device).eval()
     vocab = model.config.vocab_size
     kw = cache_keyword(model)
-    mode = "reduce-overhead" if args.device.startswith("cuda") else None
-    if args.backend != "inductor":
-        mode = f"backend {args.backend}"
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
           f"{args.model} model, cache {args.cache_len} columns, {args.steps} steps, "
-          f"compile mode {mode or 'default'}, medians of {args.pairs} interleaved pairs")
+          f"captured with torch.cuda.graph, medians of {args.pairs} interleaved pairs")
     if args.check_steps:
         agree, worst = same_tokens_as_dynamic(model, min(args.rows), args.check_steps, vocab,
                                               args.device, kw)
@@ -171,19 +154,11 @@ def main(argv: list[str] | None = None) -> float:
     print("rows  compile_s  eager_ms  compiled_ms  compiled/eager")
     ratio = float("nan")
     for rows in args.rows:
-        torch.compiler.reset()
         cache = StaticCache(config=model.config, max_cache_len=args.cache_len)
         ids = torch.randint(3, vocab, (rows, PROMPT), device=args.device)
         with torch.no_grad():
             model(input_ids=ids, **{kw: cache}, use_cache=True, logits_to_keep=1)
-        backend = ReplayBackend() if args.backend == "replay" else None
-        if args.backend == "captured":
-            compiled = CapturedForward(model)
-        elif args.backend == "inductor":
-            compiled = torch.compile(model.forward, mode=mode, fullgraph=True, dynamic=False)
-        else:
-            compiled = torch.compile(model.forward, backend=backend or "cudagraphs",
-                                     fullgraph=True, dynamic=False)
+        compiled = CapturedForward(model)
         t0 = time.perf_counter()
         time_steps(compiled, cache, rows, args.cache_len, 3, vocab, args.device, kw)  # compile, warm
         compile_s = time.perf_counter() - t0
@@ -197,11 +172,7 @@ def main(argv: list[str] | None = None) -> float:
         e, c = statistics.median(eager), statistics.median(fast)
         ratio = statistics.median(f / s for f, s in zip(fast, eager))
         print(f"{rows:4d}  {compile_s:9.1f}  {1e3 * e:8.2f}  {1e3 * c:11.2f}  {ratio:14.2f}")
-        for plan in backend.plans if backend is not None else []:
-            print(f"      replay plan: {len(plan.static)} static inputs, {len(plan.copied)} "
-                  f"copied, {len(plan.mutated)} written in place ({plan.rewritten} turned back "
-                  f"from whole-tensor copies); "
-                  f"{'replayed' if plan.skip is None else 'not replayed: ' + plan.skip[:80]}")
+        print(f"      {compiled.summary()}")
     print(f"compiled_over_eager {ratio:.3f}")
     return ratio
 

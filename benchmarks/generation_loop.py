@@ -119,8 +119,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import generate_rows
-    from lm_eval_ponder.evaluation.sampling import SamplingConfig
+    from lm_eval_ponder.engine.config import LoopConfig
+    from lm_eval_ponder.engine.loop import generate_rows
+    from lm_eval_ponder.engine.sampling import SamplingConfig
 
     t0 = time.perf_counter()
     resolved = bb.resolve_backbone(None, None)
@@ -153,8 +154,9 @@ def main() -> None:
 
     def run_loop(max_rows=None, admit=0.5):
         res = generate_rows(model, ids, mask, max_new_tokens=args.max_new_tokens,
-                            eos_token_ids=eos, pad_token_id=pad, stop=until, decode=decode,
-                            sampling=cfg, max_rows=max_rows, admit_fraction=admit)
+                            eos_token_ids=eos, pad_token_id=pad, stop=until,
+                            decode=decode, sampling=cfg,
+                            config=LoopConfig(max_rows=max_rows, admit_fraction=admit))
         gen = [res.sequences[i, width: width + n].tolist() for i, n in enumerate(res.gen_tokens)]
         return gen, res
 

@@ -13,8 +13,9 @@ order 2, 1 with the controller, 1 without, 3, then the two ``--model hf`` runs):
   2. the steering hook with a controller at prompt and token granularity under
      ``torch.cuda.set_sync_debug_mode("error")``, switched on only while the steering layer's
      hooks run (the loop around it reads tokens back; the hook may not);
-  1b. ``--model ponder controller=none`` again with each fixed-shape decode step
-     (``decode_step=captured|cudagraphs|inductor``: CUDA graphs; on a CPU ``static`` stands in);
+  1b. ``--model ponder controller=none`` again with the captured decode step
+     (``decode_step=captured``: the static layout replayed as CUDA graphs; on a CPU it runs
+     the same layout eagerly);
   3. a 30-step prompt-level training run (its rollout cache: 16 arith prompts x 9 depths x 256
      tokens) and a 4-step token-level run (4 prompts x 4 answers, 64 tokens), on the device.
 
@@ -183,11 +184,12 @@ def evaluate(lm, args, memory: Memory, tokenizer) -> dict[str, Any]:
 def graph_notes(lm) -> str:
     """What a fixed-shape decode step made of its graphs (``decode_step=captured`` records
     one per shape, and runs a shape it cannot record eagerly: a fast-looking run may not be)."""
-    from lm_eval_ponder.evaluation import static_decode
+    from lm_eval_ponder.engine.slots import decode_forward
 
-    if getattr(lm, "decode_step", None) != "captured":
+    batching = getattr(lm, "batching", None)
+    if getattr(batching, "decode_step", getattr(lm, "decode_step", None)) != "captured":
         return ""
-    return static_decode.decode_forward(lm.model, "captured").summary()
+    return decode_forward(lm.model).summary()
 
 
 def sync_free_steering(args, granularity: str) -> dict[str, Any]:
@@ -283,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip steps that would start after this many seconds")
     parser.add_argument("--skip", default="", type=lambda v: set(v.split(",")) - {""},
                         help="comma-separated step keys to leave out (ponder-none, ponder, "
-                             "ponder-none-captured, ponder-none-cudagraphs, "
-                             "ponder-none-inductor, hf-64, hf-256, sync-prompt, sync-token, "
+                             "ponder-none-captured, hf-64, hf-256, sync-prompt, sync-token, "
                              "train-prompt, train-token)")
     parser.add_argument("--fail", default="", type=lambda v: set(v.split(",")) - {""},
                         help="make these steps raise: checks that the check itself fails")
@@ -326,7 +327,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return run
 
-    cuda = args.device.startswith("cuda")
     work = Path(tempfile.mkdtemp(prefix="gpu_check-"))
     # quick and decisive first (the H200 crash was pondering on CUDA), the longest last: a
     # lease that runs out skips the tail (``--budget-s``), not the checks that matter most
@@ -336,11 +336,10 @@ def main(argv: list[str] | None = None) -> int:
         ("ponder", "ponder (shipped controller)", evaluation(lambda: PonderLM(device=args.device))),
         ("ponder-none", "ponder controller=none",
          evaluation(lambda: PonderLM(controller="none", device=args.device))),
-        # the fixed-shape decode step (CUDA graphs); on a CPU its eager form stands in
-        *[(f"ponder-none-{m}", f"ponder controller=none decode_step={m}",
-           evaluation(lambda m=m: PonderLM(controller="none", device=args.device,
-                                           decode_step=m if cuda else "static")))
-          for m in ("captured", "cudagraphs", "inductor")],
+        # the captured decode step (CUDA graphs); on a CPU the static layout runs eagerly
+        ("ponder-none-captured", "ponder controller=none decode_step=captured",
+         evaluation(lambda: PonderLM(controller="none", device=args.device,
+                                     decode_step="captured"))),
         *[(f"train-{g}", f"train {g} level", lambda g=g: train(args, g, work))
           for g in ("prompt", "token")],
         *[(f"hf-{b}", f"hf batch {b}", evaluation(lambda b=b: HFLM(

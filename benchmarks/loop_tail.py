@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation import generation
-    from lm_eval_ponder.evaluation.sampling import SamplingConfig
+    from lm_eval_ponder.engine import loop as generation
+    from lm_eval_ponder.engine.config import LoopConfig
+    from lm_eval_ponder.engine.sampling import SamplingConfig
 
     torch.set_num_threads(args.threads)
     tok = embedded_tokenizer()
@@ -126,12 +127,16 @@ def main(argv: list[str] | None = None) -> int:
                 gen_tokens, joins = [], 0
                 for chunk in chunks:
                     enc = tok(chunk, return_tensors="pt", padding=True)
-                    res = generation.generate_rows(
-                        model, enc.input_ids, enc.attention_mask,
-                        max_new_tokens=args.max_new_tokens, eos_token_ids={tok.eos_token_id},
-                        pad_token_id=tok.pad_token_id, stop=[tok.decode([tok.eos_token_id])],
-                        decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                        sampling=SamplingConfig(), max_rows=args.rows, admit_fraction=admit)
+                    res = generation.generate_rows(model, enc.input_ids, enc.attention_mask,
+                                                   max_new_tokens=args.max_new_tokens,
+                                                   eos_token_ids={tok.eos_token_id},
+                                                   pad_token_id=tok.pad_token_id,
+                                                   stop=[tok.decode([tok.eos_token_id])],
+                                                   decode=lambda ids: tok.decode(
+                                                       ids, skip_special_tokens=True),
+                                                   sampling=SamplingConfig(),
+                                                   config=LoopConfig(max_rows=args.rows,
+                                                                     admit_fraction=admit))
                     gen_tokens += list(res.gen_tokens)
                     joins += res.joins
                 forwards = summarise(calls, f"loop, admit_fraction {admit}, {len(chunks)} call(s) "

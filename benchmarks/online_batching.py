@@ -27,9 +27,9 @@ def main() -> None:
     import torch
 
     from lm_eval_ponder.pondering.controller import PonderController
-    from lm_eval_ponder.pondering.dynamics import cumulative_offsets
+    from lm_eval_ponder.pondering.dynamics import TokenPolicy, cumulative_offsets
     from lm_eval_ponder.training.config import TrainConfig
-    from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy
+    from lm_eval_ponder.training.grpo import GRPOTrainer
     from lm_eval_ponder.training.loop import load_backbone
     from lm_eval_ponder.training.online import OnlineEnvironment
 
@@ -49,9 +49,9 @@ def main() -> None:
     ids, G = list(range(len(env.prompts))), args.group
 
     def policy(rows: int) -> TokenPolicy:
-        return TokenPolicy(trainer, torch.zeros(rows, dtype=torch.bool),
-                           torch.zeros(rows, dtype=torch.long),
-                           generator=torch.Generator().manual_seed(1))
+        return trainer.token_policy(torch.zeros(rows, dtype=torch.bool),
+                                    torch.zeros(rows, dtype=torch.long),
+                                    generator=torch.Generator().manual_seed(1))
 
     def per_prompt() -> int:
         return sum(r["gen_tokens"] for i in ids for r in env.rollout([i], G, policy(G))[0])

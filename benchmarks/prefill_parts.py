@@ -30,7 +30,8 @@ def main() -> None:
 
     import torch
 
-    from lm_eval_ponder.evaluation import generation
+    from lm_eval_ponder.engine import loop as generation
+    from lm_eval_ponder.engine.config import LoopConfig
     from lm_eval_ponder.evaluation.lm import PonderLM
 
     torch.set_num_threads(1)
@@ -50,9 +51,9 @@ def main() -> None:
         generation.prefill_parts = in_parts if split else (lambda rows, _lens: [list(rows)])
         try:
             t = time.perf_counter()
-            out = generation.generate_rows(
-                lm.model, ids, mask, max_new_tokens=args.new, eos_token_ids=set(),
-                pad_token_id=pad, max_rows=len(lengths))
+            out = generation.generate_rows(lm.model, ids, mask, max_new_tokens=args.new,
+                                           eos_token_ids=set(), pad_token_id=pad,
+                                           config=LoopConfig(max_rows=len(lengths)))
             return time.perf_counter() - t, out.sequences
         finally:
             generation.prefill_parts = in_parts

@@ -4,7 +4,7 @@ Not a test: a timing run (issue 35, "rollouts at loop speed"). In one process, i
 pairs of
   - a rollout cache build (``training.rollouts.build_cache``) of ``--prompts`` arith train
     prompts at every one of the K_max + 1 depths: ``prompts x depths`` rows, one generation
-    call per block (``generate_rendered`` with one offset per row), plus the perplexity pass and
+    call per block (``generate_texts`` with one offset per row), plus the perplexity pass and
     grading that every cached answer needs;
   - the evaluation loop (``PonderLM.generate``, lm-eval's ``generate_until``) on the same
     ``prompts x depths`` rendered prompts at one fixed offset, with the same rows in flight and
@@ -27,6 +27,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+
+def through_lm_eval(lm, contexts: list[str], gen: dict, alpha: float | None = None) -> list:
+    """Contexts as lm-eval requests through ``generate_until`` (its grouping and order), at
+    the model's own pondering or one fixed ``alpha``: the path an evaluation takes."""
+    from contextlib import nullcontext
+
+    from lm_eval.api.instance import Instance
+
+    from lm_eval_ponder.evaluation.settings import Pondering
+
+    requests = [Instance("generate_until", {}, (c, dict(gen)), i) for i, c in enumerate(contexts)]
+    steered = nullcontext() if alpha is None else lm.steered(
+        Pondering.fixed(lm.require_steering(), alpha))
+    with steered:
+        return lm.generate_until(requests, disable_tqdm=True)
 
 
 def main(argv: list[str] | None = None) -> float:
@@ -68,16 +84,16 @@ def main(argv: list[str] | None = None) -> float:
           f"max_gen_toks {args.max_tokens}, threads {torch.get_num_threads()}")
 
     timed: dict[str, float] = {}
-    generate_rendered = lm.generate_rendered
+    generate_texts = lm.generate_texts
 
     def timed_generation(*a, **k):  # the build's generation calls alone
         start = time.perf_counter()
         try:
-            return generate_rendered(*a, **k)
+            return generate_texts(*a, **k)
         finally:
             timed["generation_s"] = timed.get("generation_s", 0.0) + time.perf_counter() - start
 
-    lm.generate_rendered = timed_generation  # type: ignore[method-assign]
+    lm.generate_texts = timed_generation  # type: ignore[method-assign]
     ratios, gen_ratios, old_ratios = [], [], []
     print("pair  build_s  build_tok  build_tok/s  gen_only_tok/s  eval_s  eval_tok  "
           "eval_tok/s  ratio  gen_only_ratio  per_depth_ratio")
@@ -89,13 +105,13 @@ def main(argv: list[str] | None = None) -> float:
             build_s = time.perf_counter() - start
             build_tok = sum(r["gen_tokens"] for r in cache.records())
         start = time.perf_counter()
-        texts = lm.generate(contexts, gen)
+        texts = through_lm_eval(lm, contexts, gen)
         eval_s = time.perf_counter() - start
         eval_tok = sum(t.stats["gen_tokens"] for t in texts)
         start, old_tok = time.perf_counter(), 0
         for offset in offsets:
             old_tok += sum(t.stats["gen_tokens"] for t in
-                           lm.generate([p.context for p in prompts], gen, alpha=offset))
+                           through_lm_eval(lm, [p.context for p in prompts], gen, offset))
         old_rate = old_tok / (time.perf_counter() - start)
         build_rate, eval_rate = build_tok / build_s, eval_tok / eval_s
         gen_rate = build_tok / timed["generation_s"]

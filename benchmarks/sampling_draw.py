@@ -40,7 +40,7 @@ def timed(fn) -> float:
 def draw_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
     from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
-    from lm_eval_ponder.evaluation.sampling import draw_tokens
+    from lm_eval_ponder.engine.sampling import draw_tokens
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(rows, vocab, generator=g) * 3
@@ -57,7 +57,7 @@ def draw_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
 
 
 def choice_alone(rows: int, vocab: int, pairs: int, reps: int = 10) -> None:
-    from lm_eval_ponder.evaluation.sampling import ChoiceRows, SamplingConfig, TokenChooser
+    from lm_eval_ponder.engine.sampling import ChoiceRows, SamplingConfig, TokenChooser
 
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(rows, vocab, generator=g) * 3).bfloat16()
@@ -81,10 +81,11 @@ def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int
                compare: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import lm_eval_ponder.evaluation.sampling as generation
+    import lm_eval_ponder.engine.sampling as generation
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import generate_rows
-    from lm_eval_ponder.evaluation.sampling import SamplingConfig
+    from lm_eval_ponder.engine.config import LoopConfig
+    from lm_eval_ponder.engine.loop import generate_rows
+    from lm_eval_ponder.engine.sampling import SamplingConfig
 
     path = bb.resolve_backbone(None, None).path
     tok = AutoTokenizer.from_pretrained(path)
@@ -99,8 +100,8 @@ def end_to_end(prompts: int, max_new: int, max_rows: int, dtype: str, pairs: int
                                          generator=torch.Generator().manual_seed(seed))
         t0 = time.perf_counter()
         res = generate_rows(model, enc.input_ids, enc.attention_mask, max_new_tokens=max_new,
-                            eos_token_ids=eos, pad_token_id=tok.pad_token_id, sampling=cfg,
-                            max_rows=max_rows)
+                            eos_token_ids=eos, pad_token_id=tok.pad_token_id,
+                            sampling=cfg, config=LoopConfig(max_rows=max_rows))
         return time.perf_counter() - t0, sum(res.gen_tokens)
 
     if compare == "draw":

@@ -1,20 +1,19 @@
-"""The fixed-shape decode step end to end: ``generate_rows`` with ``decode_step=dynamic``
-against a static mode, on the same prompts, in one process (issue 36).
+"""The static layout end to end: ``generate_rows`` with ``decode_step=dynamic`` against
+``captured``, on the same prompts, in one process (issues 36, 54).
 
-``gpu_check.py`` times whole lm-eval runs, so a graph mode's capture or compile and its tail
-(static slots decode every slot until the last long answer ends) hide in one wall time. Here a
-warm-up call of the same shape pays the capture/compile first (reported), then interleaved
+``gpu_check.py`` times whole lm-eval runs, so a captured step's recording and its tail (static
+slots decode every slot until the last long answer ends) hide in one wall time. Here a warm-up
+call of the same shape pays the recording first (reported), then interleaved
 pairs time the decode alone: wall, useful tokens/s, decode forwards and the tokens that match
 the dynamic loop's. Prompts are arith questions in the embedded tokenizer's chat template, more
 than ``--max-rows`` so that rows join as others finish.
 
-    python benchmarks/static_step.py --pairs 3 --threads 1          # this CPU: static, eager
-    python benchmarks/static_step.py --device cuda --modes cudagraphs inductor --prompts 512 \\
-        --max-rows 256 --max-new-tokens 500
+    python benchmarks/static_step.py --pairs 3 --threads 1   # this CPU: the layout, eagerly
+    python benchmarks/static_step.py --device cuda --prompts 512 --max-rows 256 \\
+        --max-new-tokens 500
 
-A mode with ``-flat`` (``static-flat``, ``cudagraphs-flat``, ...) keeps every slot to the end
-(``generate_rows(shrink_tail=False)``); without it the tail moves to fewer slots
-(``static_decode.tail_slots``), as ``--model ponder`` does.
+``captured-flat`` keeps every slot to the end (``LoopConfig(shrink_tail=False)``); ``captured``
+moves the tail to fewer slots (``slots.tail_slots``), as ``--model ponder`` does.
 
 Last line: ``static_over_dynamic <wall ratio of the first mode, median of pairs>`` (below 1:
 the static mode is faster).
@@ -40,9 +39,8 @@ from lib.decoding import (
 
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--modes", nargs="+", default=["static", "static-flat"],
-                        choices=[f"{m}{flat}" for m in ("static", "captured", "cudagraphs", "inductor")
-                                 for flat in ("", "-flat")])
+    parser.add_argument("--modes", nargs="+", default=["captured", "captured-flat"],
+                        choices=["captured", "captured-flat"])
     parser.add_argument("--pairs", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=96)
     parser.add_argument("--max-rows", type=int, default=32)
@@ -54,8 +52,9 @@ def main(argv: list[str] | None = None) -> float:
     from transformers import AutoModelForCausalLM
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.evaluation.generation import generate_rows
-    from lm_eval_ponder.evaluation.static_decode import decode_forward, replay_plans
+    from lm_eval_ponder.engine.config import LoopConfig
+    from lm_eval_ponder.engine.loop import generate_rows
+    from lm_eval_ponder.engine.slots import decode_forward
 
     dtype = torch_setup(args)
     tok = embedded_tokenizer()
@@ -72,10 +71,12 @@ def main(argv: list[str] | None = None) -> float:
         start = time.perf_counter()
         res = generate_rows(model, enc.input_ids, enc.attention_mask,
                             max_new_tokens=args.max_new_tokens,
-                            eos_token_ids={tok.eos_token_id}, pad_token_id=tok.pad_token_id,
-                            stop=stop, decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                            max_rows=args.max_rows, decode_step=mode.removesuffix("-flat"),
-                            shrink_tail=not mode.endswith("-flat"))
+                            eos_token_ids={tok.eos_token_id},
+                            pad_token_id=tok.pad_token_id, stop=stop,
+                            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                            config=LoopConfig(max_rows=args.max_rows,
+                                              decode_step=mode.removesuffix("-flat"),
+                                              shrink_tail=not mode.endswith("-flat")))
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
@@ -97,14 +98,7 @@ def main(argv: list[str] | None = None) -> float:
             failed[mode] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
             print(f"{mode} failed: {failed[mode]}", flush=True)
     print("warm-up s: " + ", ".join(f"{m} {s:.1f}" for m, s in warm.items()))
-    if any(m.startswith("captured") for m in args.modes):
-        print(f"captured: {decode_forward(model, 'captured').summary()}")
-    plans = replay_plans(model)  # decode_step=cudagraphs: which graphs replay (graph_replay)
-    if plans:
-        skipped = [p.skip.splitlines()[0] for p in plans if p.skip is not None]
-        print(f"cudagraphs: {len(plans) - len(skipped)} of {len(plans)} graphs replayed, "
-              f"{plans[0].rewritten} cache writes in place, {len(plans[0].copied)} inputs "
-              f"copied per replay" + (f"; not replayed: {skipped[0]}" if skipped else ""))
+    print(f"captured: {decode_forward(model).summary()}")
     print("mode             wall_s  dynamic_s  ratio  useful_tok/s  forwards  dead_slots  "
           "tail_moves  same_tokens")
     first = float("nan")

@@ -236,7 +236,7 @@ def final_norm(model):
 
 def native_dtype(device: str) -> str:
     """The default dtype for ``device``: bfloat16 where the hardware computes it natively, else
-    float32 (measured, docs/results.md: on a CPU without native bf16, bf16 matmuls run two
+    float32 (measured, docs/results/history.md: on a CPU without native bf16, bf16 matmuls run two
     orders of magnitude slower than fp32; with it, about four times faster).
 
     Native means a CUDA device that reports bf16 support, or a CPU that torch reports as

@@ -91,8 +91,10 @@ def cache_matrices(directory: Path, keys: list[str], k_max: int):
                 tok[i, r["depth"]] += float(r["gen_tokens"])
                 n[i, r["depth"]] += 1
     if (n == 0).any():
-        raise SystemExit(f"{directory}: {int((n == 0).sum())} (prompt, depth) cells have no "
-                         "outcome; is the cache complete?")
+        from lm_eval_ponder.errors import PonderError
+
+        raise PonderError(f"{directory}: {int((n == 0).sum())} (prompt, depth) cells have no "
+                          "outcome; is the cache complete?")
     return acc / n, tok / n
 
 
@@ -116,6 +118,14 @@ def caches(args) -> dict:
     import numpy as np
 
     directory = cache_dir(args.root, args.form, args.samples)
+    from lm_eval_ponder.errors import PonderError
+
+    if not (directory / "manifest.json").is_file():
+        raise PonderError(f"no rollout cache at {directory} (its manifest.json): build one with "
+                          "studies/headroom.py build, or pass --root")
+    if args.sweep and not (Path(args.sweep) / "prompts.json").is_file():
+        raise PonderError(f"--sweep {args.sweep} holds no prompts.json: pass an adaptation "
+                          "sweep directory (studies/adaptation.py train)")
     manifest = json.loads((directory / "manifest.json").read_text())
     k_max = manifest["k_max"]
     sweep = Path(args.sweep) if args.sweep else None
@@ -150,7 +160,10 @@ def sweep_matrix(root: Path, form: str, decoding: str, k_max: int):
     for k in range(k_max + 1):
         logs = sorted((root / form / f"k{k}").glob(f"{decoding}*/FR/*/*/samples_*.compact.jsonl.xz"))
         if not logs:
-            raise SystemExit(f"{root / form / f'k{k}'}: no finished {decoding} run")
+            from lm_eval_ponder.errors import PonderError
+
+            raise PonderError(f"{root / form / f'k{k}'}: no finished {decoding} run (run "
+                              f"studies/testset.py sweep --decoding {decoding} first)")
         seeds = [{s["doc_id"]: s for s in read_samples(log)} for log in logs]
         per_depth.append(seeds)
     docs = sorted(set.intersection(*(set(s) for seeds in per_depth for s in seeds)))
@@ -243,4 +256,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from lm_eval_ponder.errors import command, run_program
+
+    run_program(command(main))  # a PonderError (a missing cache, a bad flag) is one line

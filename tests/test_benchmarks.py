@@ -5,7 +5,6 @@ tests: tests/test_studies.py)."""
 from __future__ import annotations
 
 import ast
-import json
 import shutil
 import subprocess
 import sys
@@ -117,7 +116,8 @@ def test_a_static_cache_with_per_row_masks_decodes_as_the_dynamic_cache():
     tokens the loop's ``DynamicCache`` chooses (float32, a tiny random Llama)."""
     import compile_step
     from lib.decoding import tiny_model
-    from lm_eval_ponder.evaluation.rowbatch import cache_keyword
+
+    from lm_eval_ponder.engine.rows import cache_keyword
 
     model = tiny_model(1000, "cpu", torch.float32)
     kw = cache_keyword(model)
@@ -125,9 +125,9 @@ def test_a_static_cache_with_per_row_masks_decodes_as_the_dynamic_cache():
     assert agree == 1.0 and worst < 1e-5  # rounding; unmasked padding columns give 0.6
 
 
-@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on a CPU needs a C++ compiler")
 def test_compile_step_times_both_steps(capsys):
-    """The script runs end to end small (a compile included) and ends with its ratio line."""
+    """The script runs end to end small (a capture included: on a CPU, the eager forward) and
+    ends with its ratio line."""
     import compile_step
 
     ratio = compile_step.main(["--rows", "2", "--steps", "2", "--pairs", "1", "--cache-len", "24",
@@ -142,8 +142,8 @@ def test_compile_step_times_both_steps(capsys):
 def test_static_step_times_a_static_mode_against_the_dynamic_loop(capsys):
     """``benchmarks/static_step.py`` runs end to end small and ends with its ratio line; in
     float32 the static slots decode the dynamic loop's tokens (100% in its table), with the
-    tail moved to fewer slots (``static``) and without (``static-flat``, the default's second
-    mode)."""
+    tail moved to fewer slots (``captured``) and without (``captured-flat``, the default's
+    second mode)."""
     import static_step
 
     ratio = static_step.main(["--prompts", "6", "--max-rows", "3", "--max-new-tokens", "6",
@@ -151,8 +151,8 @@ def test_static_step_times_a_static_mode_against_the_dynamic_loop(capsys):
     assert ratio > 0
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == f"static_over_dynamic {ratio:.3f}"
-    assert out[-3].split()[0] == "static" and "100.0%" in out[-3]
-    assert out[-2].split()[0] == "static-flat" and "100.0%" in out[-2]
+    assert out[-3].split()[0] == "captured" and "100.0%" in out[-3]
+    assert out[-2].split()[0] == "captured-flat" and "100.0%" in out[-2]
 
 
 def test_static_step_reports_a_failing_mode_and_times_the_others(capsys, monkeypatch):
@@ -160,22 +160,22 @@ def test_static_step_reports_a_failing_mode_and_times_the_others(capsys, monkeyp
     modes after it are still timed: a GPU session must not lose them to it."""
     import static_step
 
-    from lm_eval_ponder.evaluation import generation
+    from lm_eval_ponder.engine import loop
 
-    real = generation.generate_rows
+    real = loop.generate_rows
 
-    def failing(*args, decode_step="dynamic", **kwargs):
-        if decode_step == "captured":
+    def failing(*args, config=None, **kwargs):
+        if config is not None and config.decode_step == "captured" and config.shrink_tail:
             raise RuntimeError("operation not permitted when stream is capturing")
-        return real(*args, decode_step=decode_step, **kwargs)
+        return real(*args, config=config, **kwargs)
 
-    monkeypatch.setattr(generation, "generate_rows", failing)
+    monkeypatch.setattr(loop, "generate_rows", failing)
     static_step.main(["--prompts", "4", "--max-rows", "2", "--max-new-tokens", "3",
                       "--pairs", "1", "--dtype", "float32", "--threads", "1",
-                      "--modes", "captured", "static"])
+                      "--modes", "captured", "captured-flat"])
     out = capsys.readouterr().out.splitlines()
     assert "captured failed: RuntimeError: operation not permitted" in "\n".join(out)
-    assert out[-2].split()[0] == "static" and "100.0%" in out[-2]
+    assert out[-2].split()[0] == "captured-flat" and "100.0%" in out[-2]
 
 
 def test_padding_bound_counts_each_fixed_batch_to_its_longest_answer():
@@ -203,43 +203,94 @@ def test_loop_tail_counts_the_loops_forwards(capsys):
 
 def test_gpu_check_notes_what_captured_made_of_its_graphs(monkeypatch):
     """``gpu_check.graph_notes``: a ``captured`` run that recorded nothing, or ran shapes
-    eagerly, says so beside its speed."""
+    eagerly, says so beside its speed. Driven by a real captured generation whose stand-in
+    recorder records the full batch's shape and refuses the tail's (fewer rows): the note is
+    what the forward actually did, not counters set by hand."""
     import functools
     from types import SimpleNamespace
 
     import gpu_check
-    from conftest import build_tiny_llama
+    from conftest import build_tiny_llama, build_tiny_tokenizer
 
-    from lm_eval_ponder.evaluation import graph_capture, static_decode
+    from lm_eval_ponder.engine import capture, slots
+    from lm_eval_ponder.engine.config import LoopConfig
+    from lm_eval_ponder.engine.loop import generate_rows
 
-    on_cpu = SimpleNamespace(decode_step="captured", model=build_tiny_llama(64))
-    assert gpu_check.graph_notes(on_cpu) == "no CUDA: the eager static step"
-    monkeypatch.setattr(static_decode, "CapturedForward", functools.partial(
-        graph_capture.CapturedForward, record=lambda forward: None))
-    lm = SimpleNamespace(decode_step="captured", model=build_tiny_llama(64))
-    forward = static_decode.decode_forward(lm.model, "captured")
-    forward.captures, forward.failures = 3, ["RuntimeError: refused"]
-    assert gpu_check.graph_notes(lm) == "3 graphs recorded, 1 shapes eager (RuntimeError: refused)"
-    assert gpu_check.graph_notes(SimpleNamespace(decode_step="dynamic", model=lm.model)) == ""
+    def captured(model):
+        return SimpleNamespace(batching=SimpleNamespace(decode_step="captured"), model=model)
+
+    assert gpu_check.graph_notes(captured(build_tiny_llama(64))) == \
+        "no CUDA: the eager static step"
+
+    class Recorded:
+        def __init__(self, forward):
+            self.forward = forward
+
+        def replay(self):
+            return self.forward().logits
+
+    shapes = []
+
+    def record(forward):
+        rows = forward.__closure__[0].cell_contents["input_ids"].shape[0]
+        shapes.append(rows)
+        if rows < max(shapes):
+            raise RuntimeError("refused\nmore")
+        return Recorded(forward)
+
+    monkeypatch.setattr(slots, "CapturedForward", functools.partial(
+        capture.CapturedForward, record=record, warm_up=lambda forward: forward()))
+    tok = build_tiny_tokenizer()
+    tok.padding_side = "left"
+    model = build_tiny_llama(len(tok), seed=0)
+    prompts = ["Hello there", "a", "What is 2+2? ", "xyzzy plugh", "The quick brown fox", "Q!",
+               "a much longer prompt than the others, so that a group joins wider", "b", "cc",
+               "ddd"] * 2  # answers of many lengths: the tail moves (as tests/engine's)
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    result = generate_rows(model, enc.input_ids, enc.attention_mask, max_new_tokens=16,
+                           eos_token_ids={2, 55, 44, 0, 50, 19}, pad_token_id=3,
+                           config=LoopConfig(decode_step="captured"))
+    assert result.tail_moves >= 1 and len(set(shapes)) == 2  # 24 slots, then the tail's 8
+    assert gpu_check.graph_notes(captured(model)) == \
+        "1 graphs recorded, 1 shapes eager (RuntimeError: refused)"
+    dynamic = SimpleNamespace(batching=SimpleNamespace(decode_step="dynamic"), model=model)
+    assert gpu_check.graph_notes(dynamic) == ""
+
+# ----------------------------------------------------------------------------- scale.py (issue 54)
+def test_scale_replays_recorded_lengths_in_both_engines(tmp_path, capsys):
+    """A tiny shape end to end: both engines generate exactly the replayed lengths (the loop
+    checks its own; HFLM's path decodes each batch to its longest row), the JSON carries the
+    rates the estimate reads, and the last line is the ratio."""
+    import json as json_
+
+    import scale
+
+    out = tmp_path / "scale.json"
+    ratio = scale.main(["--shape", "tiny", "--questions", "6", "--max-new-tokens", "12",
+                        "--pairs", "1", "--hf-batches", "2", "3", "--threads", "1",
+                        "--out", str(out)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"loop_over_hf {ratio:.3f}" and ratio > 0
+    record = json_.loads(out.read_text())
+    assert record["best_hf"] in ("hf-2", "hf-3") and record["questions"] == 6
+    assert set(record["useful_tok_s"]) == {"loop", "hf-2", "hf-3"}
+    # HFLM's path decodes every row of a batch to the batch's longest answer
+    hf = record["runs"]["hf-2"][0]
+    assert hf["slots"] >= hf["useful"]
 
 
-@needs_embedded
-def test_eval_overhead_replays_recorded_answers(tmp_path, capsys):
-    """``benchmarks/eval_overhead.py`` times ``simple_evaluate`` with a model that answers
-    from a samples file (plain or xz), each answer to its own document."""
-    import lzma
+def test_scale_lengths_are_the_committed_answers():
+    """The replayed lengths are the greedy Direct answers' token counts in the committed logs,
+    and the prompt lengths the ones their FLOPs price (the arith prompts, kept in the logs,
+    counted with the embedded tokenizer would give the same; checked in reprice's tests)."""
+    import scale
 
-    import eval_overhead
+    from lm_eval_ponder.files import read_jsonl
 
-    records = [{"doc_id": i, "resps": [[f"answer {i}"]]} for i in range(3)]
-    text = "".join(json.dumps(r) + "\n" for r in records)
-    (tmp_path / "s.jsonl").write_text(text)
-    with lzma.open(tmp_path / "s.jsonl.xz", "wt") as f:
-        f.write(text)
-    assert eval_overhead.read_answers(tmp_path / "s.jsonl") == \
-        eval_overhead.read_answers(tmp_path / "s.jsonl.xz") == {i: f"answer {i}" for i in range(3)}
-    seconds = eval_overhead.main(["--samples", str(tmp_path / "s.jsonl.xz"), "--reps", "1",
-                                  "--limit", "3"])
-    out = capsys.readouterr().out.splitlines()
-    assert seconds > 0 and out[-1] == f"eval_overhead_s {seconds:.3f}"
-    assert "accuracy 0.000" in out[-2]  # none of the made-up answers is right
+    lengths = scale.recorded_lengths("arith", 10, 10_000)
+    log = next((scale.REPO / "results/suite/greedy/Direct/arith").rglob("*.compact.jsonl.xz"))
+    rows = read_jsonl(log)[:10]
+    assert [g for _, g in lengths] == [int(r["gen_tokens"]) for r in rows]
+    assert all(20 < p < 200 for p, _ in lengths)
+    capped = scale.recorded_lengths("arith", 10, 50)
+    assert [g for _, g in capped] == [min(g, 50) for _, g in lengths]

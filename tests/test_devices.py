@@ -20,7 +20,7 @@ import torch
 from device_guard import ACCELERATOR, DeviceMixError, device_guard
 from safetensors.torch import load_file
 
-from lm_eval_ponder.evaluation import graph_capture
+from lm_eval_ponder.engine import capture as graph_capture
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.pondering.controller import PonderController, load_controller, save_controller
 from lm_eval_ponder.pondering.dynamics import ControllerDecide, PonderConfig, cumulative_offsets
@@ -182,7 +182,7 @@ def captured_run(model_dir, vector_dir, monkeypatch, upload_in_forward: bool = F
     graphs, syncs, uploads, the graphs' inputs)."""
     import functools
 
-    from lm_eval_ponder.evaluation import static_decode
+    from lm_eval_ponder.engine import slots as static_decode
 
     recorded: list = []
     with device_guard(monkeypatch) as guard:

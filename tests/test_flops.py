@@ -20,8 +20,8 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
+from lm_eval_ponder.engine.rows import cache_keyword
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.rowbatch import cache_keyword
 from lm_eval_ponder.flops import (
     DecoderShape,
     FlopsSpec,
@@ -368,7 +368,7 @@ def test_generation_flops_match_the_generation_that_runs(config_cls: type, extra
     every_position = generation_flops(spec, GEN_PROMPT, GEN_NEW, logits_to_keep=0)
     assert abs(every_position - traced) / traced > 0.5
     # the row's own accounting is this price
-    text = lm.generate_rendered(["1+2=?"], {"max_gen_toks": 3, "until": [], "do_sample": False})[0]
+    text = lm.generate_texts(["1+2=?"], {"max_gen_toks": 3, "until": [], "do_sample": False})[0]
     assert text.stats["flops"] == generation_flops(spec, int(text.stats["prompt_tokens"]),
                                                    int(text.stats["gen_tokens"]))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
 # The stages in the order of their imports: a stage imports only earlier stages and foundations.
-STAGES = ("steering", "pondering", "evaluation", "training", "reporting")
+STAGES = ("engine", "steering", "pondering", "evaluation", "training", "reporting")
 # Top-level modules below every stage: they import no stage.
 FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data",
                "registry"}
@@ -104,15 +104,42 @@ def test_a_planted_back_import_is_reported(tmp_path):
     cli.write_text(cli.read_text() + "\nfrom lm_eval_ponder.evaluation.lm import PonderLM\n")
     found = back_imports(import_graph(copy))
     assert found == [
-        "lm_eval_ponder.pondering.hook (level 2) imports lm_eval_ponder.reporting.report (level 5)",
-        "lm_eval_ponder.steering.cli (level 1) imports lm_eval_ponder.evaluation.lm (level 3)"]
+        "lm_eval_ponder.pondering.hook (level 3) imports lm_eval_ponder.reporting.report (level 6)",
+        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.evaluation.lm (level 4)"]
     assert back_imports({"lm_eval_ponder.training.loop": {"lm_eval_ponder.evaluation.lm"},
                          "lm_eval_ponder.evaluation.lm": {"lm_eval_ponder.training.loop"},
                          "lm_eval_ponder.data": {"lm_eval_ponder.steering.vector"},
                          "lm_eval_ponder.steering.cli": {"lm_eval_ponder.steer"}}) == [
-        "lm_eval_ponder.data (level 0) imports lm_eval_ponder.steering.vector (level 1)",
-        "lm_eval_ponder.evaluation.lm (level 3) imports lm_eval_ponder.training.loop (level 4)",
-        "lm_eval_ponder.steering.cli (level 1) imports lm_eval_ponder.steer (level 6)"]
+        "lm_eval_ponder.data (level 0) imports lm_eval_ponder.steering.vector (level 2)",
+        "lm_eval_ponder.evaluation.lm (level 4) imports lm_eval_ponder.training.loop (level 5)",
+        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.steer (level 7)"]
+
+
+def test_the_engine_imports_no_lm_eval():
+    """The generation engine is its own stage (issue 53): lm-eval's ``LM`` API is the adapter's
+    business (``evaluation.lm``), so the engine can serve any caller and stays importable
+    without lm-eval's task machinery. Parsed: every import at any depth counts."""
+    found = lm_eval_imports(PKG / "engine")
+    assert found == [], found
+
+
+def test_an_lm_eval_import_in_the_engine_is_reported(tmp_path):
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "loop.py").write_text("def f():\n    from lm_eval.models.utils import Collator\n")
+    (engine / "rows.py").write_text("import torch\n")
+    assert lm_eval_imports(engine) == ["loop.py: lm_eval.models.utils"]
+
+
+def lm_eval_imports(folder: Path) -> list[str]:
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.relative_to(folder)}: {n}" for n in names
+                      if n == "lm_eval" or n.startswith("lm_eval.")]
+    return found
 
 
 def test_no_import_circle():

@@ -119,7 +119,7 @@ def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
     from lm_eval_ponder.evaluation import generation
 
     try:
-        from lm_eval_ponder.evaluation.sampling import SamplingConfig
+        from lm_eval_ponder.engine.sampling import SamplingConfig
     except ImportError:  # before issue 36 (a baseline run on an older checkout)
         SamplingConfig = generation.SamplingConfig
     decode = DECODERS.setdefault(id(tok), lambda ids: tok.decode(ids, skip_special_tokens=True))

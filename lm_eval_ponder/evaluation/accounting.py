@@ -17,11 +17,8 @@ metrics as estimated (``reporting.estimate``).
 
 from __future__ import annotations
 
-import json
 import math
-from collections import defaultdict
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 STAT_KEYS = ("gen_tokens", "flops", "ponder_steps")
 # recorded only by early-exit runs (``evaluation.early_exit``), so every other run's samples
@@ -114,35 +111,3 @@ def response_stats(responses: Sequence[str] | str) -> dict[str, float]:
             out[key] = float(sum(s[key] for s in stats) / len(stats))
     return out
 
-
-def kwargs_key(gen_kwargs: Any) -> str:
-    return json.dumps(gen_kwargs, sort_keys=True, default=str)
-
-
-class RowCollector:
-    """Stands in for HFLM's cache hook during ``generate_until``.
-
-    HFLM calls its cache hook once per row, in generation order, with the row's request and
-    final text. ``finish(text, gen_kwargs)`` turns that text into a ``GenerationText`` with the
-    accounting recorded for the row; ``take`` then hands each request its own text back, matched
-    by (context, gen_kwargs, text), so nothing of HFLM's batching has to be copied.
-    """
-
-    def __init__(self, inner, finish: Callable[[str, Any], GenerationText]) -> None:
-        self.inner = inner
-        self.finish = finish
-        self.by_request: dict[tuple[str, str], list[GenerationText]] = defaultdict(list)
-
-    def add_partial(self, attr: str, req, res) -> None:
-        if attr == "generate_until":
-            context, gen_kwargs = req
-            res = self.finish(res, gen_kwargs)
-            self.by_request[(context, kwargs_key(gen_kwargs))].append(res)
-        self.inner.add_partial(attr, req, res)
-
-    def take(self, context: str, gen_kwargs: Any, text: str) -> str:
-        rows = self.by_request.get((context, kwargs_key(gen_kwargs)), [])
-        for i, row in enumerate(rows):
-            if str(row) == str(text):
-                return rows.pop(i)
-        return text

@@ -47,6 +47,7 @@ import torch
 import torch.nn as nn
 
 from lm_eval_ponder.backbone import decoder_layers, final_norm, text_config
+from lm_eval_ponder.engine.observers import LoopObserver
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.settings import PonderArgs, absent
 from lm_eval_ponder.flops import FlopsSpec, early_exit_generation_flops
@@ -167,7 +168,7 @@ def exit_accounting(spec: FlopsSpec, settings: ExitSettings, exits: torch.Tensor
     return {"exit_layer": float(mean), "flops": float(flops)}
 
 
-class ExitHook:
+class ExitHook(LoopObserver):
     """Context manager: forward hooks on every decoder layer that let decode tokens exit.
 
     ``exits``/``exit_rows``: per decode forward, each row's exit layer ([B] long, L for no exit)

@@ -1,7 +1,7 @@
 """Progress of a generation call that keeps many rows in flight: a bar that moves per finished
 row with a rate that means something, and a status line while nothing finishes.
 
-Why: the loop (``evaluation.generation``) decodes up to ``max_rows`` rows at once, so the first
+Why: the loop (``engine.loop``) decodes up to ``max_rows`` rows at once, so the first
 row finishes only after most of the work of the first wave is done. A bar that extrapolates
 from finished rows then shows ``1/300 [01:33<7:44:00]`` while the run is on course for under an
 hour, and at the end the last long answers decode alone for minutes with the bar frozen at
@@ -35,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from lm_eval_ponder.engine.observers import Callbacks, LoopObserver
 
 STATUS_EVERY_S = 30.0
 
@@ -98,9 +100,14 @@ class RowProgress:
             self.tokens += min(rows, self.in_flight) if self.started else rows
 
     def decode_forward(self, rows: int) -> None:
-        """A decode step no hook saw (a graph-replayed forward, ``evaluation.static_decode``)."""
+        """A decode step no hook saw (a captured forward, ``engine.capture``)."""
         if self.watched:
             self.forward(rows, False)
+
+    def observer(self) -> LoopObserver:
+        """The bar as the generation loop's observer: a tick per finished row, and the decode
+        forwards that ran no module hook (replayed graphs), which ``watch`` cannot see."""
+        return Callbacks(on_finish=self.finish, on_replayed=self.decode_forward)
 
     @contextlib.contextmanager
     def watch(self, model: Any) -> Iterator[None]:

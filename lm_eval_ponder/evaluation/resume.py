@@ -46,6 +46,31 @@ def is_sampled(gen_kwargs: Any) -> bool:
     return isinstance(gen_kwargs, dict) and bool(gen_kwargs.get("do_sample", False))
 
 
+def stamp_store(db: MutableMapping[str, Any], fingerprint: str) -> None:
+    """Refuse to share an lm-eval ``--use_cache`` file between different model settings, and
+    stamp it with this model's ``fingerprint``.
+
+    lm-eval keys cached generations by prompt and generation kwargs only, so a cache written
+    without pondering would silently answer a run with pondering. Each file is stamped with the
+    model's fingerprint, and a file stamped differently or written by another model refused.
+    """
+    stamped = db.get(CACHE_MARKER)
+    if stamped is None and len(db) > 0:
+        raise PonderError(
+            "the --use_cache file already holds results that lm-eval-ponder did not write "
+            "(another model or settings unknown). Use a fresh --use_cache path for each model "
+            "and ponder setting.")
+    if stamped is not None and stamped != fingerprint:
+        raise PonderError(
+            f"the --use_cache file was written with other model/ponder settings ({stamped}, "
+            f"this run is {fingerprint}). Cached generations would be returned for the wrong "
+            "settings: use a separate --use_cache path per setting.")
+    db[CACHE_MARKER] = fingerprint
+    LOGGER.info("--use_cache: sampled answers are kept too, each repeat under its own key "
+                "(lm_eval_ponder.evaluation.resume); lm-eval's warning that it will not cache "
+                "them is about its own keys")
+
+
 def answer_keys(path: str | Path) -> list[str]:
     """The keys of the answers an interrupted run left in its ``--use_cache`` file (greedy and
     sampled; none when there is no file). lm-eval also writes each sampled answer under the
@@ -152,7 +177,7 @@ class SampledAnswers:
     hands it over after its call (``hook``): a killed run loses only the rows in flight.
 
     Greedy answers are lm-eval's to keep and to read back (its ``CachingLM`` answers them before
-    ``generate_until`` sees them), but HFLM hands them over only when a call returns, and the
+    ``generate_until`` sees them), but they are handed over only when a call returns, and the
     loop takes a whole run in one call: ``keep_early`` also stores each greedy answer under
     lm-eval's own key as its row ends, where the hand-over then overwrites it.
     """

@@ -10,8 +10,11 @@ controller trained on another vector, alpha and controller together, a vector wi
 from __future__ import annotations
 
 import contextlib
+import difflib
 import logging
 import math
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +23,14 @@ import torch
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import file_sha256
-from lm_eval_ponder.pondering.dynamics import ControllerDecide, PonderConfig, cumulative_offsets
+from lm_eval_ponder.pondering.dynamics import (
+    ControllerDecide,
+    Decide,
+    FixedOffset,
+    PonderConfig,
+    RowOffsets,
+    cumulative_offsets,
+)
 from lm_eval_ponder.pondering.hook import SteeringHook
 from lm_eval_ponder.resources import shipped_controller_dir
 
@@ -58,6 +68,36 @@ def model_arg_number(key: str, value: Any, kind: type[int] | type[float]) -> int
     except (TypeError, ValueError, OverflowError):
         raise PonderError(f"model arg {key}={value!r} is not {what}: pass e.g. "
                           f"--model_args {key}={example}") from None
+
+
+def check_model_dtype(dtype: Any) -> None:
+    """Refuse a ``dtype=`` model arg that is no floating-point torch dtype (``int8``, a typo)
+    before transformers does so in a traceback; every value HFLM takes (``auto``, a torch
+    dtype or its name, ``half``) passes."""
+    if isinstance(dtype, torch.dtype) or str(dtype) == "auto":
+        return
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise PonderError(f"model arg dtype={dtype!r} is not a floating-point torch dtype: "
+                          "pass e.g. dtype=float32, bfloat16, float16 or auto")
+
+
+def unknown_model_arg(error: TypeError, given: dict[str, Any],
+                      known: Iterable[str]) -> PonderError | None:
+    """The one-line error for a model arg that nothing takes (a typo such as ``controler=``),
+    or None if ``error`` is not that. HFLM hands every arg it does not know to
+    ``from_pretrained``, which passes those that are not config fields to the model class:
+    the mistake surfaces as a ``TypeError`` from deep inside transformers, after the config is
+    read, and cannot be caught earlier without refusing the args ``from_pretrained`` takes.
+    ``known``: the args ponder and HFLM take, for a did-you-mean."""
+    found = re.search(r"unexpected keyword argument '([^']+)'", str(error))
+    if found is None or found.group(1) not in given:
+        return None
+    name = found.group(1)
+    close = difflib.get_close_matches(name, sorted(set(known) - {"self", "kwargs"}), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return PonderError(f"unknown model arg {name!r}: neither ponder, lm-eval's HFLM nor the "
+                       f"model's from_pretrained takes it{hint}")
 
 
 def short_sha(path: Path) -> str:
@@ -166,40 +206,31 @@ class Steering:
 
     def offsets_hook(self, model: torch.nn.Module, offsets: list[float], device) -> SteeringHook:
         """A steering hook adding one fixed offset per row (fractions of the residual norm)."""
-        table = torch.tensor([float(c) for c in offsets], dtype=torch.float32, device=device)
+        return self.hook(model, RowOffsets(offsets, device), device, "prompt")
 
-        def decide(z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-            return table if rows is None else table[rows]
-
-        decide.takes_rows = True  # type: ignore[attr-defined]
+    def hook(self, model: torch.nn.Module, decide: Decide, device, mode: str) -> SteeringHook:
+        """A fresh steering hook for one generation call, adding ``decide``'s offsets."""
         return SteeringHook(model, self.layer, self.vector.to(device), self.scale, decide,
-                            mode="prompt")
+                            mode=mode)
 
 
 @dataclass
 class Pondering:
-    """Loaded steering vector (+ controller, or a fixed alpha) for one backbone."""
+    """What a steered call does: a loaded ``Steering`` plus a controller (with its settings)
+    or a fixed alpha, for one backbone."""
 
-    steering_dir: Path
+    steering: Steering
     controller_dir: Path | None
     controller: torch.nn.Module | None
     config: PonderConfig
-    layer: int
-    vector: torch.Tensor  # unit steering vector at ``layer``, float32 [d]
-    scale: float  # mean residual norm at ``layer``: offsets are fractions of it
     alpha: float | None  # the fixed offset, when there is no controller
 
     @classmethod
     def fixed(cls, steering: Steering, alpha: float) -> Pondering:
         """Pondering at one fixed offset ``alpha`` with ``steering``'s vector, no controller:
         what ``--model ponder alpha=...`` does (the Fractional Reasoning baseline)."""
-        return cls(steering_dir=steering.steering_dir, controller_dir=None, controller=None,
-                   config=PonderConfig(), layer=steering.layer, vector=steering.vector,
-                   scale=steering.scale, alpha=float(alpha))
-
-    @property
-    def steering(self) -> Steering:
-        return Steering(self.steering_dir, self.layer, self.vector, self.scale)
+        return cls(steering=steering, controller_dir=None, controller=None,
+                   config=PonderConfig(), alpha=float(alpha))
 
     @property
     def granularity(self) -> str:
@@ -208,7 +239,7 @@ class Pondering:
     def fingerprint(self) -> dict[str, Any]:
         return {
             "steering": self.steering.sha(),
-            "layer": self.layer,
+            "layer": self.steering.layer,
             "alpha": self.alpha,
             "controller": None if self.controller_dir is None
             else short_sha(self.controller_dir / "controller.safetensors"),
@@ -219,21 +250,13 @@ class Pondering:
         """A fresh steering hook for one generation call, and the controller's decider (which
         records the depths it chose), or None for a fixed alpha."""
         if self.controller is None:
-            alpha = self.alpha
-
-            def decide(z_last: torch.Tensor) -> torch.Tensor:
-                return torch.full(z_last.shape[:1], alpha, device=z_last.device)
-
-            decider = None
-        else:
-            # every tensor a decision reads is on the device before generation starts, so the
-            # first steered forward copies nothing from the host either
-            decide = decider = ControllerDecide(
-                self.controller, self.vector.to(device), self.scale,
-                cumulative_offsets(self.config).to(device), self.config.tau)
-        hook = SteeringHook(model, self.layer, self.vector.to(device), self.scale, decide,
-                            mode=self.granularity)
-        return hook, decider
+            return self.steering.hook(model, FixedOffset(self.alpha), device, "prompt"), None
+        # every tensor a decision reads is on the device before generation starts, so the
+        # first steered forward copies nothing from the host either
+        steering = self.steering
+        decider = ControllerDecide(self.controller, steering.vector.to(device), steering.scale,
+                                   cumulative_offsets(self.config).to(device), self.config.tau)
+        return steering.hook(model, decider, device, self.granularity), decider
 
     def row_stats(self, depths: torch.Tensor | None, gen_tokens: int) -> tuple[float, int]:
         """(ponder steps, controller evaluations) of one row, from the depths its decisions
@@ -299,10 +322,9 @@ def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,
                 f"controller {controller_dir} was trained with steering vector {wanted}, but "
                 f"{steering_dir} holds {have}: pass the steering= it was trained with, or "
                 "train a controller for this vector")
-    at = steering_at(steering_dir, steering, layer)
-    return Pondering(steering_dir=steering_dir, controller_dir=controller_dir,
-                     controller=controller, config=args.config(trained).validate(),
-                     layer=at.layer, vector=at.vector, scale=at.scale, alpha=args.alpha)
+    return Pondering(steering=steering_at(steering_dir, steering, layer),
+                     controller_dir=controller_dir, controller=controller,
+                     config=args.config(trained).validate(), alpha=args.alpha)
 
 
 def load_steering(directory: str | None, layer: int | None, backbone_name: str, model_config,

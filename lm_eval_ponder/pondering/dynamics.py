@@ -24,9 +24,10 @@ implements both.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 import torch.nn as nn
@@ -43,7 +44,7 @@ class PonderConfig:
     tau: float = field(
         default=0.2, metadata={"help": "halt at the first k with phi(z_k) <= tau (the paper's 0.2)"})
     k_max: int = field(default=8, metadata={"help": "at most this many ponder steps"})
-    # Defaults chosen from the fixed-alpha sweep on the embedded backbone (docs/results.md):
+    # Defaults chosen from the fixed-alpha sweep on the embedded backbone (docs/results/steering.md):
     # offsets below -0.2 of the residual norm break answers, offsets above 0 lengthen them and
     # cost accuracy, -0.2 keeps accuracy with ~45% fewer tokens. Starting at -0.2 (concise) and
     # pondering toward "deliberate" with alpha0=0.05, beta=0.3 spans c_k in [-0.2, -0.025]:
@@ -150,8 +151,40 @@ def ponder(
     return halting_depth(p_continue, tau), p_continue
 
 
+class Decide(Protocol):
+    """What a ``SteeringHook`` asks at each decision: the offsets (in units of the steering
+    scale) to add to the rows of one forward, from their last hidden states ``z_last`` [B, d].
+    ``rows``: the original row indices of those states (the generation loop's rows leave and
+    join), or None when every forward holds the same rows (``model.generate``)."""
+
+    def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor: ...
+
+
+@dataclass
+class FixedOffset:
+    """One offset for every row: ``--model ponder alpha=...`` (the Fractional Reasoning
+    baseline)."""
+
+    alpha: float
+
+    def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        return torch.full(z_last.shape[:1], self.alpha, device=z_last.device)
+
+
+class RowOffsets:
+    """A fixed offset per original row: the rollout cache generates every depth of many
+    prompts in one call this way."""
+
+    def __init__(self, offsets: list[float], device) -> None:
+        self.table = torch.tensor([float(c) for c in offsets], dtype=torch.float32,
+                                  device=device)
+
+    def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        return self.table if rows is None else self.table[rows]
+
+
 class ControllerDecide:
-    """The ``decide`` a SteeringHook needs, from a controller; records each call's depths.
+    """The ``Decide`` of inference, from a controller; records each call's depths.
 
     Accounting choice: the hook records what ``decide`` returned (offsets, in units of
     ``scale``); this object records the ponder depths (``self.depths``, one LongTensor [B] per
@@ -166,7 +199,7 @@ class ControllerDecide:
         self.tau = tau
         self.depths: list[torch.Tensor] = []
 
-    def __call__(self, z_last: torch.Tensor) -> torch.Tensor:
+    def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         # each tensor follows the hidden state on its own: the step may arrive on the device
         # already (``Pondering.hook`` passes it so) while the offsets do not. Once per
         # generation, so no host-to-device copy per decoded token.
@@ -177,3 +210,98 @@ class ControllerDecide:
         depth, _ = ponder(self.controller, z_last, self.h, self.offsets, self.tau)
         self.depths.append(depth)
         return self.offsets[depth]
+
+
+# ----------------------------------------------------------------------------- training's decide
+def candidate_logits(controller: nn.Module, z0: torch.Tensor, step_vector: torch.Tensor,
+                     offsets: torch.Tensor) -> torch.Tensor:
+    """Controller logits on every candidate state z_0 + c_k h (float32): [N, d] -> [N, K+1],
+    ``step_vector`` being h (the steering vector times the residual norm)."""
+    return controller.logits(candidate_states(z0.float(), step_vector, offsets))
+
+
+def sample_depths(p_continue: torch.Tensor, generator: torch.Generator,
+                  tau: float | None = None) -> torch.Tensor:
+    """Sample halting depths [N] from continue probabilities [N, K+1] (training's halting).
+
+    a_k ~ Bernoulli(p_k) for k < K; the depth is the first halt (K if none). With ``tau``, a
+    state with p_k <= tau also halts (the paper's training rule).
+    """
+    n, n_states = p_continue.shape
+    u = torch.rand(n, n_states - 1, generator=generator,
+                   device=generator.device).to(p_continue.device)
+    cont = u < p_continue[:, :-1]
+    if tau is not None:
+        cont &= p_continue[:, :-1] > tau
+    stops = torch.cat([~cont, torch.ones(n, 1, dtype=torch.bool, device=cont.device)], dim=1)
+    return stops.to(torch.uint8).argmax(dim=1)
+
+
+class TokenPolicy:
+    """The ``Decide`` of token-level training, beside ``ControllerDecide`` (inference's): one
+    sampled halting depth per row at every decoded token, recorded with the state it was
+    sampled on (``training.grpo.GRPOTrainer.token_policy`` makes one per rollout).
+
+    Rows marked ``teacher`` ponder their fixed teacher depth at every token instead. Every
+    decision stays on the backbone's device, with no host sync per token: on first sight of
+    that device the policy takes a read-only copy of the controller, the steering step, the
+    teacher flags and a sampler seeded from ``generator`` there (on the CPU: the controller
+    itself and ``generator`` itself). States are recorded there and moved to the CPU once, in
+    ``trajectories``, for the update. ``greedy``: halt as inference does (``halting_depth``);
+    ``train_tau``: the threshold sampled halts also obey (None: none).
+    """
+
+    def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
+                 tau: float, teacher: torch.Tensor, teacher_depth: torch.Tensor, *,
+                 generator: torch.Generator, greedy: bool = False,
+                 train_tau: float | None = None) -> None:
+        self.controller, self.step_vector, self.offsets = controller, step_vector, offsets
+        self.tau, self.train_tau, self.greedy = tau, train_tau, greedy
+        self.teacher, self.teacher_depth = teacher, teacher_depth
+        self.generator = generator
+        self.states: list[torch.Tensor] = []  # per decoded token: [rows, d] float32
+        self.depths: list[torch.Tensor] = []  # per decoded token: [rows] long
+        self.device: torch.device | None = None
+
+    def to(self, device: torch.device) -> None:
+        """Put what every decision reads on ``device`` (once per generation)."""
+        self.device = device
+        if device.type == "cpu":
+            self.net, self.sampler = self.controller, self.generator
+        else:
+            self.net = copy.deepcopy(self.controller).to(device)
+            self.sampler = torch.Generator(device=device).manual_seed(
+                int(torch.randint(0, 2**62, (1,), generator=self.generator)))
+        self.step_vector, self.offsets = self.step_vector.to(device), self.offsets.to(device)
+        self.teacher, self.teacher_depth = self.teacher.to(device), self.teacher_depth.to(device)
+
+    @torch.no_grad()
+    def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.device != z_last.device:
+            self.to(z_last.device)
+        z = z_last.detach().float()
+        p = self.net.probability(candidate_logits(self.net, z, self.step_vector, self.offsets))
+        if self.greedy:
+            depth = halting_depth(p, self.tau)
+        else:
+            depth = sample_depths(p, self.sampler, self.train_tau)
+            teacher, teacher_depth = self.teacher, self.teacher_depth
+            if rows is not None:  # rows that finished have left the batch
+                teacher, teacher_depth = teacher[rows], teacher_depth[rows]
+            depth = torch.where(teacher, teacher_depth, depth)
+        self.states.append(z)
+        self.depths.append(depth)
+        return self.offsets[depth]
+
+    def trajectories(self, used: list[int], hook=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(states [n_i, d], depths [n_i]) per row, keeping the decisions of the ``used[i]``
+        tokens the row actually generated (under ``model.generate`` a finished row keeps
+        decoding). ``hook``: the ``SteeringHook`` that ran, whose record of which rows each
+        decision covered regroups the decisions by row (rows leave the generation loop)."""
+        if hook is None:
+            states, depths = torch.stack(self.states, 1).cpu(), torch.stack(self.depths, 1).cpu()
+            return [(states[i, : max(n, 1)], depths[i, : max(n, 1)])
+                    for i, n in enumerate(used)]
+        states = hook.per_row(self.states, len(used))
+        depths = hook.per_row(self.depths, len(used))
+        return [(s[: max(n, 1)], d[: max(n, 1)]) for s, d, n in zip(states, depths, used)]

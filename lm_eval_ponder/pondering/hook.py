@@ -2,25 +2,24 @@
 
 Why a forward hook and not a patched model: the backbone stays a stock transformers model, so
 every architecture, ``generate`` and lm-eval's HFLM work unchanged; the hook is a context manager
-that always removes itself. What to add is decided by a ``decide`` callable (a fixed alpha, or a
-controller through ``pondering.dynamics.ControllerDecide``), at the granularity the paper's two
-descriptions disagree on (``"prompt"`` or ``"token"``, see ``pondering.dynamics``).
+that always removes itself. What to add is decided by a ``Decide`` (``pondering.dynamics``: a
+fixed offset, one offset per row, a controller, or the trainer's sampling policy), at the
+granularity the paper's two descriptions disagree on (``"prompt"`` or ``"token"``).
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import torch
 import torch.nn as nn
 
 from lm_eval_ponder.backbone import decoder_layers
+from lm_eval_ponder.engine.observers import LoopObserver
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
-from lm_eval_ponder.pondering.dynamics import GRANULARITIES
+from lm_eval_ponder.pondering.dynamics import GRANULARITIES, Decide
 
 
-class SteeringHook:
+class SteeringHook(LoopObserver):
     """Context manager adding ``offset_b * scale * vector`` to row b of one decoder layer's output.
 
     Only the last position of each forward pass is touched: with HF's left padding that is
@@ -32,9 +31,9 @@ class SteeringHook:
     - ``mode="token"``: ``decide`` is called at every forward pass on that pass's last state.
 
     Rows that leave or join. Under ``model.generate`` every forward holds the same rows and the
-    first forward is the prefill. Our generation loop (``evaluation.generation``) drops finished
-    rows and prefills waiting ones into the running batch; it calls ``begin_forward(rows,
-    prefill)`` before each forward with the original row indices in that forward, so a row's
+    first forward is the prefill. Our generation loop (``engine.loop``) drops finished rows and
+    prefills waiting ones into the running batch; as a ``LoopObserver`` the hook is told
+    (``begin_forward(rows, prefill)``) the original row indices in each forward, so a row's
     prompt-mode offset (decided at its own prefill) and its decisions stay attached to it.
     ``expect_rows(n)`` sizes the per-row offset table once, so no host sync is needed.
 
@@ -46,7 +45,7 @@ class SteeringHook:
     """
 
     def __init__(self, model: nn.Module, layer: int, vector: torch.Tensor, scale: float,
-                 decide: Callable[[torch.Tensor], torch.Tensor], mode: str = "prompt") -> None:
+                 decide: Decide, mode: str = "prompt") -> None:
         if mode not in GRANULARITIES:
             raise PonderError(f"steering mode must be one of {GRANULARITIES}, got {mode!r}")
         layers = decoder_layers(model)
@@ -99,10 +98,7 @@ class SteeringHook:
 
     # ------------------------------------------------------------------ the forward hook
     def _decide(self, z_last: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
-        if getattr(self.decide, "takes_rows", False):  # e.g. a training policy with per-row
-            offsets = torch.as_tensor(self.decide(z_last.detach(), rows))  # teacher flags
-        else:
-            offsets = torch.as_tensor(self.decide(z_last.detach()))
+        offsets = torch.as_tensor(self.decide(z_last.detach(), rows))
         offsets = offsets.to(device=z_last.device, dtype=torch.float32)
         if offsets.shape != z_last.shape[:1]:
             raise PonderError(f"decide returned shape {tuple(offsets.shape)}, expected "

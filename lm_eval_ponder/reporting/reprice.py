@@ -29,6 +29,7 @@ import lzma
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,24 +55,26 @@ def overcharge(spec: FlopsSpec, prompt: int) -> int:
 
 
 def prompt_from_price(spec: FlopsSpec, flops: float, gen_tokens: int, extra: bool = False,
-                      max_prompt: int = 65536) -> int | None:
-    """The prompt length P of a plain generation from its old price: the largest P whose old
-    price is at most ``flops``, accepted when nothing remains or, with ``extra`` (a run with a
-    controller), when the remainder (its evaluations) is under one LM-head row; None when no P
-    fits."""
+                      max_prompt: int = 65536,
+                      price: Callable[[FlopsSpec, int, int], int] | None = None) -> int | None:
+    """The prompt length P of a plain generation from its price (``price``; default the old
+    one, ``old_price``): the largest P whose price is at most ``flops``, accepted when nothing
+    remains or, with ``extra`` (a run with a controller), when the remainder (its evaluations)
+    is under one LM-head row; None when no P fits."""
+    priced = price or old_price
     if gen_tokens != int(gen_tokens) or flops is None or not math.isfinite(flops):
         return None
     gen_tokens = int(gen_tokens)
     lo, hi = 1, max_prompt
-    if old_price(spec, lo, gen_tokens) > flops:
+    if priced(spec, lo, gen_tokens) > flops:
         return None
-    while lo < hi:  # largest P with old_price(P) <= flops
+    while lo < hi:  # largest P whose price is at most flops
         mid = (lo + hi + 1) // 2
-        if old_price(spec, mid, gen_tokens) <= flops:
+        if priced(spec, mid, gen_tokens) <= flops:
             lo = mid
         else:
             hi = mid - 1
-    remainder = flops - old_price(spec, lo, gen_tokens)
+    remainder = flops - priced(spec, lo, gen_tokens)
     return lo if remainder == 0 or (extra and 0 < remainder < lm_head_flops(spec, 1)) else None
 
 

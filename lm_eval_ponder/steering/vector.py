@@ -29,7 +29,7 @@ Choices (the paper leaves them open; each is recorded in the vector's metadata):
 - All layers are extracted in one pass and stored, so a layer sweep or ``inspect`` needs no
   re-extraction. ``meta["layer"]`` is the default layer, ``default_layer(n_layers)`` =
   ``int(DEFAULT_LAYER_FRACTION * n_layers)`` unless the caller chose one (15 of 30 for
-  SmolLM2-135M), chosen from a measured sweep (docs/results.md: layers 15-25 of 30 steer
+  SmolLM2-135M), chosen from a measured sweep (docs/results/steering.md: layers 15-25 of 30 steer
   alike, earlier ones barely); the paper reports "layers 16-24 of 32".
 - ``meta["residual_norm"][j]`` is the mean L2 norm of the residual stream at the last token
   over all 2N extraction prompts at stored layer ``layers[j]``. Steering strengths elsewhere in
@@ -65,7 +65,7 @@ VECTORS_FILE = "steering.safetensors"
 META_FILE = "steering.json"
 
 #: Default steering layer as a fraction of depth: ``int(0.5 * n_layers)``. Measured on the
-#: embedded backbone (benchmarks/layer_sweep.py, docs/results.md): layers 6-10 barely change
+#: embedded backbone (studies/layer_sweep.py, docs/results/steering.md): layers 6-10 barely change
 #: the output, layers 15-25 form a plateau of similar effect; 15 of 30 sits at its start.
 DEFAULT_LAYER_FRACTION = 0.5
 

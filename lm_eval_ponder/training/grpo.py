@@ -13,7 +13,7 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
   continue there); ``threshold_in_training=True`` restores it.
 - Stage 1 (t < T1, pure teacher forcing): the paper skips the update, so 500 steps teach
   nothing. Default ``stage1="imitation"``: maximise log pi(teacher actions) instead.
-  ``stage1="paper"`` keeps the published schedule; docs/results.md compares the two.
+  ``stage1="paper"`` keeps the published schedule; docs/results/training.md compares the two.
 - Std scaling of advantages is off by default (Dr. GRPO); ``scale_rewards=True`` turns it on.
 - Quality gates (autonomous stage only) drop trajectories from the update; the group baseline
   is the mean over the group's surviving trajectories, and a group with fewer than two
@@ -29,7 +29,7 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 - ``optim="sgd"`` is Algorithm 1's plain step, theta <- theta + eta sum_i A_i grad log pi_i, a
   *sum* over the batch's trajectories; ``optim="adam"`` (the default, with clipping at 1.0) is
   Adam on the batch mean. The plain step at eta = 5e-4 without clipping blew up on the paper
-  form's cache, mostly to NaN weights (docs/design.md, "Optimiser"), so Adam stays the default; a
+  form's cache, mostly to NaN weights (docs/design/training.md, "Optimiser"), so Adam stays the default; a
   non-finite loss stops training with that advice instead of shipping NaN weights.
 - ``group_by="type"``: trajectories of prompts of one problem type (arith level, dataset) share
   one baseline, the paper's "grouping by problem type"; ``"prompt"`` (default): G samples of one
@@ -38,7 +38,6 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -48,7 +47,12 @@ import torch.nn as nn
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.pondering.controller import continue_probability
-from lm_eval_ponder.pondering.dynamics import candidate_states, halting_depth
+from lm_eval_ponder.pondering.dynamics import (
+    TokenPolicy,
+    candidate_logits,
+    halting_depth,
+    sample_depths,
+)
 from lm_eval_ponder.training.rewards import RewardConfig, completeness_of
 
 STAGE1_MODES = ("imitation", "paper")
@@ -283,31 +287,6 @@ def flops_diversity(flops: torch.Tensor) -> float:
     if mean == 0:
         return 0.0
     return float(flops.double().var(unbiased=False) / mean**2)
-
-
-def candidate_logits(controller: nn.Module, z0: torch.Tensor, step_vector: torch.Tensor,
-                     offsets: torch.Tensor) -> torch.Tensor:
-    """Controller logits on every candidate state z_0 + c_k h (float32): [N, d] -> [N, K+1],
-    ``step_vector`` being h (the steering vector times the residual norm)."""
-    return controller.logits(candidate_states(z0.float(), step_vector, offsets))
-
-
-# ----------------------------------------------------------------------------- sampling
-def sample_depths(p_continue: torch.Tensor, generator: torch.Generator,
-                  tau: float | None = None) -> torch.Tensor:
-    """Sample halting depths [N] from continue probabilities [N, K+1].
-
-    a_k ~ Bernoulli(p_k) for k < K; the depth is the first halt (K if none). With ``tau``, a
-    state with p_k <= tau also halts (the paper's training rule).
-    """
-    n, n_states = p_continue.shape
-    u = torch.rand(n, n_states - 1, generator=generator,
-                   device=generator.device).to(p_continue.device)
-    cont = u < p_continue[:, :-1]
-    if tau is not None:
-        cont &= p_continue[:, :-1] > tau
-    stops = torch.cat([~cont, torch.ones(n, 1, dtype=torch.bool, device=cont.device)], dim=1)
-    return stops.to(torch.uint8).argmax(dim=1)
 
 
 def teacher_depths(n: int, cfg: GRPOConfig, k_max: int, generator: torch.Generator) -> torch.Tensor:
@@ -597,7 +576,7 @@ class GRPOTrainer:
         P, G = len(prompt_ids), cfg.num_generations
         teacher = curriculum_sources(P * G, t, cfg, self.generator)
         teacher_depth = teacher_depths(P * G, cfg, self.k_max, self.generator)
-        policy = TokenPolicy(self, teacher, teacher_depth, generator=env.decision_sampler(t))
+        policy = self.token_policy(teacher, teacher_depth, generator=env.decision_sampler(t))
         records, flat = env.rollout(prompt_ids.tolist(), G, policy)
         per_prompt = [flat[j * G : (j + 1) * G] for j in range(P)]
         mean_depth = torch.tensor([[float(d.float().mean()) for _, d in group]
@@ -606,6 +585,16 @@ class GRPOTrainer:
         return TokenTrajectories(teacher.view(P, G), mean_depth.round().long(),
                                  self.score(records, flops, gather), per_prompt=per_prompt,
                                  mean_depth=mean_depth)
+
+    def token_policy(self, teacher: torch.Tensor, teacher_depth: torch.Tensor, *,
+                     greedy: bool = False, generator: torch.Generator | None = None
+                     ) -> TokenPolicy:
+        """The ``Decide`` that samples this controller's depths at every token of a rollout
+        (``pondering.dynamics.TokenPolicy``), under this trainer's halting rule."""
+        return TokenPolicy(self.controller, self.step_vector, self.offsets, self.tau, teacher,
+                           teacher_depth, generator=self.generator if generator is None
+                           else generator, greedy=greedy,
+                           train_tau=self.tau if self.cfg.threshold_in_training else None)
 
     def score(self, records: list, flops: list[float] | None,
               gather: Callable[[torch.Tensor], torch.Tensor] | None) -> dict[str, torch.Tensor]:
@@ -626,75 +615,6 @@ class GRPOTrainer:
 
 
 # ----------------------------------------------------------------------------- token level
-class TokenPolicy:
-    """The ``decide`` of a token-mode ``SteeringHook`` while training: one sampled halting
-    depth per row at every decoded token, recorded with the state it was sampled on.
-
-    Rows marked ``teacher`` ponder their fixed teacher depth at every token instead. Every
-    decision stays on the backbone's device, with no host sync per token: on first sight of
-    that device the policy takes a read-only copy of the controller, the steering step, the
-    teacher flags and a sampler seeded from ``generator`` there (on the CPU: the trainer's own
-    controller and ``generator`` itself). States are recorded there and moved to the CPU once,
-    in ``trajectories``, for the update.
-    """
-
-    def __init__(self, trainer: "GRPOTrainer", teacher: torch.Tensor,
-                 teacher_depth: torch.Tensor, greedy: bool = False,
-                 generator: torch.Generator | None = None) -> None:
-        self.trainer, self.teacher, self.teacher_depth = trainer, teacher, teacher_depth
-        self.greedy = greedy
-        self.generator = trainer.generator if generator is None else generator
-        self.states: list[torch.Tensor] = []  # per decoded token: [rows, d] float32
-        self.depths: list[torch.Tensor] = []  # per decoded token: [rows] long
-        self.device: torch.device | None = None
-
-    takes_rows = True  # the steering hook passes the original rows of each decision
-
-    def to(self, device: torch.device) -> None:
-        """Put what every decision reads on ``device`` (once per generation)."""
-        tr = self.trainer
-        self.device = device
-        if device.type == "cpu":
-            self.net, self.sampler = tr.controller, self.generator
-        else:
-            self.net = copy.deepcopy(tr.controller).to(device)
-            self.sampler = torch.Generator(device=device).manual_seed(
-                int(torch.randint(0, 2**62, (1,), generator=self.generator)))
-        self.step_vector, self.offsets = tr.step_vector.to(device), tr.offsets.to(device)
-        self.teacher, self.teacher_depth = self.teacher.to(device), self.teacher_depth.to(device)
-
-    @torch.no_grad()
-    def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        if self.device != z_last.device:
-            self.to(z_last.device)
-        z = z_last.detach().float()
-        p = self.net.probability(candidate_logits(self.net, z, self.step_vector, self.offsets))
-        if self.greedy:
-            depth = halting_depth(p, self.trainer.tau)
-        else:
-            tr = self.trainer
-            depth = sample_depths(p, self.sampler,
-                                  tr.tau if tr.cfg.threshold_in_training else None)
-            teacher, teacher_depth = self.teacher, self.teacher_depth
-            if rows is not None:  # rows that finished have left the batch
-                teacher, teacher_depth = teacher[rows], teacher_depth[rows]
-            depth = torch.where(teacher, teacher_depth, depth)
-        self.states.append(z)
-        self.depths.append(depth)
-        return self.offsets[depth]
-
-    def trajectories(self, used: list[int], hook=None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """(states [n_i, d], depths [n_i]) per row, keeping the decisions of the ``used[i]``
-        tokens the row actually generated (under ``model.generate`` a finished row keeps
-        decoding). ``hook``: the ``SteeringHook`` that ran, whose record of which rows each
-        decision covered regroups the decisions by row (rows leave the generation loop)."""
-        if hook is None:
-            states, depths = torch.stack(self.states, 1).cpu(), torch.stack(self.depths, 1).cpu()
-            return [(states[i, : max(n, 1)], depths[i, : max(n, 1)])
-                    for i, n in enumerate(used)]
-        states = hook.per_row(self.states, len(used))
-        depths = hook.per_row(self.depths, len(used))
-        return [(s[: max(n, 1)], d[: max(n, 1)]) for s, d, n in zip(states, depths, used)]
 
 
 def token_trajectory_terms(trainer: "GRPOTrainer", states: torch.Tensor,

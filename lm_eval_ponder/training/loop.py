@@ -250,7 +250,7 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
     checkpoint; every ``logging_steps`` a log line with figures on ``val_ids`` (the selection
     key). Leaves the selected weights (``cfg.select``) in ``trainer.controller`` and returns
     (selected step, training wall seconds). Separate from ``run`` so that experiments can train
-    on their own prompt splits (``benchmarks/adaptation.py`` cross-fits) with the same loop."""
+    on their own prompt splits (``studies/adaptation.py`` cross-fits) with the same loop."""
     controller = trainer.controller
     generators = {"grpo": trainer.generator, **env.generators()}
     P = dist.check_batch(cfg.grpo.prompts_per_step)
@@ -435,5 +435,5 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
               "|---|---|---|---|---|---|", *rows,
               "", "Score: the training reward with its initial weights and whole-cache FLOPs "
               "statistics (prompt level). These are training-split outcomes, not benchmark "
-              "results: see docs/results.md for lm-eval runs on test splits.", ""]
+              "results: see docs/results/index.md for lm-eval runs on test splits.", ""]
     return "\n".join(lines)

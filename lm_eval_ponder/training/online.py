@@ -3,7 +3,7 @@
 Why online. With ``granularity="token"`` the controller decides afresh at every decoded token,
 on a state that depends on every earlier decision, so an outcome is a function of the whole
 sequence of depths and cannot be looked up per depth as ``rollouts.py`` does. Each GRPO step
-therefore generates its P x G answers with the controller in the loop (``grpo.TokenPolicy``
+therefore generates its P x G answers with the controller in the loop (``pondering.dynamics.TokenPolicy``
 samples a halting depth per row per token and records the state it saw), scores them with the
 same reward (``environment.RewardBook``) and updates on the recorded decisions
 (``GRPOTrainer.step``): log pi(trajectory) is the sum of every token's halting log-probability.
@@ -11,8 +11,9 @@ same reward (``environment.RewardBook``) and updates on the recorded decisions
 Cost. One step is one batched generation of its P x G rows and one perplexity pass, so the
 default 2500 steps x 8 prompts x G = 8 answers are 160k generations: a GPU job. (G = 8, T1 = 500
 and T2 = 1500 are the paper's; it states neither the number of steps nor the batch: 2500 gives
-stage 3 as many steps as stage 2, and 8 prompts per step are our choice.) docs/results.md gives the
-measured seconds per step on this CPU. The loop itself is the prompt-level trainer's (``training.loop``): the
+stage 3 as many steps as stage 2, and 8 prompts per step are our choice.)
+docs/results/token-level.md gives the measured seconds per step on this CPU. The loop itself
+is the prompt-level trainer's (``training.loop``): the
 paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
 ``logging_steps`` steps, atomic checkpoints with exact resume, the same seed giving the same
 controller, and data parallelism (each rank generates its share of the batch's prompts).
@@ -33,10 +34,10 @@ import torch
 from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.flops import generation_flops
 from lm_eval_ponder.pondering.controller import PonderController
-from lm_eval_ponder.pondering.hook import SteeringHook
+from lm_eval_ponder.pondering.dynamics import TokenPolicy
 from lm_eval_ponder.training.config import TrainConfig
 from lm_eval_ponder.training.environment import RewardBook, problem_types
-from lm_eval_ponder.training.grpo import GRPOTrainer, TokenPolicy
+from lm_eval_ponder.training.grpo import GRPOTrainer
 from lm_eval_ponder.training.rollouts import (
     Prompt,
     build_prompts,
@@ -59,14 +60,12 @@ class OnlineEnvironment:
         if cfg.reward.ppl_baseline is not None and cfg.reward.sigma_ppl is not None:
             ppl_ref = (cfg.reward.ppl_baseline, cfg.reward.sigma_ppl)
         self.rewards = RewardBook(cfg.reward, ppl_ref)
-        from lm_eval.models.utils import handle_stop_sequences
-
         self.lm, self.train_cfg = lm, cfg
         self.prompts = build_prompts(lm, cfg.rollout) if prompts is None else prompts
         self.max_gen_toks = cfg.rollout.max_completion_length
         self.k_max = cfg.ponder.k_max
-        eos = lm.tok_decode(lm.eot_token_id, skip_special_tokens=False)
-        self.until = handle_stop_sequences(None, eos=eos)  # as the rollout cache: EOS only
+        # as the rollout cache: greedy, EOS only (generate_texts adds the EOS text as lm-eval does)
+        self.generation = {"until": [], "max_gen_toks": self.max_gen_toks, "do_sample": False}
         self.controller = controller
         self.rank = rank
 
@@ -77,34 +76,24 @@ class OnlineEnvironment:
 
         One call for a whole step's P x G rows keeps the batch full (the generation loop holds
         ``max_rows`` rows in flight and lets finished rows leave), instead of P calls of G rows
-        each. Prompts are left-padded as lm-eval batches them, so every row's last position
-        is its own last token, as in ``--model ponder``. Generation goes through
-        ``PonderLM.generate_batch`` (the call under lm-eval's ``generate_until``) with a
+        each. Generation goes through ``PonderLM.generate_texts`` (the trainer's way in: the
+        contexts read and answered as ``generate_until`` reads and answers them) with a
         token-mode hook driven by ``policy`` instead of the model's own pondering.
         """
-        from lm_eval.models.utils import postprocess_generated_text
-
         lm = self.lm
         prompts = [self.prompts[i] for i in ids for _ in range(group)]
         if len(policy.teacher) != len(prompts):
             raise ValueError(f"internal: policy for {len(policy.teacher)} rows, "
                              f"{len(prompts)} rows to generate")
-        input_ids, mask = lm.tok_batch_encode([self.prompts[i].context for i in ids])
-        input_ids = input_ids.repeat_interleave(group, dim=0).to(lm.device)
-        mask = mask.repeat_interleave(group, dim=0).to(lm.device)
-        hook = SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, policy,
-                            mode="token")
-        out = lm.generate_batch(input_ids, mask, max_new_tokens=self.max_gen_toks,
-                                stop=self.until, hook=hook, do_sample=False)
-        generated = out.sequences[:, input_ids.shape[1]:].tolist()
-        used = out.gen_tokens
-        texts = [postprocess_generated_text(generation=lm.tok_decode(t), stop=self.until,
-                                            think_end_token=None) for t in generated]
+        hook = lm.require_steering().hook(lm.model, policy, lm.device, "token")
+        out = lm.generate_texts([p.context for p in prompts], self.generation, steer=hook)
+        texts = [str(t) for t in out]
+        used = [int(t.stats["gen_tokens"]) for t in out]
         ppls = response_perplexities(lm, [p.context for p in prompts], texts)
         trajectories = policy.trajectories(used, hook)
         records = []
-        for p, n_prompt, text, n, ppl, (_, depths) in zip(prompts, out.prompt_tokens, texts,
-                                                          used, ppls, trajectories):
+        for p, n_prompt, text, n, ppl, (_, depths) in zip(
+                prompts, [t.stats["prompt_tokens"] for t in out], texts, used, ppls, trajectories):
             correct, pred = grading.grade(p.kind, text, p.gold)
             flops = generation_flops(lm.flops_spec, n_prompt, n, lm.prefill_logits) + \
                 self.controller.evaluation_flops((self.k_max + 1) * len(depths))
@@ -123,8 +112,8 @@ class OnlineEnvironment:
         recs = []
         for start in range(0, len(ids), self.lm.max_rows):
             chunk = ids[start : start + self.lm.max_rows]
-            policy = TokenPolicy(trainer, torch.zeros(len(chunk), dtype=torch.bool),
-                                 torch.zeros(len(chunk), dtype=torch.long), greedy=True)
+            policy = trainer.token_policy(torch.zeros(len(chunk), dtype=torch.bool),
+                                           torch.zeros(len(chunk), dtype=torch.long), greedy=True)
             recs += self.rollout(chunk, 1, policy)[0]
         n = len(recs)
         return {"accuracy": sum(r["correct"] for r in recs) / n,

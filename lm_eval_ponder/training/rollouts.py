@@ -295,7 +295,7 @@ class RolloutCache:
             raise PonderError(
                 f"rollout cache {self.dir} has its outcomes but not its prompts and z_0 "
                 f"({PROMPTS}, {STATES}); rebuild them from the benchmark data with the command "
-                "that built the cache (e.g. `python benchmarks/headroom.py build --restore-only "
+                "that built the cache (e.g. `python studies/headroom.py build --restore-only "
                 "...`; nothing is generated again)")
 
     def prompts(self) -> list[Prompt]:
@@ -480,7 +480,7 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     """Generate every missing (prompt, depth, sample) of this rank's prompts (r, r+world, ...).
 
     ``lm`` is a ``PonderLM`` with a steering vector. Work goes in blocks of prompts, and a
-    block is one generation call (``PonderLM.generate_rendered``) holding every depth and
+    block is one generation call (``PonderLM.generate_texts``) holding every depth and
     sample of its prompts, each row at its depth's fixed offset: the rows the evaluation loop
     would run, with ``max_rows`` of them in flight, so the cache is built at the loop's speed
     (``benchmarks/rollout_speed.py``). Generating one depth per call instead leaves the loop a
@@ -518,9 +518,8 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
             torch.manual_seed(cfg.seed + 104729 * (rank + world * block_start))
             contexts = [p.context for p, _, _ in items]
             with bar.watch(lm.model):
-                texts = lm.generate_rendered(contexts, gen,
-                                             offsets=[offsets[k] for _, k, _ in items],
-                                             on_finish=bar.finish)
+                texts = lm.generate_texts(contexts, gen, steer=[offsets[k] for _, k, _ in items],
+                                          observers=[bar.observer()])
             ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
             records = []
             for (p, depth, s), text, ppl in zip(items, texts, ppls):

@@ -14,6 +14,7 @@ from lm_eval.api.model import CachingLM
 from test_lm import requests
 
 from lm_eval_ponder.backbone import decoder_layers
+from lm_eval_ponder.engine.rows import cache_keyword
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.early_exit import (
     ExitHook,
@@ -24,7 +25,6 @@ from lm_eval_ponder.evaluation.early_exit import (
     parse_layers,
 )
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.rowbatch import cache_keyword
 from lm_eval_ponder.evaluation.settings import PonderArgs
 from lm_eval_ponder.flops import early_exit_generation_flops, generation_flops
 

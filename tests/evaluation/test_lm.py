@@ -14,10 +14,10 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 from lm_eval.models.huggingface import HFLM
 
+from lm_eval_ponder.engine.rows import cache_bytes_per_token
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token
 from lm_eval_ponder.flops import flops_floor, generation_flops, spec_from_modules
 
 PROMPTS = ["What is 3 + 5?", "Add 12 and 30.", "Hi", "Compute 7 times 8 please, then stop."]
@@ -60,23 +60,26 @@ def test_greedy_outputs_token_identical_to_hflm(hf_and_ponder):
 def test_static_decode_step_gives_hflms_tokens(hf_and_ponder, tiny_model_dir):
     hf, _ = hf_and_ponder
     static = PonderLM(pretrained=str(tiny_model_dir), batch_size=3, device="cpu",
-                      dtype="float32", decode_step="static", max_rows=2)
+                      dtype="float32", decode_step="captured", max_rows=2)
     kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
     assert static.generate_until(requests(kwargs)) == hf.generate_until(requests(kwargs))
-    assert static.get_model_info()["ponder_batching"]["decode_step"] == "static"
+    assert static.get_model_info()["ponder_batching"]["decode_step"] == "captured"
     with pytest.raises(PonderError, match="decode_step must be one of"):
         PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="graph")
     with pytest.raises(PonderError, match="does not apply to generation=hf"):
-        PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="static",
+        PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="captured",
                  generation="hf")
 
 
 def test_a_static_decode_step_on_an_early_exit_model_says_it_stays_dynamic(tiny_model_dir,
                                                                           caplog):
+    lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", controller="none",
+                  early_exit=0.9, decode_step="captured")
     with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.lm"):
-        PonderLM(pretrained=str(tiny_model_dir), device="cpu", controller="none",
-                 early_exit=0.9, decode_step="static")
-    assert "decode with the dynamic cache" in caplog.text and "exits early" in caplog.text
+        lm.generate_until(requests({"max_gen_toks": 3, "do_sample": False}))
+        lm.generate_until(requests({"max_gen_toks": 3, "do_sample": False}))
+    assert "decode with the dynamic cache" in caplog.text and "early exit" in caplog.text
+    assert caplog.text.count("decode with the dynamic cache") == 1  # once per model
 
 
 def test_model_info_carries_the_fingerprint(hf_and_ponder):
@@ -204,16 +207,16 @@ def test_sampling_is_reproducible_with_the_same_seed(tiny_model_dir):
 
 def test_lm_eval_batch_size_one_still_fills_the_loop(tiny_model_dir, monkeypatch):
     """lm-eval's CLI hands batch_size=1 to every model; rows in flight are max_rows anyway."""
-    import lm_eval_ponder.evaluation.lm as lm_module
+    import lm_eval_ponder.evaluation.batch as batch_module
 
     seen = []
-    real = lm_module.generate_rows
+    real = batch_module.generate_rows
 
     def spy(model, input_ids, *args, **kwargs):
         seen.append(input_ids.shape[0])
         return real(model, input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(lm_module, "generate_rows", spy)
+    monkeypatch.setattr(batch_module, "generate_rows", spy)
     lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, device="cpu")
     lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))
     assert seen == [len(PROMPTS)] and lm.batch_size == 1  # restored after the call
@@ -222,16 +225,17 @@ def test_lm_eval_batch_size_one_still_fills_the_loop(tiny_model_dir, monkeypatch
 def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypatch):
     """``max_cache_gib`` becomes cache positions for the loop (via the config's bytes per
     token), defaults to a share of the memory, and is written into the run's model info."""
-    import lm_eval_ponder.evaluation.lm as lm_module
+    import lm_eval_ponder.evaluation.batch as batch_module
+    from lm_eval_ponder.evaluation.batching import total_memory_bytes
 
     seen = []
-    real = lm_module.generate_rows
+    real = batch_module.generate_rows
 
     def spy(model, input_ids, *args, **kwargs):
-        seen.append(kwargs["max_cache_tokens"])
+        seen.append(kwargs["config"].max_cache_tokens)
         return real(model, input_ids, *args, **kwargs)
 
-    monkeypatch.setattr(lm_module, "generate_rows", spy)
+    monkeypatch.setattr(batch_module, "generate_rows", spy)
     lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32",
                   max_cache_gib="0.001")
     per_token = cache_bytes_per_token(lm.model.config, torch.float32)
@@ -239,8 +243,15 @@ def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypat
     lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))
     assert seen == [lm.max_cache_tokens]
     assert lm.get_model_info()["ponder_batching"]["max_cache_tokens"] == lm.max_cache_tokens
+    # the default is a sixth of the machine's memory on a CPU: checked against a memory size
+    # the test sets, and the size read against /proc/meminfo (a cgroup limit may only lower it)
+    from lm_eval_ponder.evaluation import batching
+
+    monkeypatch.setattr(batching, "total_memory_bytes", lambda device: 12 * 2**30)
     auto = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32")
-    assert auto.max_cache_gib == pytest.approx(lm_module.total_memory_bytes("cpu") / 6 / 2**30)
+    assert auto.max_cache_gib == 2.0
+    meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+    assert 0 < total_memory_bytes("cpu") <= int(meminfo["MemTotal"].split()[0]) * 1024
     assert PonderLM(pretrained=str(tiny_model_dir), device="cpu",
                     max_cache_gib="none").max_cache_tokens is None
     for bad in ("-1", "lots"):
@@ -281,13 +292,12 @@ def test_progress_moves_per_finished_row(tiny_model_dir, monkeypatch, generation
         assert bar.tokens == generated  # live rows only
     else:  # generate decodes finished rows until the batch ends: counted, as they cost
         assert bar.tokens >= generated
-    assert lm._progress is None
 
 
 def test_generation_hf_selects_transformers_generate(tiny_model_dir, monkeypatch):
-    import lm_eval_ponder.evaluation.lm as lm_module
+    import lm_eval_ponder.evaluation.batch as batch_module
 
-    monkeypatch.setattr(lm_module, "generate_rows", lambda *a, **k: pytest.fail("loop used"))
+    monkeypatch.setattr(batch_module, "generate_rows", lambda *a, **k: pytest.fail("loop used"))
     lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", generation="hf")
     assert len(lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))) == 4
     with pytest.raises(PonderError, match="generation must be one of"):

@@ -116,7 +116,7 @@ def test_recount_from_text_matches_ponder_count_to_eos():
     prompts = [lm.apply_chat_template([{"role": "user", "content": q}]) for q in
                ("What is 2 + 2? Reply with the number only.", "What is the capital of France?",
                 "Answer yes or no: is 5 > 3?")]
-    texts = lm.generate(prompts, {"until": [], "max_gen_toks": 40, "do_sample": False})
+    texts = lm.generate_texts(prompts, {"until": [], "max_gen_toks": 40, "do_sample": False})
     for text in texts:
         assert text.stats["gen_tokens"] < 40, "expected an answer that ends in EOS"
         assert count_text_tokens(lm.tokenizer, text, 40) == text.stats["gen_tokens"]

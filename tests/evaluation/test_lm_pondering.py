@@ -11,6 +11,7 @@ from test_lm import requests
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.evaluation.settings import Pondering
 from lm_eval_ponder.flops import controller_flops, generation_flops
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.steering.vector import SteeringVector, save_vector
@@ -155,15 +156,16 @@ def test_steering_follows_rows_that_leave_and_join(tiny_model_dir, vector_dir, t
 
 
 def test_rendered_rows_at_their_own_offsets_equal_fixed_alpha_runs(tiny_model_dir, vector_dir):
-    """``generate_rendered`` with one offset per row (the rollout cache's one call for every
+    """``generate_texts`` with one offset per row (the rollout cache's one call for every
     depth) gives each row what lm-eval's own path gives at that row's alpha: text and stats.
     In float32, where batch composition cannot move a greedy token."""
     lm = make(tiny_model_dir, steering=str(vector_dir), alpha=0.0, dtype="float32")
     contexts = [r.args[0] for r in requests(GREEDY)]
     alphas = [-1.5, 0.0, 2.0]
     rows = [(c, a) for a in alphas for c in contexts]
-    got = lm.generate_rendered([c for c, _ in rows], GREEDY, offsets=[a for _, a in rows])
-    want = {a: lm.generate(contexts, GREEDY, alpha=a) for a in alphas}
+    got = lm.generate_texts([c for c, _ in rows], GREEDY, steer=[a for _, a in rows])
+    want = {a: lm.generate_texts(contexts, GREEDY, steer=Pondering.fixed(lm.steering, a))
+            for a in alphas}
     expected = [want[a][i] for a in alphas for i in range(len(contexts))]
     assert [str(g) for g in got] == [str(w) for w in expected]
     assert [g.stats for g in got] == [w.stats for w in expected]

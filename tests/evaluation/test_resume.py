@@ -8,7 +8,6 @@ import pytest
 import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
-from lm_eval.models.huggingface import HFLM
 from sqlitedict import SqliteDict
 
 from lm_eval_ponder.errors import PonderError
@@ -79,15 +78,15 @@ def test_a_resumed_run_draws_only_the_missing_answers():
 
 
 def count_drawn(monkeypatch) -> list:
-    """The requests HFLM is asked to generate from here on (those no store answered)."""
+    """The contexts the model is asked to generate from here on (those no store answered)."""
     drawn = []
-    real = HFLM.generate_until
+    real = PonderLM.generate_texts
 
-    def counting(self, reqs_, disable_tqdm=False):
-        drawn.extend(reqs_)
-        return real(self, reqs_, disable_tqdm=disable_tqdm)
+    def counting(self, contexts, *args, **kwargs):
+        drawn.extend(contexts)
+        return real(self, contexts, *args, **kwargs)
 
-    monkeypatch.setattr(HFLM, "generate_until", counting)
+    monkeypatch.setattr(PonderLM, "generate_texts", counting)
     return drawn
 
 

@@ -45,7 +45,7 @@ def generate(model, ids, **kw):
 def fixed(offsets):
     calls = []
 
-    def decide(z):
+    def decide(z, rows=None):
         calls.append(z.shape)
         return torch.tensor(offsets)
 
@@ -142,7 +142,7 @@ def test_token_mode_decides_at_every_step(model, vector) -> None:
     ids = torch.randint(3, 128, (2, 5))
     seen = []
 
-    def decide(z):
+    def decide(z, rows=None):
         seen.append(z.clone())
         return torch.full((z.shape[0],), float(len(seen)))  # a different offset each step
 
@@ -197,7 +197,7 @@ def test_rows_that_leave_keep_their_prompt_offsets(model, vector):
     each forward, and a prompt-mode offset decided at a row's prefill follows that row."""
     calls = []
 
-    def decide(z):
+    def decide(z, rows=None):
         calls.append(z.shape[0])
         return torch.arange(z.shape[0], dtype=torch.float32) + 10 * len(calls)
 
@@ -226,7 +226,7 @@ def test_rows_that_leave_keep_their_prompt_offsets(model, vector):
 
 
 def test_token_mode_decisions_regroup_by_row(model, vector):
-    hook = SteeringHook(model, LAYER, vector, SCALE, lambda z: torch.zeros(z.shape[0]),
+    hook = SteeringHook(model, LAYER, vector, SCALE, lambda z, rows=None: torch.zeros(z.shape[0]),
                         mode="token")
     ids = torch.randint(3, 100, (2, 4))
     with hook, torch.no_grad():

@@ -57,7 +57,7 @@ def main() -> None:
     # Leave without the interpreter's finalization. A rank aborted after the run had finished
     # and its group was destroyed ("terminate called without an active exception"): in 2 of the
     # 3 CI runs of 2026-11-27 on fresh clones and 1 of 5 first local runs, 0 of about 90 reruns.
-    # The cause is not pinned down (see docs/design.md, "Distributed training"); what the trainer
+    # The cause is not pinned down (see docs/design/training.md, "Distributed training"); what the trainer
     # does and the status it returns are unchanged, and torch's teardown is not under test.
     sys.stdout.flush()
     sys.stderr.flush()

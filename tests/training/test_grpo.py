@@ -369,8 +369,8 @@ def test_token_policy_decides_without_host_syncs(host_syncs, greedy):
     d, rows = 16, 4
     trainer = GRPOTrainer(PonderController(d, width=8), torch.randn(d) / 4,
                           torch.linspace(0, 0.4, 4), tau=0.5, cfg=GRPOConfig(), seed=0)
-    policy = grpo.TokenPolicy(trainer, torch.tensor([True, False, False, True]),
-                              torch.tensor([2, 0, 0, 1]), greedy=greedy)
+    policy = trainer.token_policy(torch.tensor([True, False, False, True]),
+                                  torch.tensor([2, 0, 0, 1]), greedy=greedy)
     states = [torch.randn(rows, d) for _ in range(3)] + [torch.randn(2, d)]
     remaining = [None, None, None, torch.tensor([1, 3])]
     host_syncs.active = True

@@ -18,7 +18,7 @@ from lm_eval_ponder.pondering.controller import PonderController, save_controlle
 from lm_eval_ponder.pondering.dynamics import PonderConfig, cumulative_offsets
 from lm_eval_ponder.training.cli import main
 from lm_eval_ponder.training.config import parse_args
-from lm_eval_ponder.training.grpo import GRPOConfig, GRPOTrainer, TokenPolicy
+from lm_eval_ponder.training.grpo import GRPOConfig, GRPOTrainer
 from lm_eval_ponder.training.online import OnlineEnvironment
 from lm_eval_ponder.training.rollouts import Prompt
 
@@ -63,14 +63,14 @@ def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, 
     trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, OFFSETS, 0.2,
                           GRPOConfig(num_generations=2), seed=0)
     env = OnlineEnvironment(lm, cfg, ctrl, prompts=[PROMPT])
-    greedy = TokenPolicy(trainer, torch.zeros(1, dtype=torch.bool),
-                         torch.zeros(1, dtype=torch.long), greedy=True)
+    greedy = trainer.token_policy(torch.zeros(1, dtype=torch.bool),
+                                   torch.zeros(1, dtype=torch.long), greedy=True)
     [rec], [(states, depths)] = env.rollout([0], 1, greedy)
     assert rec["text"] == str(want) and rec["gen_tokens"] == want.stats["gen_tokens"]
     assert rec["flops"] == pytest.approx(want.stats["flops"], rel=1e-9)
     assert depths.tolist() == [depth] * len(depths) and len(states) == len(depths)
-    teacher = TokenPolicy(trainer, torch.ones(2, dtype=torch.bool),
-                          torch.full((2,), depth, dtype=torch.long))
+    teacher = trainer.token_policy(torch.ones(2, dtype=torch.bool),
+                                    torch.full((2,), depth, dtype=torch.long))
     recs, _ = env.rollout([0], 2, teacher)
     assert [r["text"] for r in recs] == [str(want)] * 2
 
@@ -88,7 +88,7 @@ def test_one_batched_rollout_equals_each_prompt_alone(lm, tmp_path):
     env = OnlineEnvironment(lm, cfg, ctrl, prompts=[PROMPT, long])
 
     def teacher(rows, depths):
-        return TokenPolicy(trainer, torch.ones(rows, dtype=torch.bool), torch.tensor(depths))
+        return trainer.token_policy(torch.ones(rows, dtype=torch.bool), torch.tensor(depths))
 
     both, trajs = env.rollout([1, 0], 2, teacher(4, [1, 1, 2, 2]))
     alone = env.rollout([1], 2, teacher(2, [1, 1]))[0] + env.rollout([0], 2, teacher(2, [2, 2]))[0]

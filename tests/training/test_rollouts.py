@@ -101,7 +101,7 @@ def test_cached_state_is_the_hooks_state(lm, cache):
     """z_0 in the cache is the steering layer's output that the hook hands the controller."""
     seen = []
 
-    def decide(z_last):
+    def decide(z_last, rows=None):
         seen.append(z_last.float().clone())
         return torch.zeros(z_last.shape[0])
 

@@ -1,4 +1,4 @@
-"""lm_eval_ponder.evaluation.stops: only tokens that can complete a stop string are candidates,
+"""lm_eval_ponder.engine.stops: only tokens that can complete a stop string are candidates,
 the table is sound on a real byte-level BPE tokenizer (no stop is missed), and rows whose new
 token cannot complete a stop string are never decoded."""
 
@@ -9,7 +9,7 @@ import random
 import torch
 from conftest import build_tiny_tokenizer, needs_embedded
 
-from lm_eval_ponder.evaluation.stops import StopStrings, candidate_table
+from lm_eval_ponder.engine.stops import StopStrings, candidate_table
 
 
 def test_candidates_on_a_character_tokenizer():
@@ -68,7 +68,7 @@ def test_rows_are_decoded_only_when_their_token_can_complete_a_stop():
     character decodes nothing after the table is built."""
     from conftest import build_tiny_llama
 
-    from lm_eval_ponder.evaluation.generation import generate_rows
+    from lm_eval_ponder.engine.loop import generate_rows
 
     tok = build_tiny_tokenizer()
     tok.padding_side = "left"

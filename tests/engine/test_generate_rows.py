@@ -20,11 +20,12 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from lm_eval_ponder.engine.config import LoopConfig
+from lm_eval_ponder.engine.loop import generate_rows, prefill_parts
+from lm_eval_ponder.engine.rows import cache_bytes_per_token, cache_keyword, check_model_supported
+from lm_eval_ponder.engine.sampling import SamplingConfig
 from lm_eval_ponder.errors import UnsupportedGeneration
 from lm_eval_ponder.evaluation.accounting import count_generated_tokens
-from lm_eval_ponder.evaluation.generation import generate_rows, prefill_parts
-from lm_eval_ponder.evaluation.rowbatch import cache_bytes_per_token, cache_keyword, check_model_supported
-from lm_eval_ponder.evaluation.sampling import SamplingConfig
 
 torch.set_num_threads(2)
 
@@ -103,7 +104,7 @@ def test_mixed_batch_greedy_matches_generate_row_by_row(llama, tok, max_rows):
     assert len({len(e) for e in expected}) >= 3  # rows really leave at different steps
     ids, mask = encode(tok, PROMPTS)
     res = generate_rows(llama, ids, mask, max_new_tokens=max_new, eos_token_ids={eos},
-                        pad_token_id=PAD, max_rows=max_rows)
+                        pad_token_id=PAD, config=LoopConfig(max_rows=max_rows))
     assert ours(res, ids.shape[1]) == expected
     assert res.sequences[:, : ids.shape[1]].equal(ids)
     for row, n in enumerate(res.gen_tokens):  # padded after each row's end, like generate
@@ -121,7 +122,8 @@ def test_sampling_is_reproducible_by_seed(llama, tok):
             llama.generation_config, do_sample=True, temperature=1.0, top_k=20, top_p=0.9,
             generator=torch.Generator().manual_seed(seed))
         res = generate_rows(llama, ids, mask, max_new_tokens=16, eos_token_ids={EOS},
-                            pad_token_id=PAD, sampling=cfg, max_rows=max_rows)
+                            pad_token_id=PAD, sampling=cfg,
+                            config=LoopConfig(max_rows=max_rows))
         return res.sequences
 
     assert run(1).equal(run(1))
@@ -237,7 +239,8 @@ def test_stop_strings_match_hflm_cut(tok):
                  for row in hf_out.tolist()]
     for max_rows in (None, 2):
         res = generate_rows(model, ids, mask, max_new_tokens=max_new, eos_token_ids={EOS},
-                            pad_token_id=PAD, stop=until, decode=decode, max_rows=max_rows)
+                            pad_token_id=PAD, stop=until, decode=decode,
+                            config=LoopConfig(max_rows=max_rows))
         assert cut_texts(res.sequences, tok, ids.shape[1], until) == expected
         assert res.gen_tokens == hf_counts == [5, 1, 1, 9, 5, 5]
         assert res.finish_reason == ["stop", "stop", "eos", "length", "eos", "stop"]
@@ -259,8 +262,8 @@ def test_row_observer_sees_original_rows(tok, max_rows):
     model = scripted_model(tok, prompts, scripts)
     ids, mask = encode(tok, prompts)
     rec = Recorder()
-    res = generate_rows(model, ids, mask, max_new_tokens=12, eos_token_ids={EOS},
-                        pad_token_id=PAD, max_rows=max_rows, steering=rec)
+    res = generate_rows(model, ids, mask, max_new_tokens=12, eos_token_ids={EOS}, pad_token_id=PAD,
+                        config=LoopConfig(max_rows=max_rows), observers=[rec])
     assert res.gen_tokens == lengths
     assert len(rec.calls) == len(model.log)
     width = ids.shape[1]
@@ -294,11 +297,13 @@ def test_cache_budget_bounds_rows_times_width(tok, budget):
     ids, mask = encode(tok, prompts)
     real = mask.sum(1).tolist()
     rec = Recorder()
-    res = generate_rows(model, ids, mask, max_new_tokens=8, eos_token_ids={EOS},
-                        pad_token_id=PAD, max_rows=4, max_cache_tokens=budget, steering=rec)
+    res = generate_rows(model, ids, mask, max_new_tokens=8, eos_token_ids={EOS}, pad_token_id=PAD,
+                        config=LoopConfig(max_rows=4, max_cache_tokens=budget),
+                        observers=[rec])
     assert res.gen_tokens == lengths
     free = generate_rows(scripted_model(tok, prompts, scripts), ids, mask, max_new_tokens=8,
-                         eos_token_ids={EOS}, pad_token_id=PAD, max_rows=4)
+                         eos_token_ids={EOS}, pad_token_id=PAD,
+                         config=LoopConfig(max_rows=4))
     assert res.sequences.equal(free.sequences)
     started: list[int] = []
     decoded = [0] * len(lengths)  # decode forwards each row has been in
@@ -360,7 +365,7 @@ def test_qwen2_generation_config_repetition_penalty(tok):
     for max_rows in (None, 2):
         res = generate_rows(model, ids, mask, max_new_tokens=max_new,
                             eos_token_ids=set(cfg.eos_token_ids), pad_token_id=PAD,
-                            sampling=cfg, max_rows=max_rows)
+                            sampling=cfg, config=LoopConfig(max_rows=max_rows))
         assert ours(res, ids.shape[1]) == expected
     # the penalty is really applied: without it the greedy text differs
     plain = generate_rows(model, ids, mask, max_new_tokens=max_new, eos_token_ids={EOS},
@@ -412,7 +417,7 @@ def test_the_loop_keeps_cudnn_attention_out_of_its_cuda_forwards():
     most steps (measured on an H200: 1.1 ms of host time per call). The loop's forwards on
     CUDA may use every SDPA backend but cuDNN's; elsewhere nothing changes. (Flags only: no
     GPU needed.)"""
-    from lm_eval_ponder.evaluation.generation import attention_backends
+    from lm_eval_ponder.engine.loop import attention_backends
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     with attention_backends(torch.device("cuda")):
@@ -422,3 +427,24 @@ def test_the_loop_keeps_cudnn_attention_out_of_its_cuda_forwards():
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
     with attention_backends(torch.device("cpu")):
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+@pytest.mark.parametrize("decode_step", ["dynamic", "captured"])
+def test_each_row_stops_at_its_own_limit(llama, tok, decode_step):
+    """``max_new_tokens`` per row (how ``benchmarks/scale.py`` replays recorded answer
+    lengths): each row ends at its own limit with the tokens it generates under one limit,
+    rows leaving and joining (``max_rows`` 2 of 6); a limit per row must be one per row."""
+    ids, mask = encode(tok, PROMPTS)
+    limits = [5, 1, 9, 3, 12, 7]
+    whole = generate_rows(llama, ids, mask, max_new_tokens=max(limits), eos_token_ids=set(),
+                          pad_token_id=PAD)
+    res = generate_rows(llama, ids, mask, max_new_tokens=limits, eos_token_ids=set(),
+                        pad_token_id=PAD,
+                        config=LoopConfig(max_rows=2, decode_step=decode_step))
+    assert res.gen_tokens == limits and res.finish_reason == ["length"] * len(limits)
+    width = ids.shape[1]
+    for row, n in enumerate(limits):
+        assert res.sequences[row, width:width + n].equal(whole.sequences[row, width:width + n])
+    with pytest.raises(ValueError, match="one limit >= 1 per row"):
+        generate_rows(llama, ids, mask, max_new_tokens=[3, 4], eos_token_ids=set(),
+                      pad_token_id=PAD)

@@ -1,4 +1,4 @@
-"""``evaluation.graph_capture`` on a CPU. A CUDA graph cannot be recorded here, so a stand-in
+"""``engine.capture`` on a CPU. A CUDA graph cannot be recorded here, so a stand-in
 records like one (nothing runs while recording; a replay runs the recorded forward on the
 graph's own input tensors): the static decode step in ``captured`` mode then decodes the
 dynamic loop's tokens in float32, which fails if a replay reads stale inputs or if the warm-up
@@ -16,9 +16,10 @@ from conftest import build_tiny_llama, build_tiny_tokenizer
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM, StaticCache
 
-from lm_eval_ponder.evaluation import static_decode
-from lm_eval_ponder.evaluation.generation import generate_rows
-from lm_eval_ponder.evaluation.graph_capture import CapturedForward
+from lm_eval_ponder.engine import slots as static_decode
+from lm_eval_ponder.engine.capture import CapturedForward
+from lm_eval_ponder.engine.config import LoopConfig
+from lm_eval_ponder.engine.loop import generate_rows
 
 PAD, EOS = 3, 2
 
@@ -58,16 +59,16 @@ def test_captured_mode_decodes_the_dynamic_loops_tokens(captured):
     enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
     kwargs = dict(max_new_tokens=16, eos_token_ids={EOS, 55, 44, 0, 50, 19}, pad_token_id=PAD)
     dynamic = generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs)
-    graphs = generate_rows(model, enc.input_ids, enc.attention_mask, decode_step="captured",
-                           **kwargs)
+    graphs = generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs,
+                           config=LoopConfig(decode_step="captured"))
     assert graphs.tail_moves >= 1  # 24 slots, then 8: two shapes
     assert graphs.sequences.tolist() == dynamic.sequences.tolist()
     assert graphs.finish_reason == dynamic.finish_reason
-    forward = static_decode.decode_forward(model, "captured")
+    forward = static_decode.decode_forward(model)
     assert forward.captures == RecordedForward.recorded == 1 + graphs.tail_moves
     # a second call of the same shapes records nothing new
-    again = generate_rows(model, enc.input_ids, enc.attention_mask, decode_step="captured",
-                          **kwargs)
+    again = generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs,
+                          config=LoopConfig(decode_step="captured"))
     assert again.sequences.tolist() == dynamic.sequences.tolist()
     assert forward.captures == 1 + graphs.tail_moves
 
@@ -85,11 +86,11 @@ def test_a_shape_that_cannot_be_recorded_runs_eagerly_with_one_warning(monkeypat
               padding=True, add_special_tokens=False)
     kwargs = dict(max_new_tokens=6, eos_token_ids={EOS}, pad_token_id=PAD)
     dynamic = generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs)
-    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.graph_capture"):
-        eager = generate_rows(model, enc.input_ids, enc.attention_mask, decode_step="captured",
-                              **kwargs)
+    with caplog.at_level("WARNING", logger="lm_eval_ponder.engine.capture"):
+        eager = generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs,
+                              config=LoopConfig(decode_step="captured"))
     assert eager.sequences.tolist() == dynamic.sequences.tolist()
-    forward = static_decode.decode_forward(model, "captured")
+    forward = static_decode.decode_forward(model)
     assert forward.captures == 0
     assert forward.failures == ["RuntimeError: operation not permitted when stream is capturing"]
     assert len([r for r in caplog.records if "runs eagerly" in r.getMessage()]) == 1
@@ -142,7 +143,7 @@ def test_the_recorded_forward_reads_nothing_back_to_the_host(build, monkeypatch)
     import transformers.utils.import_utils as import_utils
 
     model = build(64)
-    slots = static_decode.StaticSlots(model, "static", 2, 16, model.config)
+    slots = static_decode.StaticSlots(model, 2, 16, model.config)
     with torch.no_grad():
         prefill = model(input_ids=torch.tensor([[5, 6, 7], [8, 9, 10]]), use_cache=True)
     slots.set_column(3)

@@ -1,16 +1,16 @@
 """A decode forward captured once per shape with ``torch.cuda.graph`` (``decode_step=captured``).
 
-Why a second graph mode beside ``cudagraphs``: that one captures through dynamo, whose trace of
-the embedded model costs about 8 s per shape on a CPU core and about 14 s on the H100's host
-(``docs/results.md``, "Why cudagraphs lost"), and the static step's tail ladder (256, 64, 16, 8
-slots) makes four shapes: about a minute per process, against a 500-document arith run that
-``dynamic`` decodes in about 20 s. Capturing the eager
-forward directly costs one warm-up forward and one recorded forward per shape. transformers
-supports it: its mask code takes the traced path (no data-dependent shortcut, so no host
-read) while a CUDA stream captures (``is_tracing`` checks ``is_cuda_stream_capturing``), and a
-decode forward over a ``StaticCache`` writes the cache in place at a position held on the
-device. ``tests/evaluation/test_graph_capture.py`` checks on a CPU that this path reads nothing
-back to the host.
+Why this mechanism and no other: dynamo-based capture (``torch.compile`` with CUDA graphs)
+traces the model first, about 8 s per shape on a CPU core and about 14 s on the H100's host,
+and the static layout's tail ladder (256, 64, 16, 8 slots) makes four shapes: about a minute
+per process, against a 500-document arith run that the dynamic layout decodes in about 20 s
+(both dynamo modes were built, measured slower than eager on the one GPU run, and deleted:
+issue 53). Capturing the eager forward directly costs one warm-up forward and one recorded
+forward per shape, as vLLM v1 captures its decode steps. transformers supports it: its mask
+code takes the traced path (no data-dependent shortcut, so no host read) while a CUDA stream
+captures (``is_tracing`` checks ``is_cuda_stream_capturing``), and a decode forward over a
+``StaticCache`` writes the cache in place at a position held on the device.
+``tests/engine/test_capture.py`` checks on a CPU that this path reads nothing back to the host.
 
 A shape whose recording fails (an op CUDA graphs refuse, in a model family not yet tried)
 runs eagerly with one warning, and ``failures`` keeps the reason: the run is not lost.
@@ -68,9 +68,9 @@ def warm_up_cuda(forward: Callable[[], Any]) -> None:
 class CapturedForward:
     """Called as the model's forward by the static decode step. On a CUDA device each (cache,
     shape) is captured at its first call and replayed after; elsewhere it is the model's own
-    forward (a CPU run of ``captured`` is ``static``). It calls ``model.forward``, not the module,
-    as the compiled modes do: a module hook (the progress bar's) would run only while recording,
-    so the loop reports these steps through ``on_unhooked_forward`` instead. ``record`` and
+    forward (a CPU run of ``captured`` is the static layout, eagerly). It calls ``model.forward``,
+    not the module: a module hook (the progress bar's) would run only while recording, so the
+    loop reports these steps to its observers (``LoopObserver.replayed_forward``) instead. ``record`` and
     ``warm_up`` replace ``CudaGraph`` and ``warm_up_cuda`` (tests drive the bookkeeping on a CPU
     with them)."""
 

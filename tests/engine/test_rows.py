@@ -1,4 +1,4 @@
-"""lm_eval_ponder.evaluation.rowbatch: finished rows linger, masked, until an eighth of the
+"""lm_eval_ponder.engine.rows: finished rows linger, masked, until an eighth of the
 batch has finished; generation is the same as with a compaction at every finish, for greedy and
 sampled decoding and for the steering hook's per-row records, with far fewer cache copies."""
 
@@ -8,9 +8,10 @@ import pytest
 import torch
 from conftest import build_tiny_llama, build_tiny_tokenizer
 
-from lm_eval_ponder.evaluation import rowbatch
-from lm_eval_ponder.evaluation.generation import generate_rows
-from lm_eval_ponder.evaluation.sampling import SamplingConfig
+from lm_eval_ponder.engine import rows as rowbatch
+from lm_eval_ponder.engine.config import LoopConfig
+from lm_eval_ponder.engine.loop import generate_rows
+from lm_eval_ponder.engine.sampling import SamplingConfig
 from lm_eval_ponder.pondering.hook import SteeringHook
 
 LAZY = rowbatch.DEAD_FRACTION  # the shipped setting (the tests patch the module's value)
@@ -39,8 +40,8 @@ def generate(setup, monkeypatch, fraction: float, max_rows=None, steering=None, 
     if sampling.get("do_sample"):
         cfg.generator = torch.Generator().manual_seed(7)
     return generate_rows(model, enc.input_ids, enc.attention_mask, max_new_tokens=16,
-                         eos_token_ids={eos}, pad_token_id=3, sampling=cfg, max_rows=max_rows,
-                         steering=steering)
+                         eos_token_ids={eos}, pad_token_id=3, sampling=cfg,
+                         config=LoopConfig(max_rows=max_rows), observers=[steering])
 
 
 @pytest.mark.parametrize("max_rows", [None, 12])
@@ -68,7 +69,7 @@ def test_steering_records_per_row_are_unchanged(setup, monkeypatch, mode):
     def run(fraction):
         decisions = []
 
-        def decide(z):
+        def decide(z, rows=None):
             decisions.append(z.float().norm(dim=-1).detach().clone())
             return torch.linspace(-1.0, 1.0, z.shape[0])
 
@@ -86,10 +87,10 @@ def test_steering_records_per_row_are_unchanged(setup, monkeypatch, mode):
 
 
 def test_compaction_threshold():
-    batch = rowbatch.RowBatch(None, list(range(16)), [0] * 16, 4,
-                              torch.zeros(16, dtype=torch.long), None, None)
-    batch.kill([0], torch.device("cpu"))
+    batch = rowbatch.DynamicRows(None, 4, list(range(16)), [0] * 16,
+                                 torch.zeros(16, dtype=torch.long), torch.device("cpu"))
+    batch.retire([0])
     assert batch.n_dead == 1 and not batch.needs_compaction()
-    batch.kill([5], torch.device("cpu"))
+    batch.retire([5])
     assert batch.needs_compaction()  # 2 of 16 = an eighth
     assert batch.alive_index.tolist() == [i for i in range(16) if i not in (0, 5)]

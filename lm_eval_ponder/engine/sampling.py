@@ -1,7 +1,7 @@
 """How the generation loop chooses the next token: ``generate``'s settings, merged as
 ``generate`` merges them, and applied to the rows in flight only.
 
-Kept apart from the loop (``evaluation.generation``) because it is the one place that must
+Kept apart from the loop (``engine.loop``) because it is the one place that must
 agree with transformers token for token: the same processor and warper classes in the same
 order, the repetition penalty over each row's own history, EOS blocked until
 ``min_new_tokens``. Anything else raises ``UnsupportedGeneration`` and the caller uses
@@ -111,42 +111,8 @@ class SamplingConfig:
         generator = gen_kwargs.pop("generator", None)
         for key in _IGNORED_KWARGS:
             gen_kwargs.pop(key, None)
-        merged = GenerationConfig()
-        try:
-            if generation_config is not None:
-                merged.update(**generation_config.to_dict(), defaults_only=True,
-                              allow_custom_entries=True)
-            merged.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
-            unknown = merged.update(**gen_kwargs)
-        except (ValueError, TypeError) as err:  # generate would raise the same; let it
-            raise UnsupportedGeneration(f"invalid generation settings: {err}") from err
-        if unknown:
-            raise UnsupportedGeneration(f"generation kwargs not handled: {sorted(unknown)}")
-
-        if (merged.num_beams or 1) > 1:
-            raise UnsupportedGeneration(f"num_beams={merged.num_beams} (beam search)")
-        if (merged.num_return_sequences or 1) > 1:
-            raise UnsupportedGeneration(
-                f"num_return_sequences={merged.num_return_sequences}")
-        try:
-            mode = str(merged.get_generation_mode())
-        except Exception as err:  # noqa: BLE001 - any failure here means: let generate decide
-            raise UnsupportedGeneration(f"generation mode: {err}") from err
-        if mode not in ("greedy_search", "sample", "GenerationMode.GREEDY_SEARCH",
-                        "GenerationMode.SAMPLE"):
-            raise UnsupportedGeneration(f"generation mode {mode}")
-
-        baseline = GenerationConfig()
-        baseline.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
-        reference = baseline.to_dict()
-        for key, value in merged.to_dict().items():
-            if key not in reference or key in _IGNORED_FIELDS or key in _HANDLED_FIELDS:
-                continue  # custom entries (not GenerationConfig fields) are ignored by generate
-            if key == "cache_implementation" and value in (None, "dynamic"):
-                continue
-            if value != reference.get(key) and not (value is None or value is False):
-                raise UnsupportedGeneration(f"generation setting {key}={value!r}")
-
+        merged = merged_config(generation_config, gen_kwargs)
+        check_supported(merged)
         temperature = merged.temperature if merged.temperature is not None else 1.0
         refused = refused_setting(merged, temperature)
         if refused is not None:
@@ -188,26 +154,73 @@ class SamplingConfig:
         if self.suppress_tokens is not None:
             after.append(SuppressTokensLogitsProcessor(list(self.suppress_tokens), device=device))
         if self.do_sample:
-            if self.temperature != 1.0:
-                after.append(TemperatureLogitsWarper(self.temperature))
-            if self.top_h is not None:
-                after.append(TopHLogitsWarper(top_h=self.top_h))
-            if self.top_k != 0:
-                after.append(TopKLogitsWarper(top_k=self.top_k, min_tokens_to_keep=1))
-            if self.top_p < 1.0:
-                after.append(TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1))
-            if self.min_p is not None:
-                after.append(MinPLogitsWarper(min_p=self.min_p, min_tokens_to_keep=1))
-            if self.typical_p < 1.0:
-                after.append(TypicalLogitsWarper(mass=self.typical_p, min_tokens_to_keep=1))
-            if 0.0 < self.epsilon_cutoff < 1.0:
-                after.append(EpsilonLogitsWarper(epsilon=self.epsilon_cutoff, min_tokens_to_keep=1))
-            if 0.0 < self.eta_cutoff < 1.0:
-                after.append(EtaLogitsWarper(epsilon=self.eta_cutoff, min_tokens_to_keep=1,
-                                             device=device))
+            after += self.warpers(device)
         if self.renormalize_logits:
             after.append(LogitNormalization())
         return after
+
+    def warpers(self, device: torch.device) -> list[LogitsProcessor]:
+        """The sampling warpers ``generate`` builds for these settings, in its order."""
+        wanted = [
+            (self.temperature != 1.0, lambda: TemperatureLogitsWarper(self.temperature)),
+            (self.top_h is not None, lambda: TopHLogitsWarper(top_h=self.top_h)),
+            (self.top_k != 0, lambda: TopKLogitsWarper(top_k=self.top_k, min_tokens_to_keep=1)),
+            (self.top_p < 1.0, lambda: TopPLogitsWarper(top_p=self.top_p, min_tokens_to_keep=1)),
+            (self.min_p is not None,
+             lambda: MinPLogitsWarper(min_p=self.min_p, min_tokens_to_keep=1)),
+            (self.typical_p < 1.0,
+             lambda: TypicalLogitsWarper(mass=self.typical_p, min_tokens_to_keep=1)),
+            (0.0 < self.epsilon_cutoff < 1.0,
+             lambda: EpsilonLogitsWarper(epsilon=self.epsilon_cutoff, min_tokens_to_keep=1)),
+            (0.0 < self.eta_cutoff < 1.0,
+             lambda: EtaLogitsWarper(epsilon=self.eta_cutoff, min_tokens_to_keep=1,
+                                     device=device)),
+        ]
+        return [make() for wanted_here, make in wanted if wanted_here]
+
+
+def merged_config(generation_config: GenerationConfig | None, gen_kwargs: dict) -> GenerationConfig:
+    """``gen_kwargs`` over ``generation_config`` over transformers' global defaults, merged as
+    ``generate`` merges them; anything ``generate`` would refuse to merge, or a kwarg it does
+    not know, is ``UnsupportedGeneration``."""
+    merged = GenerationConfig()
+    try:
+        if generation_config is not None:
+            merged.update(**generation_config.to_dict(), defaults_only=True,
+                          allow_custom_entries=True)
+        merged.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+        unknown = merged.update(**gen_kwargs)
+    except (ValueError, TypeError) as err:  # generate would raise the same; let it
+        raise UnsupportedGeneration(f"invalid generation settings: {err}") from err
+    if unknown:
+        raise UnsupportedGeneration(f"generation kwargs not handled: {sorted(unknown)}")
+    return merged
+
+
+def check_supported(merged: GenerationConfig) -> None:
+    """``UnsupportedGeneration`` unless the loop reproduces ``merged`` exactly: greedy or
+    plain sampling of one sequence, with no setting the loop does not handle."""
+    if (merged.num_beams or 1) > 1:
+        raise UnsupportedGeneration(f"num_beams={merged.num_beams} (beam search)")
+    if (merged.num_return_sequences or 1) > 1:
+        raise UnsupportedGeneration(f"num_return_sequences={merged.num_return_sequences}")
+    try:
+        mode = str(merged.get_generation_mode())
+    except Exception as err:  # noqa: BLE001 - any failure here means: let generate decide
+        raise UnsupportedGeneration(f"generation mode: {err}") from err
+    if mode not in ("greedy_search", "sample", "GenerationMode.GREEDY_SEARCH",
+                    "GenerationMode.SAMPLE"):
+        raise UnsupportedGeneration(f"generation mode {mode}")
+    baseline = GenerationConfig()
+    baseline.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+    reference = baseline.to_dict()
+    for key, value in merged.to_dict().items():
+        if key not in reference or key in _IGNORED_FIELDS or key in _HANDLED_FIELDS:
+            continue  # custom entries (not GenerationConfig fields) are ignored by generate
+        if key == "cache_implementation" and value in (None, "dynamic"):
+            continue
+        if value != reference.get(key) and not (value is None or value is False):
+            raise UnsupportedGeneration(f"generation setting {key}={value!r}")
 
 
 def refused_setting(merged: GenerationConfig, temperature: float) -> str | None:

@@ -1,4 +1,4 @@
-"""lm_eval_ponder.evaluation.sampling: the next-token choice. The exact greedy reduction and its
+"""lm_eval_ponder.engine.sampling: the next-token choice. The exact greedy reduction and its
 tie rule, plain greedy on the model's own dtype, rows that finished and wait for a compaction
 are neither processed nor sampled, and the top-k draw's distribution (``draw_tokens``)."""
 
@@ -13,8 +13,7 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
 )
 
-from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.sampling import (
+from lm_eval_ponder.engine.sampling import (
     ChoiceRows,
     SamplingConfig,
     TokenChooser,
@@ -22,6 +21,7 @@ from lm_eval_ponder.evaluation.sampling import (
     first_max_index,
     penalise_repeats,
 )
+from lm_eval_ponder.errors import PonderError
 
 PAD = 3
 

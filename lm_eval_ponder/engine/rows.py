@@ -1,21 +1,26 @@
-"""The rows in flight of the generation loop and their key/value cache.
+"""The rows in flight of the generation loop, and the dynamic cache layout.
 
 Everything here is bookkeeping whose cost must follow what changes, not the batch: a decode
 step touches no per-row Python state; a row that finishes is only marked dead (its slot keeps
 decoding a pad token, masked out of every choice) until the batch is compacted, which copies
 the cache once for many finished rows instead of once per step in which any row finished
-(``RowBatch.needs_compaction``); a group of waiting rows joins in one merge.
+(``DynamicRows.needs_compaction``); a group of waiting rows joins in one merge.
 
 ``lead`` counts each row's leading padding columns in the cache (all of a row's keys sit at
 its right end), ``rows`` its original index in the call. Host lists are mirrored on the device
 (``*_t``) and refreshed only when the batch changes, so a decode step copies nothing from the
-host.
+host. ``Rows`` owns the lists and their mirrors; the two cache layouts subclass it:
+``DynamicRows`` here (a ``DynamicCache`` whose batch and columns follow the live rows: the
+default) and ``SlotRows`` (``engine.slots``: a fixed-shape ``StaticCache`` a GPU replays as a
+CUDA graph). Both implement ``CacheLayout``, the one protocol the loop drives.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from transformers import DynamicCache, GenerationMixin
@@ -89,22 +94,56 @@ def supports_logits_to_keep(model) -> bool:
 
 
 @dataclass
-class RowBatch:
-    """The rows in flight, all in batch order (see the module docstring)."""
+class StepInputs:
+    """What one decode forward takes besides the tokens: the callable (the module, or its
+    captured graph), the cache, the attention mask and the new tokens' positions."""
 
-    cache: DynamicCache
-    rows: list[int]
-    lead: list[int]
-    length: int  # cache sequence length (columns)
-    last: torch.LongTensor  # [R] the token each row feeds next
-    hist: torch.LongTensor | None  # left-padded token history (repetition penalty only)
-    hist_lead: list[int] | None
-    alive: list[bool] | None = None  # None: every row is alive
-    lead_t: torch.LongTensor | None = None
-    rows_t: torch.LongTensor | None = None
-    hist_lead_t: torch.LongTensor | None = None
-    alive_mask: torch.Tensor | None = None  # bool [R]; None: every row is alive
-    alive_index: torch.LongTensor | None = None  # positions of the live rows
+    forward: Callable[..., Any]
+    cache: Any
+    mask: torch.Tensor
+    position_ids: torch.Tensor
+
+
+class CacheLayout(Protocol):
+    """The rows in flight and their cache, as the loop drives them: prefilled groups
+    ``admit``, finished rows ``retire`` (masked until the layout drops them), each decode step
+    takes its ``inputs`` and then ``advance``s one column. The layout's own upkeep runs at
+    three points: ``make_room`` before a group is prefilled, ``tidy`` before a decode step (the
+    static layout's move of the tail to fewer slots, and its shift of a full cache) and
+    ``compact_after`` after one (the dynamic layout's compaction). Counters of that upkeep go
+    to ``work`` (``GenerationResult``'s fields)."""
+
+    def make_room(self, work: Any) -> None: ...
+
+    def admit(self, group: DynamicRows, pad_token_id: int, work: Any) -> None: ...
+
+    def retire(self, positions: list[int]) -> None: ...
+
+    def tidy(self, waiting: bool, work: Any) -> None: ...
+
+    def compact_after(self, joining: bool, work: Any) -> None: ...
+
+    def inputs(self, model) -> StepInputs: ...
+
+    def advance(self) -> None: ...
+
+
+class Rows:
+    """The rows of one batch, in batch order: their original indices, leading padding, the
+    token each feeds next, a token history where a repetition penalty needs it, and which are
+    still alive. Host lists, mirrored on ``device`` by ``refresh``."""
+
+    def __init__(self, rows: list[int], lead: list[int], last: torch.LongTensor,
+                 device: torch.device, hist: torch.LongTensor | None = None,
+                 hist_lead: list[int] | None = None, alive: list[bool] | None = None) -> None:
+        self.rows, self.lead, self.last = rows, lead, last
+        self.hist, self.hist_lead = hist, hist_lead
+        self.alive = alive  # None: every row is alive
+        self.device = device
+        self.lead_t = self.rows_t = self.hist_lead_t = None
+        self.alive_mask: torch.Tensor | None = None  # bool [R]; None: every row is alive
+        self.alive_index: torch.LongTensor | None = None  # positions of the live rows
+        self.refresh()
 
     @property
     def n_alive(self) -> int:
@@ -122,41 +161,96 @@ class RowBatch:
         return self.rows if self.alive is None else \
             [r for r, a in zip(self.rows, self.alive) if a]
 
-    def refresh(self, device: torch.device) -> None:
+    def refresh(self) -> None:
+        device = self.device
         self.lead_t = torch.tensor(self.lead, dtype=torch.long, device=device)
         self.rows_t = torch.tensor(self.rows, dtype=torch.long, device=device)
         if self.hist_lead is not None:
             self.hist_lead_t = torch.tensor(self.hist_lead, dtype=torch.long, device=device)
-        self.refresh_alive(device)
+        self.refresh_alive()
 
-    def refresh_alive(self, device: torch.device) -> None:
+    def refresh_alive(self) -> None:
         if self.alive is None or all(self.alive):
             self.alive, self.alive_mask, self.alive_index = None, None, None
             return
-        self.alive_mask = torch.tensor(self.alive, dtype=torch.bool, device=device)
+        self.alive_mask = torch.tensor(self.alive, dtype=torch.bool, device=self.device)
         self.alive_index = torch.tensor([i for i, a in enumerate(self.alive) if a],
-                                        dtype=torch.long, device=device)
+                                        dtype=torch.long, device=self.device)
 
-    def kill(self, positions: list[int], device: torch.device) -> None:
-        """Mark rows at these batch positions finished: they stay, masked, until compaction."""
+    def retire(self, positions: list[int]) -> None:
+        """Mark rows at these batch positions finished: they stay, masked, until the layout
+        drops them."""
         if not positions:
             return
         if self.alive is None:
             self.alive = [True] * len(self.rows)
         for i in positions:
             self.alive[i] = False
-        self.refresh_alive(device)
+        self.refresh_alive()
+
+
+class DynamicRows(Rows):
+    """A ``DynamicCache`` whose batch is the rows in flight and whose columns reach back to the
+    longest live row: finished rows are dropped (``compact``), joining groups are merged in
+    (``merge``), padding columns no row needs are trimmed. A prefilled group is one too."""
+
+    def __init__(self, cache: DynamicCache, length: int, rows: list[int], lead: list[int],
+                 last: torch.LongTensor, device: torch.device,
+                 hist: torch.LongTensor | None = None, hist_lead: list[int] | None = None
+                 ) -> None:
+        self.cache, self.length = cache, length  # length: cache columns
+        super().__init__(rows, lead, last, device, hist, hist_lead)
+
+    # ------------------------------------------------------------------ the layout protocol
+    def make_room(self, work: Any) -> None:
+        """Before a group joins: drop the dead rows (a merge copies the cache anyway)."""
+        if self.n_dead:
+            self.compact()
+            work.compactions += 1
+
+    def admit(self, group: DynamicRows, pad_token_id: int, work: Any) -> None:
+        if not self.rows:
+            self.take(group)
+            return
+        self.merge(group, pad_token_id)
+        work.joins += 1
+
+    def tidy(self, waiting: bool, work: Any) -> None:
+        """Nothing before a step: the dynamic layout compacts after one (``compact_after``)."""
+
+    def compact_after(self, joining: bool, work: Any) -> None:
+        """After a step: compact once enough rows are dead, unless rows are about to join
+        (``make_room`` compacts then)."""
+        if self.needs_compaction() and not joining:
+            self.compact()
+            work.compactions += 1
+
+    def inputs(self, model) -> StepInputs:
+        # the new token's position is the row's count of real tokens already cached
+        return StepInputs(model, self.cache, self.decode_mask(),
+                          (self.length - self.lead_t)[:, None])
+
+    def advance(self) -> None:
+        self.length += 1
+
+    # ------------------------------------------------------------------ upkeep
+    def take(self, group: DynamicRows) -> None:
+        """Become ``group`` (the first rows of an empty batch)."""
+        self.cache, self.length = group.cache, group.length
+        self.rows, self.lead, self.last = group.rows, group.lead, group.last
+        self.hist, self.hist_lead, self.alive = group.hist, group.hist_lead, group.alive
+        self.refresh()
 
     def needs_compaction(self) -> bool:
         dead = self.n_dead
         return dead > 0 and (dead == len(self.rows) or dead >= DEAD_FRACTION * len(self.rows))
 
-    def compact(self, device: torch.device) -> None:
+    def compact(self) -> None:
         """Drop the dead rows from the batch and its cache, then trim the padding columns."""
         if self.alive is None:
             return
         keep = [i for i, a in enumerate(self.alive) if a]
-        index = torch.tensor(keep, dtype=torch.long, device=device)
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(index)
         self.rows = [self.rows[i] for i in keep]
         self.lead = [self.lead[i] for i in keep]
@@ -166,7 +260,7 @@ class RowBatch:
             self.hist_lead = [self.hist_lead[i] for i in keep]
         self.alive = None
         self.trim()
-        self.refresh(device)
+        self.refresh()
 
     def trim(self) -> None:
         """Drop leading cache columns that are padding for every row."""
@@ -186,7 +280,7 @@ class RowBatch:
                 self.hist = self.hist[:, hcut:]
                 self.hist_lead = [p - hcut for p in self.hist_lead]
 
-    def merge(self, group: "RowBatch", pad_token_id: int, device: torch.device) -> None:
+    def merge(self, group: DynamicRows, pad_token_id: int) -> None:
         """Append ``group``'s rows (both compacted): align cache lengths by left-padding K/V
         with zeros (those columns are masked: their ``lead`` grows), then concatenate."""
         length = max(self.length, group.length)
@@ -206,13 +300,18 @@ class RowBatch:
                                    left_pad(group.hist, width - hb, 1, pad_token_id)], dim=0)
             self.hist_lead = ([p + width - ha for p in self.hist_lead]
                               + [p + width - hb for p in group.hist_lead])
-        self.refresh(device)
+        self.refresh()
 
     def decode_mask(self) -> torch.Tensor:
         """The attention mask of the next decode step: row i attends to columns >= lead[i]."""
         width = self.length + 1
         return (torch.arange(width, device=self.lead_t.device)[None, :]
                 >= self.lead_t[:, None]).long()
+
+
+def empty_rows(device: torch.device) -> DynamicRows:
+    """A dynamic layout with no rows yet: the first admitted group becomes it."""
+    return DynamicRows(None, 0, [], [], torch.empty(0, dtype=torch.long, device=device), device)
 
 
 def left_pad(x: torch.Tensor, n: int, dim: int, value: int | float = 0) -> torch.Tensor:

@@ -1,0 +1,275 @@
+"""Speed at the scale users run (issue 54): the loop against HFLM's path on a randomly
+initialised backbone of a real architecture, each request replaying a recorded answer length.
+
+Speed does not depend on what the weights are: a random model of the same architecture runs the
+same kernels at the same cost. What differs between engines is when rows stop, and that is
+replayed: each request generates exactly as many tokens as the same question's greedy Direct
+answer had in the committed suite logs (``results/suite/greedy/Direct/<task>``; its prompt
+length too, recovered from the logged FLOPs). No stop string and no EOS end a row, so the random
+tokens do not matter:
+
+- the loop (``engine.generate_rows`` with a limit per row, batched as ``--model ponder`` batches:
+  its ``max_rows`` and cache budget, ``evaluation.batching``) retires each row at its length;
+- HFLM's path (``model.generate`` on batches sorted by prompt length as lm-eval sorts them,
+  a per-row length criterion) keeps each batch until its longest row ends, as lm-eval does.
+  It is timed at a few batch sizes and the best is the comparison.
+
+Each engine runs in the same process, interleaved in pairs; the table gives medians. Shapes
+live in ``benchmarks/shapes/*.json`` (architecture fields of the published configs: no weights,
+no download); ``--shape`` also takes a path.
+
+    python benchmarks/scale.py --shape qwen2.5-0.5b --device cpu          # ~8 min on 2 cores
+    python benchmarks/scale.py --shape qwen2.5-7b --device cuda --lengths gsm8k --questions 512
+    python benchmarks/scale.py --shape tiny --questions 8 --max-new-tokens 16 --pairs 1  # a test
+
+``--out FILE`` writes the figures as JSON (the per-token cost the estimate reads). Last line:
+``loop_over_hf <useful tok/s of the loop over HFLM's best batch, median of pairs>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from lib.decoding import add_device_args, torch_setup
+
+SHAPES = Path(__file__).resolve().parent / "shapes"
+REPO = Path(__file__).resolve().parents[1]
+# sized for these 2-core CPUs: a Qwen2.5-0.5B-shape pass of each engine in about a minute
+CPU_DEFAULTS = {"questions": 48, "max_new_tokens": 128, "hf_batches": [8, 16, 48], "pairs": 2}
+GPU_DEFAULTS = {"questions": 500, "max_new_tokens": 500, "hf_batches": [64, 128, 256], "pairs": 2}
+
+
+def shape_config(name: str):
+    """A transformers config from ``benchmarks/shapes/<name>.json`` (or a path)."""
+    from transformers import AutoConfig
+
+    path = Path(name) if name.endswith(".json") else SHAPES / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SHAPES.glob("*.json")))
+        sys.exit(f"scale: no shape {name!r} (known: {known}; or a path to a config JSON)")
+    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    return AutoConfig.for_model(**fields), path.stem
+
+
+def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int]]:
+    """(prompt tokens, answer tokens) of the first ``questions`` questions of the committed
+    greedy Direct run on ``task``, answers capped at ``cap``. The prompt length is the one the
+    logged FLOPs price (``flops.generation_flops`` of the embedded backbone is increasing in
+    it), so no tokenizer and no benchmark text is needed."""
+    from lm_eval_ponder.files import read_jsonl
+    from lm_eval_ponder.flops import FlopsSpec, generation_flops
+    from lm_eval_ponder.reporting.reprice import prompt_from_price
+
+    logs = sorted((REPO / "results" / "suite" / "greedy" / "Direct" / task).rglob(
+        "samples_*.compact.jsonl.xz"))
+    if not logs:
+        sys.exit(f"scale: no committed greedy Direct log for {task} under results/suite")
+    spec = FlopsSpec.from_config(shape_config("smollm2-135m")[0])
+    out = []
+    for row in read_jsonl(logs[0])[:questions]:
+        prompt = prompt_from_price(spec, row["flops"], row["gen_tokens"],
+                                   price=lambda s, p, g: generation_flops(s, p, g))
+        if prompt is None:
+            sys.exit(f"scale: {logs[0]} question {row['doc_id']}: no prompt length prices it")
+        out.append((prompt, max(1, min(int(row["gen_tokens"]), cap))))
+    return out
+
+
+def build_model(config, device: str, dtype, seed: int):
+    """The architecture with random weights, made on the device (an 8B model is never moved)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.eos_token_id = None  # rows end at their recorded lengths only
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def batch_of(lengths: list[tuple[int, int]], vocab: int, device: str, seed: int):
+    """Left-padded random prompts of the recorded lengths, longest first (lm-eval's order)."""
+    import torch
+
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i][0])
+    width = max(p for p, _ in lengths)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, i in enumerate(order):
+        p = lengths[i][0]
+        ids[row, width - p:] = torch.randint(1, vocab, (p,), generator=gen)
+        mask[row, width - p:] = 1
+    return ids.to(device), mask.to(device), [lengths[i][1] for i in order]
+
+
+class RowLengths:
+    """``generate``'s stopping criterion: row i is done once it has generated ``limits[i]``
+    tokens (the batch goes on until every row is: lm-eval's batch-wide stop)."""
+
+    def __init__(self, limits: list[int], width: int) -> None:
+        import torch
+
+        self.limits, self.width = torch.tensor(limits), width
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids.shape[1] - self.width) >= self.limits.to(input_ids.device)
+
+
+class Memory:
+    """Peak memory of one run: the GPU's allocator on CUDA; on a CPU the process's peak
+    resident set (it only grows, so the first engine to need more shows it)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def __enter__(self):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.gib = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            self.gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def run_loop(model, ids, mask, limits, config) -> dict:
+    from lm_eval_ponder.engine.loop import generate_rows
+
+    start = time.perf_counter()
+    with Memory(str(model.device)) as memory:
+        result = generate_rows(model, ids, mask, max_new_tokens=limits, eos_token_ids=set(),
+                               pad_token_id=0, config=config)
+    wall = time.perf_counter() - start
+    if list(result.gen_tokens) != list(limits):
+        raise RuntimeError("scale: the loop did not replay the recorded lengths")
+    return {"wall_s": wall, "useful": sum(limits), "peak_gib": memory.gib,
+            "decode_forwards": result.decode_forwards}
+
+
+def run_hf(model, ids, mask, limits, batch: int) -> dict:
+    """HFLM's path: ``generate`` per batch of ``batch`` rows (longest prompts first), each
+    batch stripped of its own left padding as HFLM encodes it, until its longest row ends."""
+    import torch
+    from transformers import StoppingCriteriaList
+
+    start, slots = time.perf_counter(), 0
+    with Memory(str(model.device)) as memory, torch.no_grad():
+        for lo in range(0, len(limits), batch):
+            sub_ids, sub_mask = ids[lo:lo + batch], mask[lo:lo + batch]
+            keep = int(sub_mask.sum(dim=1).max())
+            sub_ids, sub_mask = sub_ids[:, -keep:], sub_mask[:, -keep:]
+            sub = limits[lo:lo + batch]
+            out = model.generate(input_ids=sub_ids, attention_mask=sub_mask,
+                                 max_new_tokens=max(sub), do_sample=False, pad_token_id=0,
+                                 stopping_criteria=StoppingCriteriaList([RowLengths(sub, keep)]))
+            slots += len(sub) * (out.shape[1] - keep)
+    wall = time.perf_counter() - start
+    return {"wall_s": wall, "useful": sum(limits), "peak_gib": memory.gib, "slots": slots}
+
+
+def parse(argv: list[str] | None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen2.5-0.5b")
+    parser.add_argument("--lengths", default="arith", choices=["arith", "gsm8k"])
+    parser.add_argument("--questions", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--hf-batches", type=int, nargs="+", default=None)
+    parser.add_argument("--pairs", type=int, default=None)
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="the loop's rows in flight (default: --model ponder's rule)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the figures as JSON here")
+    add_device_args(parser)
+    args = parser.parse_args(argv)
+    defaults = GPU_DEFAULTS if args.device.startswith("cuda") else CPU_DEFAULTS
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.questions < 1 or args.max_new_tokens < 1 or args.pairs < 1 or \
+            min(args.hf_batches) < 1:
+        sys.exit("scale: --questions, --max-new-tokens, --pairs and --hf-batches must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> float:
+    args = parse(argv)
+    import torch
+
+    from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.evaluation.batching import Batching
+
+    dtype = torch_setup(args)
+    config, name = shape_config(args.shape)
+    lengths = recorded_lengths(f"{args.lengths}", args.questions, args.max_new_tokens)
+    model = build_model(config, args.device, dtype, args.seed)
+    batching = Batching(args.max_rows, None, None, args.device, "loop")
+    batching.fit(config, dtype)
+    loop_config = batching.loop_config()
+    ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
+    params = sum(p.numel() for p in model.parameters())
+    print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
+          f"shape {name} ({params / 1e9:.2f}B parameters, random), {len(limits)} {args.lengths} "
+          f"questions replayed (answers {min(limits)}-{max(limits)}, mean "
+          f"{statistics.fmean(limits):.1f} tokens, capped at {args.max_new_tokens}; prompts "
+          f"{min(p for p, _ in lengths)}-{max(p for p, _ in lengths)}), loop max_rows "
+          f"{loop_config.max_rows}, cache budget {loop_config.max_cache_tokens} positions, "
+          f"medians of {args.pairs} interleaved pairs", flush=True)
+    warm = [(lengths[i][0], min(limits[i], 4)) for i in range(min(4, len(limits)))]
+    w_ids, w_mask, w_limits = batch_of(warm, config.vocab_size, args.device, args.seed)
+    run_loop(model, w_ids, w_mask, w_limits, loop_config)  # kernels, allocator
+    run_hf(model, w_ids, w_mask, w_limits, min(args.hf_batches))
+    engines = {"loop": lambda: run_loop(model, ids, mask, limits, loop_config),
+               **{f"hf-{b}": (lambda b=b: run_hf(model, ids, mask, limits, b))
+                  for b in args.hf_batches}}
+    runs: dict[str, list[dict]] = {name_: [] for name_ in engines}
+    for pair in range(args.pairs):
+        order = list(engines) if pair % 2 == 0 else list(engines)[::-1]
+        for name_ in order:
+            runs[name_].append(engines[name_]())
+            r = runs[name_][-1]
+            print(f"pair {pair}  {name_:7s}  {r['wall_s']:8.2f} s  "
+                  f"{r['useful'] / r['wall_s']:9.1f} useful tok/s", flush=True)
+    return report(args, name, runs, loop_config, len(limits), dtype)
+
+
+def report(args, name: str, runs: dict, loop_config, n: int, dtype) -> float:
+    rate = {k: statistics.median(r["useful"] / r["wall_s"] for r in v) for k, v in runs.items()}
+    best = max((k for k in runs if k != "loop"), key=lambda k: rate[k])
+    ratio = statistics.median(a["useful"] / a["wall_s"] / (b["useful"] / b["wall_s"])
+                              for a, b in zip(runs["loop"], runs[best]))
+    print("engine    rows   wall_s  useful_tok/s  peak_GiB")
+    for k, v in runs.items():
+        rows = loop_config.max_rows if k == "loop" else int(k.split("-")[1])
+        print(f"{k:8s}  {rows:4d}  {statistics.median(r['wall_s'] for r in v):7.2f}  "
+              f"{rate[k]:12.1f}  {max(r['peak_gib'] for r in v):8.2f}"
+              + ("  (best hf)" if k == best else ""))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "shape": name, "device": args.device, "dtype": str(dtype), "lengths": args.lengths,
+            "questions": n, "max_new_tokens": args.max_new_tokens, "pairs": args.pairs,
+            "loop_max_rows": loop_config.max_rows, "loop_cache_tokens": loop_config.max_cache_tokens,
+            "useful_tok_s": rate, "best_hf": best, "loop_over_hf": ratio,
+            "runs": runs}, indent=1) + "\n")
+    print(f"loop_over_hf {ratio:.3f}")
+    return ratio
+
+
+if __name__ == "__main__":
+    main()

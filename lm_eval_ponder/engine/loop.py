@@ -1,0 +1,428 @@
+"""A generation loop in which a finished row stops costing compute.
+
+Why: lm-eval's HFLM calls ``model.generate`` on a left-padded batch with a batch-wide stopping
+criterion, so every row keeps decoding until the longest row is done. On our arith workload
+(SmolLM2-135M, bf16, batch 64, 256 new tokens) only 46% of the decoded slots are real output
+(NOTES.md, "Generation speed"). ``generate_rows`` runs the same model forward passes with the
+same ``DynamicCache`` that ``generate`` uses, but
+
+- a row leaves the running batch as soon as it emits an EOS id, completes one of its stop strings
+  (searched in its own decoded generated text, so a stop string split across tokens is caught;
+  ``engine.stops``) or reaches ``max_new_tokens``; its key/value rows are dropped from the
+  cache (``DynamicCache.batch_select_indices``) once an eighth of the batch has finished, and
+  cache columns that became padding for every remaining row are trimmed
+  (``engine.rows``);
+- with ``max_rows`` smaller than the batch, waiting rows are prefilled as a left-padded group
+  and join the running batch when enough slots are free (continuous batching): the two caches
+  are aligned by left-padding keys/values and the attention mask with zeros, then concatenated
+  along the batch;
+- a group whose prompts differ more than twofold is prefilled in parts (``prefill_parts``),
+  so short prompts are not padded to a long one's length in the prefill forward;
+- with ``max_cache_tokens``, rows in flight times the widest row's prompt plus
+  ``max_new_tokens`` stay within that many cache positions. Rows share one cache width, so one
+  long prompt widens every row's cache to its length: GPQA's longest question (2,899 tokens,
+  against a median of 168) took a 128-row batch past 13 GiB on a 135M model, and the kernel
+  killed the run. ``cache_bytes_per_token`` turns a memory budget into positions.
+
+Positions are explicit (``attention_mask.cumsum(-1) - 1`` as ``generate`` computes them, then
+"real tokens so far" per row), logits are processed with transformers' own processor/warper
+classes in ``generate``'s order, and settings are merged over ``model.generation_config`` the way
+``generate`` merges them (``engine.sampling``), so greedy outputs match ``generate`` token for
+token (tests check this in fp32). Anything the loop cannot reproduce exactly raises
+``UnsupportedGeneration`` before any forward pass; the caller then uses ``model.generate``.
+
+Host work per decode step does not grow with rows in Python (issue 36): tokens and counts
+live in device tensors and are read back once per finished row; one small tensor of flags
+(ended, maybe-stopped, count) per step is the one host sync; only rows whose new token can
+complete a stop string are decoded. ``benchmarks/step_cost.py`` splits a step's time.
+
+The call reads top to bottom in ``RowLoop.run``: admit waiting rows while slots are free (prefill
+them as groups and hand them to the cache layout), else decode one step for every row in
+flight, then read back which rows ended and retire them. The rows live in one of two
+``CacheLayout``s (``engine.rows``): the dynamic one by default, the static one
+(``engine.slots``) for ``decode_step=captured`` where ``static_applies``. What the code around
+the loop learns of it goes through ``LoopObserver``s (``engine.observers``); how it batches is
+one ``LoopConfig`` (``engine.config``). This package imports no lm-eval: the adapter
+(``evaluation.lm``) and the trainer call it the same way.
+
+Pass ``decode=`` the tokenizer's decode with ``skip_special_tokens=True``: it is what HFLM cuts
+the final text with and what ``evaluation.accounting.count_generated_tokens`` counts with, so
+stop strings, the text after the cut and the token counts agree with the ``generate`` path.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import DynamicCache
+
+from lm_eval_ponder.backbone import text_config
+from lm_eval_ponder.engine.config import LoopConfig
+from lm_eval_ponder.engine.observers import LoopObserver, Observers
+from lm_eval_ponder.engine.rows import (
+    CacheLayout,
+    DynamicRows,
+    cache_keyword,
+    check_model_supported,
+    empty_rows,
+    supports_logits_to_keep,
+)
+from lm_eval_ponder.engine.sampling import ChoiceRows, SamplingConfig, TokenChooser
+from lm_eval_ponder.engine.slots import SlotRows, StaticSlots, slot_shape
+from lm_eval_ponder.engine.stops import StopStrings
+
+FINISH_EOS = "eos"
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+# the per-row flags a decode step reads back (bit 0 EOS, bit 1 length, bit 2 a stop string
+# may be complete); the row's generated count rides above them in the same integer
+EOS_BIT, LENGTH_BIT, STOP_BIT, COUNT_SHIFT = 1, 2, 4, 3
+
+
+@dataclass
+class GenerationResult:
+    """``sequences``: [B, L + T], context then generated tokens, ``pad_token_id`` after each
+    row's end (the form ``generate`` returns). ``gen_tokens``: each row's generated tokens up to
+    and including its EOS or the token completing a stop string. ``finish_reason``: "eos",
+    "stop" or "length" per row. ``decode_step``: the layout the call decoded with (a
+    ``captured`` request that ``static_applies`` refused is ``dynamic``, ``why`` says why). The
+    counters describe the work done."""
+
+    sequences: torch.LongTensor
+    gen_tokens: list[int]
+    finish_reason: list[str]
+    decode_step: str = "dynamic"
+    why: str = ""
+    prefill_forwards: int = 0
+    decode_forwards: int = 0
+    decode_row_slots: int = 0  # sum over decode forwards of the live rows in the batch
+    dead_row_slots: int = 0  # ... and of finished rows still waiting for a compaction
+    joins: int = 0
+    compactions: int = 0
+    tail_moves: int = 0  # static slots: moves of the live rows to fewer slots
+
+
+# SDPA backends for the loop's forwards on CUDA: every one but cuDNN's. cuDNN attention builds
+# an execution plan per (batch, key length, strides) and caches it; the loop's batch changes
+# as rows finish and join, so nearly every decode step is a new combination. Measured on an
+# H200 (2026-11-26, benchmarks/profile_step.py): 1.1 ms of host time per attention call on
+# the embedded model (516 ms in 16 steps of 64 rows, 30 layers), against 49 us for a cached
+# plan, and a first pass at 256 rows of the tiny model 50 ms per step for a 3 ms forward. The
+# other kernels (flash, memory-efficient, math) have no plans to build.
+LOOP_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+                      SDPBackend.MATH]
+
+
+def attention_backends(device: torch.device):
+    """The SDPA backends the loop's forwards may use on ``device`` (a no-op off CUDA)."""
+    if device.type != "cuda":
+        return nullcontext()
+    return sdpa_kernel(LOOP_SDPA_BACKENDS)
+
+
+def prefill_parts(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
+    """Split a group of rows joining at once into prefill forwards in which no prompt is
+    shorter than half the longest. A prefill pads every row to its longest: GPQA's first group
+    holds its 2,899-token question beside rows of 300-800, and one forward of that group spent
+    most of its compute on padding. A group within a factor of 2 stays one forward, in its
+    order (arith and GSM8K groups: their batches are unchanged)."""
+    lens = [int(lengths[r]) for r in rows]
+    if not rows or max(lens) <= 2 * max(min(lens), 1):
+        return [list(rows)]
+    parts: list[list[int]] = []
+    for r in sorted(rows, key=lambda r: -int(lengths[r])):
+        if parts and 2 * int(lengths[r]) >= int(lengths[parts[-1][0]]):
+            parts[-1].append(r)
+        else:
+            parts.append([r])
+    return parts
+
+
+def static_applies(config: LoopConfig, observers: Observers, chooser: TokenChooser,
+                   rows: int, widest: int, max_new: int) -> str:
+    """Why a call cannot use the static layout (``""``: it can). The one place that decides:
+    not unless ``decode_step=captured``; not while an observer's hooks act inside the forward
+    (a replayed graph runs no hooks: steering, early exit), with a repetition penalty (it needs
+    each row's history), or where the static cache would pass the cache budget."""
+    if config.decode_step == "dynamic":
+        return "decode_step=dynamic"
+    if rows == 0 or max_new <= 0:
+        return "nothing to decode"
+    if observers.hooks_forward:
+        return "steering or an early exit watches each forward's rows"
+    if chooser.uses_history:
+        return "a repetition penalty needs each row's token history"
+    slots, width = slot_shape(rows, widest, max_new)
+    if config.max_cache_tokens is not None and slots * width > config.max_cache_tokens:
+        return f"its static cache ({slots} x {width}) passes the cache budget"
+    return ""
+
+
+class RowLoop:
+    """One ``generate_rows`` call: the waiting rows, the layout in flight and the outputs."""
+
+    def __init__(self, model, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None,
+                 *, max_new_tokens: int | Sequence[int], eos_token_ids: set[int],
+                 pad_token_id: int,
+                 stop: list[str] | None, decode: Callable[[list[int]], str] | None,
+                 sampling: SamplingConfig | None, config: LoopConfig,
+                 observers: Observers) -> None:
+        if pad_token_id is None:
+            raise ValueError("pad_token_id is required")
+        check_model_supported(model)
+        self.model, self.config, self.observers = model, config, observers
+        self.device = device = model.device if hasattr(model, "device") else input_ids.device
+        self.input_ids = input_ids.to(device)
+        self.mask = (torch.ones_like(self.input_ids) if attention_mask is None
+                     else attention_mask.to(device))
+        self.n_rows, self.width = self.input_ids.shape
+        # one limit for every row, or one per row (a benchmark replaying answer lengths)
+        self.limits = None
+        if isinstance(max_new_tokens, int):
+            self.max_new = int(max_new_tokens)
+        else:
+            limits = [int(n) for n in max_new_tokens]
+            if len(limits) != self.n_rows or min(limits, default=1) < 1:
+                raise ValueError(f"max_new_tokens: one limit >= 1 per row ({self.n_rows}), "
+                                 f"got {len(limits)}")
+            self.max_new = max(limits, default=0)
+            self.limits = torch.tensor(limits + [self.max_new], dtype=torch.long, device=device)
+        self.pad = int(pad_token_id)
+        self.max_rows = self.n_rows if config.max_rows is None else max(1, int(config.max_rows))
+        self.admit_at = max(1, math.ceil(config.admit_fraction * self.max_rows))
+        self.phase = observers.phase
+        self.eos_t = torch.tensor(sorted({int(e) for e in eos_token_ids}), dtype=torch.long,
+                                  device=device)
+        self.chooser = TokenChooser(sampling or SamplingConfig(), device, self.eos_t.tolist(),
+                                    self.width)
+        self.stops = StopStrings(stop, decode, self.vocab_size(), device)
+        self.keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+        self.cache_arg = cache_keyword(model)
+        self.text_config = text_config(model.config)
+        # per original row: generated tokens (a last column that dead slots write to), counts;
+        # one more row for static slots no row has taken yet
+        self.tokens = torch.full((self.n_rows + 1, self.max_new + 1), self.pad,
+                                 dtype=torch.long, device=device)
+        self.counts = torch.zeros(self.n_rows + 1, dtype=torch.long, device=device)
+        self.real_len = self.mask.sum(dim=1).tolist()
+        self.reason = [FINISH_LENGTH] * self.n_rows
+        self.result = GenerationResult(self.input_ids, [0] * self.n_rows, self.reason)
+        self.waiting = deque(range(self.n_rows))
+        self.layout: CacheLayout = self.new_layout()
+
+    def new_layout(self) -> CacheLayout:
+        rows = min(self.max_rows, self.n_rows)
+        widest = max(max(self.real_len, default=1), 1)
+        why = static_applies(self.config, self.observers, self.chooser, rows, widest,
+                             self.max_new)
+        self.result.why = why
+        if why:
+            return empty_rows(self.device)
+        self.result.decode_step = self.config.decode_step
+        slots, width = slot_shape(rows, widest, self.max_new)
+        return SlotRows(self.model, StaticSlots(self.model, slots, width, self.text_config),
+                        self.pad, self.n_rows, self.config.shrink_tail, self.text_config)
+
+    def vocab_size(self) -> int:
+        head = self.model.get_output_embeddings() if hasattr(
+            self.model, "get_output_embeddings") else None
+        if head is not None and getattr(head, "weight", None) is not None:
+            return int(head.weight.shape[0])
+        return int(self.text_config.vocab_size)
+
+    # ------------------------------------------------------------------ the call
+    @torch.no_grad()
+    def run(self) -> GenerationResult:
+        if self.max_new <= 0 or self.n_rows == 0:
+            return self.result
+        while self.waiting or self.layout.n_alive:
+            admit = self.admissible()
+            if admit:
+                self.admit(admit)
+                continue  # re-check admission (the group may have finished at once)
+            self.decode_step()
+        return self.outputs()
+
+    def admissible(self) -> int:
+        """How many waiting rows join now: once at least ``admit_fraction`` of the slots are
+        free (or all waiting rows fit), as many as fit ``max_rows`` and ``max_cache_tokens``
+        (rows in flight times the widest prompt among them plus ``max_new_tokens``; one row
+        always runs)."""
+        in_flight = self.layout.n_alive
+        free = self.max_rows - in_flight
+        if not self.waiting or free <= 0 or (
+                in_flight and free < min(self.admit_at, len(self.waiting))):
+            return 0
+        n = min(free, len(self.waiting))
+        budget = self.config.max_cache_tokens
+        if budget is None:
+            return n
+        widest = max((int(self.real_len[r]) for r in self.layout.live_rows()), default=0)
+        k = 0
+        while k < n:
+            widest = max(widest, int(self.real_len[self.waiting[k]]))
+            if (in_flight + k + 1) * (widest + self.max_new) > budget:
+                break
+            k += 1
+        return max(k, 1) if in_flight == 0 else k
+
+    def admit(self, n: int) -> None:
+        """Prefill ``n`` waiting rows in parts (``prefill_parts``) and hand each part, its
+        first tokens chosen, to the layout."""
+        group = [self.waiting.popleft() for _ in range(n)]
+        with self.phase("compact", self.device):
+            self.layout.make_room(self.result)
+        for part in prefill_parts(group, self.real_len):
+            joined = self.prefill(part)
+            with self.phase("join", self.device):
+                if joined.n_dead:
+                    joined.compact()
+                if joined.rows:
+                    self.layout.admit(joined, self.pad, self.result)
+
+    # ------------------------------------------------------------------ forwards
+    def prefill(self, rows: list[int]) -> DynamicRows:
+        """A group's prompts in one forward, its own padding beyond its longest row stripped
+        (rows of a left-padded batch have their real tokens at the right end)."""
+        device = self.device
+        with self.phase("cache", device):
+            index = torch.tensor(rows, dtype=torch.long, device=device)
+            lens = [int(self.real_len[r]) for r in rows]
+            span = max(max(lens), 1)
+            ids = self.input_ids.index_select(0, index)[:, self.width - span:]
+            mask = self.mask.index_select(0, index)[:, self.width - span:]
+            position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+            cache = DynamicCache(config=self.text_config)
+        with self.phase("prefill", device), attention_backends(device):
+            self.observers.begin_forward(index, True)
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                             **{self.cache_arg: cache}, use_cache=True, return_dict=True,
+                             **self.keep_logits)
+            logits = out.logits[:, -1]
+            del out
+        self.result.prefill_forwards += 1
+        lead = [span - n for n in lens]
+        history = ids.clone() if self.chooser.uses_history else None
+        batch = DynamicRows(cache, span, list(rows), lead, ids[:, -1], device, history,
+                            list(lead) if history is not None else None)
+        self.step(batch, logits)
+        return batch
+
+    def decode_step(self) -> None:
+        """One decode step of every row in flight, through the layout's inputs."""
+        layout, device = self.layout, self.device
+        with self.phase("cache", device):
+            layout.tidy(bool(self.waiting), self.result)
+            step = layout.inputs(self.model)
+        with self.phase("forward", device), attention_backends(device):
+            self.observers.begin_forward(layout.rows_t, False)
+            out = step.forward(input_ids=layout.last[:, None], attention_mask=step.mask,
+                               position_ids=step.position_ids, **{self.cache_arg: step.cache},
+                               use_cache=True, return_dict=True, **self.keep_logits)
+            logits = out.logits[:, -1]
+            del out
+        layout.advance()
+        if step.forward is not self.model:  # a captured forward runs no module hooks
+            self.observers.replayed_forward(len(layout.rows))
+        self.result.decode_forwards += 1
+        self.result.decode_row_slots += layout.n_alive
+        self.result.dead_row_slots += layout.n_dead
+        self.observers.decode_step()
+        self.step(layout, logits)
+        with self.phase("compact", device):
+            layout.compact_after(bool(self.waiting) and bool(self.admissible()), self.result)
+
+    # ------------------------------------------------------------------ after a forward
+    def step(self, batch, logits: torch.Tensor) -> None:
+        """Choose every row's next token, store it, and retire the rows that ended."""
+        device = self.device
+        with self.phase("choose", device):
+            counts = self.counts.index_select(0, batch.rows_t)
+            nxt = self.chooser.choose(logits, ChoiceRows(
+                counts, batch.last, batch.hist, batch.hist_lead_t, batch.alive_mask,
+                batch.alive_index), self.pad)
+        with self.phase("finish", device):
+            alive = batch.alive_mask
+            column = counts if alive is None else torch.where(alive, counts, self.max_new)
+            self.tokens.index_put_((batch.rows_t, column), nxt)
+            counts = counts + (1 if alive is None else alive.long())
+            self.counts.index_copy_(0, batch.rows_t, counts)
+            batch.last = nxt
+            if batch.hist is not None:
+                batch.hist = torch.cat([batch.hist, nxt[:, None]], dim=1)
+            limit = self.max_new if self.limits is None else \
+                self.limits.index_select(0, batch.rows_t)
+            flags = (torch.isin(nxt, self.eos_t).long() * EOS_BIT
+                     + (counts >= limit).long() * LENGTH_BIT
+                     + self.stops.candidates(nxt).long() * STOP_BIT)
+            if alive is not None:
+                flags = flags * alive.long()
+            packed = (flags + (counts << COUNT_SHIFT)).tolist()  # the one host sync
+            self.retire(batch, packed)
+
+    def retire(self, batch, packed: list[int]) -> None:
+        ended: list[int] = []
+        maybe_stop = [i for i, p in enumerate(packed) if p & STOP_BIT and not p & EOS_BIT]
+        stopped = set(self.confirm_stops(batch, maybe_stop, packed)) if maybe_stop else set()
+        for i, p in enumerate(packed):
+            flags = p & ((1 << COUNT_SHIFT) - 1)
+            if not flags:
+                continue
+            row = batch.rows[i]
+            if flags & EOS_BIT:
+                self.reason[row] = FINISH_EOS
+            elif i in stopped:
+                self.reason[row] = FINISH_STOP
+            elif flags & LENGTH_BIT:
+                self.reason[row] = FINISH_LENGTH
+            else:
+                continue
+            self.result.gen_tokens[row] = count = p >> COUNT_SHIFT
+            ended.append(i)
+            # one read-back per finished row, only when an observer asks for the tokens
+            tokens = self.tokens[row, :count].tolist() if self.observers.wants_tokens else None
+            self.observers.row_finished(row, tokens)
+        batch.retire(ended)
+
+    def confirm_stops(self, batch, positions: list[int], packed: list[int]) -> list[int]:
+        """Of these batch positions, the rows whose decoded text now holds a stop string."""
+        rows = torch.tensor([batch.rows[i] for i in positions], dtype=torch.long,
+                            device=self.device)
+        texts = self.tokens.index_select(0, rows).tolist()
+        return [i for i, generated in zip(positions, texts)
+                if self.stops.hit(generated[:packed[i] >> COUNT_SHIFT])]
+
+    def outputs(self) -> GenerationResult:
+        steps = max(self.result.gen_tokens, default=0)
+        out = torch.cat([self.input_ids, self.tokens[:self.n_rows, :steps]], dim=1)
+        self.result.sequences = out
+        return self.result
+
+
+def generate_rows(model, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, *,
+                  max_new_tokens: int | Sequence[int], eos_token_ids: set[int],
+                  pad_token_id: int,
+                  stop: list[str] | None = None, decode: Callable[[list[int]], str] | None = None,
+                  sampling: SamplingConfig | None = None, config: LoopConfig | None = None,
+                  observers: Sequence[LoopObserver] = ()) -> GenerationResult:
+    """Generate for a left-padded batch, dropping each row from the batch as soon as it ends.
+
+    ``input_ids``/``attention_mask``: [B, L], left-padded, as lm-eval encodes a batch.
+    ``max_new_tokens``: one limit, or one per row (``benchmarks/scale.py`` replays recorded
+    answer lengths this way).
+    ``config``: how the rows are batched (``LoopConfig``: rows in flight, cache budget,
+    admission, decode step). ``observers`` are told which rows each forward holds, each row as
+    it ends (with its tokens if one asks), forwards that ran no module hook, and the time of
+    each phase (``engine.observers``). Settings the loop cannot reproduce exactly raise
+    ``UnsupportedGeneration`` before any forward.
+    """
+    return RowLoop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                   eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, stop=stop,
+                   decode=decode, sampling=sampling, config=config or LoopConfig(),
+                   observers=Observers(observers)).run()

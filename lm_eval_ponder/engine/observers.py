@@ -1,0 +1,136 @@
+"""What the row loop tells the code around it, through one protocol: which rows are in each
+forward (steering and early-exit hooks keep per-row state by it), each row as it finishes (a
+progress bar; an answer kept as it ends), forwards that ran no module hook (a replayed graph:
+the progress bar's forward hook misses them) and the time of each phase (benchmarks).
+
+An observer overrides what it needs; ``LoopObserver`` answers everything with nothing. An
+observer that watches the rows of each forward (``begin_forward``: a steering vector added to a
+layer, an early exit) keeps its call on the dynamic layout: the static layout's graphs run no
+module hooks, and its dead slots are no rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class LoopObserver:
+    """The loop's events, each a no-op here."""
+
+    wants_tokens: bool = False  # ``row_finished`` gets the row's tokens (one read-back each)
+
+    def begin_forward(self, rows: torch.LongTensor, prefill: bool) -> None:
+        """``rows``: original row indices (0..B-1) of the rows in the coming forward, in batch
+        order, on the model's device. ``prefill``: the forward processes a group's prompts.
+        A row that finished may stay in the forwards until the layout drops it: whatever is
+        decided for it then comes after its last token."""
+
+    def row_finished(self, row: int, tokens: list[int] | None) -> None:
+        """Row ``row`` ended; ``tokens``: its generated tokens if ``wants_tokens``."""
+
+    def replayed_forward(self, rows: int) -> None:
+        """A decode forward of ``rows`` rows ran without module hooks."""
+
+    def phase(self, name: str, device: torch.device) -> Any:
+        """A context around one phase of the loop (``StepTimer``)."""
+        return nullcontext()
+
+
+@dataclass
+class Callbacks(LoopObserver):
+    """Plain functions as an observer: ``on_finish(row)``, ``on_tokens(row, tokens)``,
+    ``on_replayed(rows)``."""
+
+    on_finish: Callable[[int], None] | None = None
+    on_tokens: Callable[[int, list[int]], None] | None = None
+    on_replayed: Callable[[int], None] | None = None
+
+    @property
+    def wants_tokens(self) -> bool:  # type: ignore[override]
+        return self.on_tokens is not None
+
+    def row_finished(self, row: int, tokens: list[int] | None) -> None:
+        if self.on_tokens is not None:
+            self.on_tokens(row, tokens)
+        if self.on_finish is not None:
+            self.on_finish(row)
+
+    def replayed_forward(self, rows: int) -> None:
+        if self.on_replayed is not None:
+            self.on_replayed(rows)
+
+
+@dataclass
+class StepTimer(LoopObserver):
+    """Seconds spent per phase of the loop (``benchmarks/step_cost.py``): ``prefill`` and
+    ``forward`` (the model), ``choose``, ``finish`` (storing tokens, the read-back, stop
+    checks), ``cache`` (masks and positions, the layout's upkeep), ``compact`` (dropping
+    finished rows) and ``join`` (merging a prefilled group). ``sync``: wait for the device at
+    every phase boundary, so a GPU's queued work is charged to the phase that queued it (it
+    also removes any overlap of host and device work: for attribution only)."""
+
+    sync: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)
+    decode_steps: int = 0
+
+    @contextmanager
+    def phase(self, name: str, device: torch.device) -> Iterator[None]:
+        if self.sync and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.sync and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+class Observers:
+    """Several observers as one, for the loop: events fan out in order, each to the observers
+    that define it (a subclass of ``LoopObserver`` or any object with the same methods); the
+    first observer that times phases times them."""
+
+    def __init__(self, observers: Sequence[Any]) -> None:
+        self.all = [o for o in observers if o is not None]
+        self.forward_hooks = [o for o in self.all if defines(o, "begin_forward")]
+        self.finishers = [o for o in self.all if defines(o, "row_finished")]
+        self.replayers = [o for o in self.all if defines(o, "replayed_forward")]
+        self.hooks_forward = bool(self.forward_hooks)  # they act inside the forward
+        self.wants_tokens = any(getattr(o, "wants_tokens", False) for o in self.all)
+        timers = [o for o in self.all if defines(o, "phase")]
+        self.phase = timers[0].phase if timers else no_phase
+        self.timers = [o for o in timers if isinstance(o, StepTimer)]
+
+    def begin_forward(self, rows: torch.LongTensor, prefill: bool) -> None:
+        for o in self.forward_hooks:
+            o.begin_forward(rows, prefill)
+
+    def row_finished(self, row: int, tokens: list[int] | None) -> None:
+        for o in self.finishers:
+            o.row_finished(row, tokens)
+
+    def replayed_forward(self, rows: int) -> None:
+        for o in self.replayers:
+            o.replayed_forward(rows)
+
+    def decode_step(self) -> None:
+        for t in self.timers:
+            t.decode_steps += 1
+
+
+def defines(observer: Any, event: str) -> bool:
+    """Whether ``observer`` does something on ``event`` (not ``LoopObserver``'s no-op)."""
+    method = getattr(type(observer), event, None)
+    return method is not None and method is not getattr(LoopObserver, event)
+
+
+@contextmanager
+def no_phase(name: str, device: torch.device) -> Iterator[None]:
+    yield

@@ -1,0 +1,109 @@
+"""How ``--model ponder`` batches: rows in flight and their key/value cache budget.
+
+Not part of a run's configuration (no number depends on them in float32), so they are not in
+its fingerprint; ``PonderLM.get_model_info`` records them beside it. The engine takes them as
+one ``engine.config.LoopConfig``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lm_eval_ponder.engine.config import LoopConfig, check_decode_step
+from lm_eval_ponder.engine.rows import cache_bytes_per_token
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.evaluation.settings import model_arg_number
+
+
+def default_max_rows(device: str) -> int:
+    """Rows in flight when the user gives none. 128 on CPU: measured end to end on arith
+    (``benchmarks/max_rows.py``: 16, 32, 64, 128 rows took 158, 113, 101, 90 s in float32;
+    docs/results). 256 on CUDA, where wide batches keep a GPU busy: not measured yet."""
+    return 256 if str(device).startswith("cuda") else 128
+
+
+def total_memory_bytes(device: str) -> int | None:
+    """The memory generation runs in: the GPU's for CUDA, else the machine's RAM or the
+    container's limit (cgroup), whichever is smaller; None when it cannot be read."""
+    device = str(device)
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = torch.device(device).index
+        return int(torch.cuda.get_device_properties(index or 0).total_memory)
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        ram = None
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            limit = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit() and (ram is None or int(limit) < ram):
+            ram = int(limit)
+    return ram
+
+
+def parse_cache_gib(value: float | str | None, device: str) -> float | None:
+    """``max_cache_gib``: a number of GiB, ``auto``/unset (``default_cache_gib``) or ``none``
+    (no budget: ``max_rows`` alone bounds the batch)."""
+    if value is None or str(value).strip().lower() in ("", "auto"):
+        return default_cache_gib(device)
+    if str(value).strip().lower() == "none":
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        gib = float("nan")
+    if not gib > 0:
+        raise PonderError(f"max_cache_gib must be a positive number of GiB, auto or none; "
+                          f"got {value!r}")
+    return gib
+
+
+def default_cache_gib(device: str) -> float | None:
+    """The key/value cache budget of the rows in flight when the user gives none: a sixth of
+    the memory on CPU (4 GiB of this 24 GiB machine: GSM8K's 128 rows need about 2.5 GiB and
+    are not held back; GPQA's longest prompt is, which a 128-row batch took past 13 GiB), a
+    third of the GPU's (the weights and activations need the rest). From the total, not the
+    free memory, so the batches, and with them bf16 outputs, do not depend on other jobs."""
+    total = total_memory_bytes(device)
+    if total is None:
+        return None
+    return total / (3 if str(device).startswith("cuda") else 6) / 2**30
+
+
+class Batching:
+    """The batching model args, parsed before the model loads (``max_rows``, ``max_cache_gib``,
+    ``decode_step``), and the ``LoopConfig`` they make once the model's cache size per token
+    is known (``loop_config``)."""
+
+    def __init__(self, max_rows: Any, max_cache_gib: Any, decode_step: Any, device: str,
+                 generation: str) -> None:
+        self.max_rows = default_max_rows(device) if max_rows in (None, "", "auto") \
+            else model_arg_number("max_rows", max_rows, int)
+        if self.max_rows < 1:
+            raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
+        self.max_cache_gib = parse_cache_gib(max_cache_gib, device)
+        self.decode_step = check_decode_step(decode_step)
+        if self.decode_step != "dynamic" and generation != "loop":
+            raise PonderError(f"decode_step={self.decode_step} is a mode of the generation loop; "
+                              f"it does not apply to generation={generation}")
+        self.max_cache_tokens: int | None = None
+
+    def fit(self, model_config, dtype: torch.dtype) -> None:
+        """The cache budget in token positions, for a model of this config and dtype."""
+        per_token = cache_bytes_per_token(model_config, dtype)
+        self.max_cache_tokens = None if self.max_cache_gib is None or per_token is None \
+            else max(1, int(self.max_cache_gib * 2**30 // per_token))
+
+    def loop_config(self) -> LoopConfig:
+        return LoopConfig(max_rows=self.max_rows, max_cache_tokens=self.max_cache_tokens,
+                          decode_step=self.decode_step)
+
+    def info(self) -> dict[str, Any]:
+        return {"max_rows": self.max_rows, "max_cache_gib": self.max_cache_gib,
+                "max_cache_tokens": self.max_cache_tokens, "decode_step": self.decode_step}

@@ -1,0 +1,77 @@
+"""lm-eval's ``generate_until`` requests as the engine takes them, read exactly as HFLM reads them.
+
+``PonderLM`` owns ``generate_until`` end to end (as lm-eval's vLLM backend does), so the pieces
+of HFLM's that decide what a run generates are repeated here with lm-eval's own helpers:
+the order and grouping of requests (``Collator``: by generation kwargs, longest context
+first), the kwargs (``normalize_gen_kwargs``, ``handle_stop_sequences``), the reading of
+``temperature``/``do_sample`` (``hf_sampling_kwargs``) and the answer's text (``answer_text``:
+after the last think-end token, decoded, cut at the first stop string). The tests that check
+``--model ponder`` token for token and text for text against ``--model hf`` hold them to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
+    """lm-eval's reading of generation kwargs (``HFLM._model_generate``): an absent temperature
+    is 0, and temperature 0 means greedy."""
+    kwargs = dict(generation_kwargs)
+    kwargs["temperature"] = kwargs.get("temperature", 0.0)
+    do_sample = kwargs.get("do_sample")
+    if kwargs["temperature"] == 0.0 and do_sample is None:
+        kwargs["do_sample"] = do_sample = False
+    if do_sample is False and kwargs["temperature"] == 0.0:
+        kwargs.pop("temperature")
+    return kwargs
+
+
+@dataclass
+class Generation:
+    """One request group's generation settings: stop strings (the EOS text included, as HFLM
+    adds it), new tokens at most, and the rest of the kwargs for the sampler."""
+
+    until: list[str]
+    max_gen_toks: int
+    kwargs: dict[str, Any]
+
+    @classmethod
+    def of(cls, gen_kwargs: dict, default_max_gen_toks: int, eos_text: str) -> Generation:
+        from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
+
+        kwargs = normalize_gen_kwargs(dict(gen_kwargs), default_max_gen_toks)
+        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+        max_gen_toks = kwargs.pop("max_gen_toks")
+        kwargs.pop("max_length", None)  # HFLM warns and prefers max_gen_toks; so do we
+        return cls(until, int(max_gen_toks), kwargs)
+
+
+def request_groups(requests: Sequence[Any], indices: Sequence[int],
+                   length: Callable[[str], int]) -> Iterator[tuple[dict, list[int]]]:
+    """(generation kwargs, request indices) per group, in HFLM's order: requests grouped by
+    their kwargs (so greedy and sampled requests never share a batch), each group longest
+    context first (``length``: tokens of a context), ties by context."""
+    from lm_eval.models.utils import Collator
+
+    order = Collator([(requests[i].args[0], requests[i].args[1], i) for i in indices],
+                     sort_fn=lambda req: (-length(req[0]), req[0]),
+                     group_by="gen_kwargs", group_fn=lambda req: req[1])
+    for chunk in order.get_batched(n=0):
+        yield chunk[0][1], [i for _, _, i in chunk]
+
+
+def answer_text(tokens: list[int], until: list[str], think_end_token: Any,
+                decode: Callable[[list[int]], str]) -> str:
+    """A row's answer from its generated tokens, made as HFLM's ``generate_until`` makes it
+    (after the last think-end token, decoded, cut at the first stop string)."""
+    from lm_eval.models.utils import postprocess_generated_text
+
+    if isinstance(think_end_token, int) and think_end_token in tokens:  # after the last one
+        tokens = tokens[len(tokens) - tokens[::-1].index(think_end_token):]
+    text = decode(tokens)
+    return postprocess_generated_text(
+        generation=text.lstrip() if isinstance(think_end_token, int) else text, stop=until,
+        think_end_token=think_end_token if isinstance(think_end_token, str) else None)

@@ -193,6 +193,12 @@ def parse(argv: list[str] | None):
     parser.add_argument("--pairs", type=int, default=None)
     parser.add_argument("--max-rows", type=int, default=None,
                         help="the loop's rows in flight (default: --model ponder's rule)")
+    parser.add_argument("--loop-rows", type=int, nargs="*", default=[],
+                        help="also time the loop at these max_rows (the sweep that checks the "
+                             "default rule; the cache budget still applies)")
+    parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
+                        choices=["dynamic", "captured"],
+                        help="the loop's decode steps to time (captured: the GPU fast path)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the figures as JSON here")
     add_device_args(parser)
@@ -217,10 +223,13 @@ def main(argv: list[str] | None = None) -> float:
     dtype = torch_setup(args)
     config, name = shape_config(args.shape)
     lengths = recorded_lengths(f"{args.lengths}", args.questions, args.max_new_tokens)
+    start = time.perf_counter()
     model = build_model(config, args.device, dtype, args.seed)
+    args.load_s = time.perf_counter() - start  # building random weights: a start-up per run
     batching = Batching(args.max_rows, None, None, args.device, "loop")
     batching.fit(config, dtype)
     loop_config = batching.loop_config()
+    loops = loop_engines(loop_config, args.decode_steps, args.loop_rows)
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
     params = sum(p.numel() for p in model.parameters())
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
@@ -232,9 +241,10 @@ def main(argv: list[str] | None = None) -> float:
           f"medians of {args.pairs} interleaved pairs", flush=True)
     warm = [(lengths[i][0], min(limits[i], 4)) for i in range(min(4, len(limits)))]
     w_ids, w_mask, w_limits = batch_of(warm, config.vocab_size, args.device, args.seed)
-    run_loop(model, w_ids, w_mask, w_limits, loop_config)  # kernels, allocator
+    for config_ in loops.values():  # kernels, allocator, a captured step's recording
+        run_loop(model, w_ids, w_mask, w_limits, config_)
     run_hf(model, w_ids, w_mask, w_limits, min(args.hf_batches))
-    engines = {"loop": lambda: run_loop(model, ids, mask, limits, loop_config),
+    engines = {**{k: (lambda c=c: run_loop(model, ids, mask, limits, c)) for k, c in loops.items()},
                **{f"hf-{b}": (lambda b=b: run_hf(model, ids, mask, limits, b))
                   for b in args.hf_batches}}
     runs: dict[str, list[dict]] = {name_: [] for name_ in engines}
@@ -243,20 +253,35 @@ def main(argv: list[str] | None = None) -> float:
         for name_ in order:
             runs[name_].append(engines[name_]())
             r = runs[name_][-1]
-            print(f"pair {pair}  {name_:7s}  {r['wall_s']:8.2f} s  "
+            print(f"pair {pair}  {name_:15s}  {r['wall_s']:8.2f} s  "
                   f"{r['useful'] / r['wall_s']:9.1f} useful tok/s", flush=True)
-    return report(args, name, runs, loop_config, len(limits), dtype)
+    return report(args, name, runs, loops, len(limits), dtype)
 
 
-def report(args, name: str, runs: dict, loop_config, n: int, dtype) -> float:
+def loop_engines(default, decode_steps: list[str], rows: list[int]) -> dict:
+    """The loop's configurations to time: ``loop`` (the default rule, dynamic) first, then
+    each other decode step at the default rows, then each ``--loop-rows`` value."""
+    from dataclasses import replace
+
+    out = {"loop": replace(default, decode_step="dynamic")}
+    for step in decode_steps:
+        if step != "dynamic":
+            out[f"loop-{step}"] = replace(default, decode_step=step)
+    for n in rows:
+        out[f"loop-rows{n}"] = replace(default, max_rows=n, decode_step="dynamic")
+    return out
+
+
+def report(args, name: str, runs: dict, loops: dict, n: int, dtype) -> float:
     rate = {k: statistics.median(r["useful"] / r["wall_s"] for r in v) for k, v in runs.items()}
-    best = max((k for k in runs if k != "loop"), key=lambda k: rate[k])
+    best = max((k for k in runs if k.startswith("hf-")), key=lambda k: rate[k])
     ratio = statistics.median(a["useful"] / a["wall_s"] / (b["useful"] / b["wall_s"])
                               for a, b in zip(runs["loop"], runs[best]))
-    print("engine    rows   wall_s  useful_tok/s  peak_GiB")
+    loop_config = loops["loop"]
+    print("engine           rows   wall_s  useful_tok/s  peak_GiB")
     for k, v in runs.items():
-        rows = loop_config.max_rows if k == "loop" else int(k.split("-")[1])
-        print(f"{k:8s}  {rows:4d}  {statistics.median(r['wall_s'] for r in v):7.2f}  "
+        rows = loops[k].max_rows if k in loops else int(k.split("-")[1])
+        print(f"{k:15s}  {rows:4d}  {statistics.median(r['wall_s'] for r in v):7.2f}  "
               f"{rate[k]:12.1f}  {max(r['peak_gib'] for r in v):8.2f}"
               + ("  (best hf)" if k == best else ""))
     if args.out:
@@ -266,6 +291,7 @@ def report(args, name: str, runs: dict, loop_config, n: int, dtype) -> float:
             "questions": n, "max_new_tokens": args.max_new_tokens, "pairs": args.pairs,
             "loop_max_rows": loop_config.max_rows, "loop_cache_tokens": loop_config.max_cache_tokens,
             "useful_tok_s": rate, "best_hf": best, "loop_over_hf": ratio,
+            "load_s": args.load_s,
             "runs": runs}, indent=1) + "\n")
     print(f"loop_over_hf {ratio:.3f}")
     return ratio

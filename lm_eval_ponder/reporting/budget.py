@@ -11,6 +11,14 @@ guessed. The pilot's questions are the datasets' first ones, so the estimate is 
 they are typical (the arith ladder interleaves its levels; GSM8K is in no particular order),
 and a pilot's batches are smaller than a full run's (10 questions against ``--batch_size``), so
 its seconds per token, and the estimate, err long.
+
+For another backbone or device (issue 54: "an estimate a user can trust before starting") the
+cost per token comes from ``benchmarks/scale.py --out FILE`` instead (``ScaleCost``: the loop's
+useful tokens per second on a random-weight model of that shape, replaying recorded answer
+lengths, plus the time to load it), and the tokens per question from a finished suite's logs
+(``read_lengths``: the committed ``results/suite``, compact logs included). The answer lengths
+are then the embedded backbone's; a larger model answers differently, which the estimate says.
+The paper-scale training is priced the same way (``training_tokens``).
 """
 
 from __future__ import annotations
@@ -54,6 +62,13 @@ class CostModel:
         return self.startup_s + tokens * self.s_per_token
 
 
+def run_of(info: dict, marker: Path, tokens: dict, wall_s: float) -> PilotRun:
+    """A run as its ``ponder_run.json`` (``info``, at ``marker``) and its answers' lengths
+    (``tokens``, a question's id to its generated tokens) describe it."""
+    return PilotRun(info["method"], info.get("decoding", "greedy"), marker.parent.name,
+                    len(tokens), sum(tokens.values()), wall_s)
+
+
 def read_pilot(root: str | Path) -> list[PilotRun]:
     """Every finished run under a suite output directory, with its questions and tokens."""
     root = Path(root)
@@ -69,12 +84,76 @@ def read_pilot(root: str | Path) -> list[PilotRun]:
         for path in samples:
             for s in read_jsonl(path):
                 tokens.setdefault(s["doc_id"], float(s.get("gen_tokens", float("nan"))))
-        runs.append(PilotRun(info["method"], info.get("decoding", "greedy"), marker.parent.name,
-                             len(tokens), sum(tokens.values()), float(info["wall_s"])))
+        runs.append(run_of(info, marker, tokens, float(info["wall_s"])))
     if not runs:
         raise PonderError(f"no finished suite runs under {root} (a pilot is `python -m "
                           "lm_eval_ponder.suite --limit 10 --output DIR`)")
     return runs
+
+
+def read_lengths(root: str | Path) -> list[PilotRun]:
+    """Every run under a suite output directory with its questions and generated tokens, from
+    its full or compact samples log; wall time not needed (NaN): the answer lengths a
+    ``ScaleCost`` prices."""
+    from lm_eval_ponder.reporting.compact import read_samples, run_log
+
+    root = Path(root)
+    if not root.is_dir():
+        raise PonderError(f"no such suite directory for the answer lengths: {root}")
+    runs = []
+    for marker in sorted(root.rglob("ponder_run.json")):
+        info = read_json(marker)
+        tokens: dict = {}
+        for result in sorted(marker.parent.rglob("results_*.json")):
+            for task in read_json(result).get("results", {}):
+                log = run_log(result, task)
+                for sample in read_samples(log) if log is not None else []:
+                    tokens.setdefault(sample["doc_id"], float(sample.get("gen_tokens", "nan")))
+        if tokens:
+            runs.append(run_of(info, marker, tokens, float("nan")))
+    if not runs:
+        raise PonderError(f"no suite runs with samples logs under {root}")
+    return runs
+
+
+@dataclass(frozen=True)
+class ScaleCost:
+    """The cost of a backbone shape on a device, as ``benchmarks/scale.py --out`` measured it:
+    the loop's useful tokens per second (its median over interleaved pairs) and the seconds to
+    build or load the model, which every run pays once."""
+
+    shape: str
+    device: str
+    dtype: str
+    tok_s: float
+    startup_s: float
+
+    @classmethod
+    def read(cls, path: str | Path) -> ScaleCost:
+        data = read_json(Path(path)) if Path(path).is_file() else None
+        if not isinstance(data, dict) or "useful_tok_s" not in data:
+            raise PonderError(f"{path} is not a benchmarks/scale.py --out file (no useful_tok_s)")
+        return cls(str(data["shape"]), str(data["device"]), str(data["dtype"]),
+                   float(data["useful_tok_s"]["loop"]), float(data.get("load_s", 0.0)))
+
+    def model(self) -> CostModel:
+        return CostModel(self.startup_s, 1.0 / self.tok_s)
+
+
+def training_tokens(cache_tokens_per_answer: float) -> dict[str, float]:
+    """Generated tokens of the trainer's default (paper-scale) configuration: the prompt-level
+    rollout cache (every training prompt at every depth, ``samples`` answers each) and the
+    token-level run (every step's prompts x G answers), at ``cache_tokens_per_answer`` tokens
+    per answer (the committed rollout caches' mean)."""
+    from lm_eval_ponder.training.config import TrainConfig
+
+    cfg = TrainConfig(output="unused")
+    prompts = sum(cfg.rollout.prompts.values())
+    cache = prompts * (cfg.ponder.k_max + 1) * cfg.rollout.samples * cache_tokens_per_answer
+    grpo = cfg.grpo
+    token_level = grpo.max_steps * grpo.prompts_per_step * grpo.num_generations * \
+        cache_tokens_per_answer
+    return {"prompt-level rollout cache": cache, "token-level GRPO": token_level}
 
 
 def fit_cost(runs: list[PilotRun]) -> CostModel:
@@ -94,10 +173,12 @@ def fit_cost(runs: list[PilotRun]) -> CostModel:
 
 
 def estimate(planned: list[dict], pilot: list[PilotRun], limit: int | None = None,
-             done: set[tuple[str, str, str]] | None = None) -> tuple[list[dict], CostModel]:
+             done: set[tuple[str, str, str]] | None = None,
+             model: CostModel | None = None) -> tuple[list[dict], CostModel]:
     """Each planned run (``suite.plan`` rows) with its questions, expected tokens and wall
-    seconds; ``done`` holds (label, decoding, dataset) of runs already finished (cost 0)."""
-    model = fit_cost(pilot)
+    seconds; ``done`` holds (label, decoding, dataset) of runs already finished (cost 0).
+    ``model``: the cost per token (a ``ScaleCost``'s); None fits one to the pilot's walls."""
+    model = model or fit_cost(pilot)
     rates = {(r.label, r.decoding, r.dataset): r.tokens_per_question for r in pilot}
     rows = []
     for p in planned:
@@ -112,7 +193,7 @@ def estimate(planned: list[dict], pilot: list[PilotRun], limit: int | None = Non
     return rows, model
 
 
-def render_estimate(rows: list[dict], model: CostModel) -> str:
+def render_estimate(rows: list[dict], model: CostModel, source: str = "the pilot") -> str:
     """A table a person can check, and the total with what it leaves out."""
     lines = ["| run | dataset | questions | tokens/question (pilot) | est. wall |",
              "|---|---|---|---|---|"]
@@ -125,7 +206,7 @@ def render_estimate(rows: list[dict], model: CostModel) -> str:
     missing = [r for r in rows if r["wall_s"] is None]
     total = sum(r["wall_s"] for r in priced)
     lines.append("")
-    lines.append(f"Cost model from the pilot: {model.startup_s:.0f} s start-up per run + "
+    lines.append(f"Cost model from {source}: {model.startup_s:.0f} s start-up per run + "
                  f"{model.s_per_token * 1000:.2f} ms per generated token.")
     lines.append(f"Estimated total: {total / 3600:.1f} h for {len(priced)} runs"
                  + (f"; {len(missing)} runs have no pilot run and are not counted"

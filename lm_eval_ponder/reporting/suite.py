@@ -267,12 +267,16 @@ def run_dir(out: Path, r: dict) -> Path:
     return out / decoding / r.get("dir", r["method"]).replace(" ", "_") / r["dataset"]
 
 
-def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None) -> str:
-    """What ``--plan`` prints: the runs, which are done, and with ``--pilot`` the estimate."""
+def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None,
+              scale: str | None = None) -> str:
+    """What ``--plan`` prints: the runs, which are done, and with ``--pilot`` the estimate
+    (with ``--scale``, priced at a ``benchmarks/scale.py`` cost per token)."""
     from lm_eval_ponder.reporting.budget import estimate, questions, read_pilot, render_estimate
 
     done = {(r["label"], r["decoding"], r["dataset"], r.get("seed", 0)) for r in runs
             if list(run_dir(out, r).rglob("results_*.json"))}
+    if scale:
+        return scale_plan_text(runs, done, pilot, limit, scale)
     if pilot:
         rows, model = estimate(runs, read_pilot(pilot), limit, done)
         return render_estimate(rows, model)
@@ -292,6 +296,38 @@ def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None)
                  "overlap in wall-clock time).")
     lines.append("For a time estimate, run a pilot first (`--limit 10 --output PILOT`) and pass "
                  "`--plan --pilot PILOT`.")
+    return "\n".join(lines)
+
+
+def scale_plan_text(runs: list[dict], done: set, lengths: str | None, limit: int | None,
+                    scale: str) -> str:
+    """``--plan --scale FILE --pilot SUITE``: the runs priced at the cost per token that
+    ``benchmarks/scale.py`` measured for a backbone shape and device, with the answer lengths of
+    a finished suite (the committed ``results/suite`` by default), and the paper-scale training
+    at the same rate (issue 54)."""
+    from lm_eval_ponder.reporting.budget import (
+        ScaleCost,
+        estimate,
+        read_lengths,
+        render_estimate,
+        training_tokens,
+    )
+
+    if not lengths:
+        raise PonderError("--plan --scale needs --pilot SUITE_DIR for the answer lengths (e.g. "
+                          "--pilot results/suite, the committed runs of the embedded backbone)")
+    cost, runs_seen = ScaleCost.read(scale), read_lengths(lengths)
+    rows, model = estimate(runs, runs_seen, limit, done, model=cost.model())
+    text = render_estimate(rows, model, f"benchmarks/scale.py ({cost.shape} on {cost.device}, "
+                                        f"{cost.dtype}: {cost.tok_s:,.0f} useful tok/s)")
+    direct = [r for r in runs_seen if r.label == "Direct" and r.dataset in ("arith", "gsm8k")]
+    per_answer = sum(r.tokens for r in direct) / max(sum(r.questions for r in direct), 1)
+    lines = [text, "", f"Paper-scale training at {cost.tok_s:,.0f} useful tok/s, answers of "
+             f"{per_answer:.0f} tokens (the greedy Direct mean on arith and GSM8K):"]
+    for name, tokens in training_tokens(per_answer).items():
+        lines.append(f"  {name}: {tokens:,.0f} tokens, {tokens / cost.tok_s / 3600:.1f} h")
+    lines.append("Answer lengths are the embedded backbone's; another backbone answers longer or "
+                 "shorter, and the estimate moves with it.")
     return "\n".join(lines)
 
 
@@ -478,7 +514,7 @@ def run_suite(a: argparse.Namespace) -> Path:
     preload = allocator.resolve(a.allocator)
     env = allocator.child_environment(preload)
     if a.plan:
-        print(plan_text(runs, out, a.pilot, a.limit))
+        print(plan_text(runs, out, a.pilot, a.limit, a.scale))
         return out
     if a.snapshot:
         print(snapshot(runs, out))
@@ -629,6 +665,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only; make the report later with python -m lm_eval_ponder.report")
     p.add_argument("--plan", action="store_true",
                    help="print the runs (and, with --pilot, how long they will take); run none")
+    p.add_argument("--scale", default=None, metavar="FILE",
+                   help="with --plan and --pilot SUITE: price the runs at the cost per token "
+                        "benchmarks/scale.py --out measured for a backbone shape and device")
     p.add_argument("--pilot", default=None, metavar="DIR",
                    help="with --plan: a finished pilot suite (e.g. --limit 10) whose wall times "
                         "and tokens per question price the full runs")

@@ -90,3 +90,45 @@ def test_dataset_sizes_are_the_loaders(shared_data):
     assert budget.DATASET_SIZES == {
         "arith": len(data.load_arith()), "gsm8k": len(data.load_gsm8k("test")),
         "math500": len(data.load_math500()), "gpqa": len(data.load_gpqa_diamond())}
+
+
+def logged_run(root, method, dataset, tokens, decoding="greedy"):
+    """A finished suite run as the repository keeps it: marker, results JSON, compact log
+    (a resumed run's ``kept_answers`` does not matter: only its lengths are read)."""
+    from lm_eval_ponder.files import write_jsonl_xz
+
+    d = root / decoding / method / dataset / "model"
+    d.mkdir(parents=True)
+    (d.parent / "ponder_run.json").write_text(json.dumps(
+        {"method": method, "decoding": decoding, "wall_s": 1.0, "kept_answers": 5}))
+    task = f"{dataset}_ponder"
+    (d / "results_2026.json").write_text(json.dumps({"results": {task: {}}}))
+    write_jsonl_xz(d / f"samples_{task}_2026.compact.jsonl.xz",
+                   [{"doc_id": i, "gen_tokens": t} for i, t in enumerate(tokens)])
+
+
+def test_a_scale_cost_prices_the_runs_and_the_training(tmp_path, capsys):
+    """Issue 54's estimate: runs priced at scale.py's measured rate (100 useful tok/s, 30 s to
+    load) with the answer lengths of a finished suite's compact logs; the paper-scale training
+    at the same rate; refusals in one line."""
+    lengths = tmp_path / "suite"
+    logged_run(lengths, "Direct", "arith", [100, 300])   # 200 tokens a question
+    logged_run(lengths, "Direct", "gsm8k", [400, 400])
+    scale = tmp_path / "scale.json"
+    scale.write_text(json.dumps({"shape": "qwen2.5-7b", "device": "cuda", "dtype": "bf16",
+                                 "useful_tok_s": {"loop": 100.0, "hf-64": 40.0},
+                                 "load_s": 30.0}))
+    runs = [{"label": m, "method": m, "decoding": "greedy", "dataset": "arith"}
+            for m in ("Direct", "CoT")]
+    text = suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(scale))
+    assert "| Direct | arith | 10 | 200 | 1 min |" in text  # 30 s + 10 x 200 / 100 s
+    assert "| CoT | arith | 10 | - | no pilot run |" in text
+    assert "qwen2.5-7b on cuda" in text and "100 useful tok/s" in text
+    # training: the trainer's defaults at the greedy Direct mean (300 tokens an answer)
+    tokens = budget.training_tokens(300.0)
+    for name, n in tokens.items():
+        assert f"{name}: {n:,.0f} tokens, {n / 100 / 3600:.1f} h" in text
+    with pytest.raises(PonderError, match="needs --pilot"):
+        suite.plan_text(runs, tmp_path / "out", None, 10, str(scale))
+    with pytest.raises(PonderError, match="not a benchmarks/scale.py"):
+        suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(lengths))

@@ -279,18 +279,46 @@ def test_scale_replays_recorded_lengths_in_both_engines(tmp_path, capsys):
     assert hf["slots"] >= hf["useful"]
 
 
-def test_scale_lengths_are_the_committed_answers():
+def test_replayed_lengths_are_the_committed_answers():
     """The replayed lengths are the greedy Direct answers' token counts in the committed logs,
     and the prompt lengths the ones their FLOPs price (the arith prompts, kept in the logs,
     counted with the embedded tokenizer would give the same; checked in reprice's tests)."""
-    import scale
+    from lib import replay
 
     from lm_eval_ponder.files import read_jsonl
 
-    lengths = scale.recorded_lengths("arith", 10, 10_000)
-    log = next((scale.REPO / "results/suite/greedy/Direct/arith").rglob("*.compact.jsonl.xz"))
+    lengths = replay.recorded_lengths("arith", 10, 10_000)
+    log = next((replay.REPO / "results/suite/greedy/Direct/arith").rglob("*.compact.jsonl.xz"))
     rows = read_jsonl(log)[:10]
     assert [g for _, g in lengths] == [int(r["gen_tokens"]) for r in rows]
     assert all(20 < p < 200 for p, _ in lengths)
-    capped = scale.recorded_lengths("arith", 10, 50)
+    capped = replay.recorded_lengths("arith", 10, 50)
     assert [g for _, g in capped] == [min(g, 50) for _, g in lengths]
+    batch = replay.batch_of(lengths, 512, "cpu", 0)
+    order = replay.order_of(lengths)
+    assert batch[2] == [lengths[i][1] for i in order]
+    assert batch[1].sum(dim=1).tolist() == [lengths[i][0] for i in order]  # left-padded prompts
+
+
+def test_train_cost_times_a_block_and_a_step_on_replayed_lengths(tmp_path, capsys):
+    """A tiny shape end to end: the block is prompts x 9 depths rows generating exactly the
+    replayed lengths, the token-level step generates P x G answers and updates the controller
+    (the script raises otherwise), and the JSON and last line carry the times."""
+    import json as json_
+
+    import train_cost
+    from lib import replay
+
+    out = tmp_path / "train.json"
+    record = train_cost.main(["--shape", "tiny", "--prompts", "3", "--token-prompts", "2",
+                              "--generations", "3", "--max-new-tokens", "10", "--threads", "1",
+                              "--out", str(out)])
+    lengths = replay.recorded_lengths("arith", 3, 10)
+    assert record["block"]["rows"] == 27 and record["block"]["useful"] == 9 * sum(
+        n for _, n in lengths)
+    step = record["token_step"]
+    assert step["rows"] == 6 and step["useful"] == 3 * sum(n for _, n in lengths[:2])
+    assert step["wall_s"] >= step["gen_s"] + step["ppl_s"] > 0
+    assert json_.loads(out.read_text())["token_steps"] == 2500
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"train_cost block_s {record['block']['wall_s']:.3f} step_s {step['wall_s']:.3f}"

@@ -26,6 +26,13 @@ def add_device_args(parser) -> None:
     parser.add_argument("--threads", type=int, default=None)
 
 
+def device_defaults(args, cpu: dict, gpu: dict) -> None:
+    """Fill the options left unset (None) from the CPU or the GPU sizes, by ``--device``."""
+    for key, value in (gpu if args.device.startswith("cuda") else cpu).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+
 def torch_setup(args):
     """Apply ``--threads`` and return the torch dtype ``--dtype`` names (default: the device's
     native one)."""
@@ -116,22 +123,25 @@ def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
              max_rows: int | None = None, decode_step: str = "dynamic") -> dict:
     import torch
 
-    from lm_eval_ponder.evaluation import generation
-
-    try:
-        from lm_eval_ponder.engine.sampling import SamplingConfig
-    except ImportError:  # before issue 36 (a baseline run on an older checkout)
-        SamplingConfig = generation.SamplingConfig
     decode = DECODERS.setdefault(id(tok), lambda ids: tok.decode(ids, skip_special_tokens=True))
     kwargs = dict(max_new_tokens=max_new, eos_token_ids={tok.eos_token_id},
-                  pad_token_id=tok.pad_token_id, stop=stop, decode=decode,
-                  sampling=SamplingConfig(), max_rows=max_rows)
-    if decode_step != "dynamic":  # (a checkout before the static step has no such argument)
-        kwargs["decode_step"] = decode_step
+                  pad_token_id=tok.pad_token_id, stop=stop, decode=decode)
     timer = clock = None
-    if hasattr(generation, "StepTimer"):
-        timer = kwargs["timer"] = generation.StepTimer(sync=torch.device(device).type == "cuda")
-    else:
+    try:  # the engine (issue 53): phases timed by a StepTimer observer
+        from lm_eval_ponder.engine import loop as generation
+        from lm_eval_ponder.engine.config import LoopConfig
+        from lm_eval_ponder.engine.observers import StepTimer
+        from lm_eval_ponder.engine.sampling import SamplingConfig
+
+        timer = StepTimer(sync=torch.device(device).type == "cuda")
+        kwargs.update(sampling=SamplingConfig(), observers=[timer],
+                      config=LoopConfig(max_rows=max_rows, decode_step=decode_step))
+    except ImportError:  # an older checkout (a baseline run): its forwards timed by hooks
+        from lm_eval_ponder.evaluation import generation
+
+        kwargs.update(sampling=generation.SamplingConfig(), max_rows=max_rows)
+        if decode_step != "dynamic":
+            kwargs["decode_step"] = decode_step
         clock = ForwardClock(model, device)
     start = time.perf_counter()
     try:

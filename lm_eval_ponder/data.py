@@ -20,6 +20,8 @@ import hashlib
 import json
 import os
 import random
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -62,25 +64,87 @@ def _short(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _read_jsonl_gz(path: Path) -> list[dict[str, Any]]:
-    """Read gzipped JSON lines, skipping blank lines (a trailing newline is not a row). A line
-    that is not JSON is reported with its line number in the file (``json.loads`` of one line
-    alone would say "line 1" whatever line it was)."""
+def _read_jsonl_gz(path: Path) -> list[tuple[int, Any]]:
+    """Read gzipped JSON lines as (line number, row), skipping blank lines (a trailing newline
+    is not a row). A line that is not JSON is reported with its line number in the file
+    (``json.loads`` of one line alone would say "line 1" whatever line it was)."""
     rows = []
     with gzip.open(path, "rt", encoding="utf-8") as fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                rows.append(json.loads(line.strip()))
+                rows.append((number, json.loads(line.strip())))
             except json.JSONDecodeError as error:
                 raise ValueError(f"line {number} is not JSON: {error.msg} (column "
                                  f"{error.colno})") from None
     return rows
 
 
+# --------------------------------------------------------------------------- schemas
+
+
+@dataclass(frozen=True)
+class Schema:
+    """The fields every row of a dataset must carry, with their types (names compared in lower
+    case: the Hub capitalises GPQA's), and what else a row of it must hold. Checked on read,
+    row by row: a row without ``answer`` ended in ``KeyError: 'answer'`` from the task, and a
+    MATH-500 file placed where GSM8K's belongs was prompted and graded as GSM8K (targets
+    ``2`` and "")."""
+
+    fields: tuple[str, ...]
+    types: tuple[type, ...]
+    also: Callable[[dict], str | None] | None = None
+
+    def problem(self, row: Any) -> str | None:
+        """What is wrong with one row, or None."""
+        if not isinstance(row, dict):
+            return f"a JSON {type(row).__name__}, not an object"
+        low = {str(k).lower(): v for k, v in row.items()}
+        missing = [f for f in self.fields if f not in low]
+        if missing:
+            return f"no field {', '.join(map(repr, missing))}"
+        wrong = [f"{f!r} is {type(low[f]).__name__}, not {t.__name__}"
+                 for f, t in zip(self.fields, self.types) if not isinstance(low[f], t)]
+        if wrong:
+            return "; ".join(wrong)
+        return self.also(low) if self.also else None
+
+    def shape(self) -> str:
+        return ", ".join(f"{f} ({t.__name__})" for f, t in zip(self.fields, self.types))
+
+
+def _gsm8k_answer(row: dict) -> str | None:
+    if "####" not in row["answer"]:
+        return "'answer' has no final '#### <number>' (every GSM8K answer ends in one)"
+    return None
+
+
+SCHEMAS = {
+    "GSM8K": Schema(("question", "answer"), (str, str), _gsm8k_answer),
+    "MATH-500": Schema(("problem", "answer"), (str, str)),
+    "GPQA Diamond": Schema(("question", *_GPQA_TEXT_KEYS), (str,) * 5),
+}
+
+
+def _check_rows(what: str, rows: Iterable[tuple[int, Any]], where: str) -> None:
+    """Refuse the first row that does not fit ``what``'s schema, naming ``where`` (the file
+    and its line, or the Hub dataset and its row) and the fields the dataset's rows carry."""
+    name = what.split(" (")[0]
+    schema = SCHEMAS[name]
+    for number, row in rows:
+        problem = schema.problem(row)
+        if problem is not None:
+            raise PonderDataError(
+                f"could not load {what}: {where} {number}: {problem}. A {name} row has "
+                f"{schema.shape()}: is this {name}'s file, and whole? Restore it, or point "
+                f"{DATA_ENV} at a folder laid out like the project's shared data folder "
+                f"({_LAYOUT})")
+
+
 def _load_local(what: str, raw: str, rel_path: str, hub_id: str) -> datasets.Dataset:
-    """Read one file under the directory named by the environment variable, fields unchanged."""
+    """Read one file under the directory named by the environment variable, fields unchanged,
+    each row checked against the dataset's schema."""
     root = Path(raw).expanduser()
     if not root.is_dir():
         detail = f"{DATA_ENV}={raw} is not a directory (looked at {root.resolve()})"
@@ -90,14 +154,15 @@ def _load_local(what: str, raw: str, rel_path: str, hub_id: str) -> datasets.Dat
         detail = f"{DATA_ENV}={raw} is set but has no {rel_path} ({path.resolve()} does not exist)"
         raise _fail(what, hub_id, detail)
     try:
-        import datasets
-
         rows = _read_jsonl_gz(path)
         if not rows:
             raise ValueError("the file has no rows")
-        return datasets.Dataset.from_list(rows)
-    except Exception as exc:  # corrupt gzip, bad JSON, inconsistent columns, ...
+    except Exception as exc:  # corrupt gzip, bad JSON, ...
         raise _fail(what, hub_id, f"could not read {path.resolve()} ({_short(exc)})") from exc
+    _check_rows(what, rows, f"{path.resolve()}, line")
+    import datasets
+
+    return datasets.Dataset.from_list([row for _, row in rows])
 
 
 def _load(
@@ -110,10 +175,12 @@ def _load(
     try:
         import datasets
 
-        return from_hub(datasets)
+        loaded = from_hub(datasets)
     except Exception as exc:  # offline, gated, renamed, datasets missing: all the same to users
         detail = f"{DATA_ENV} is not set and the Hugging Face Hub load failed ({_short(exc)})"
         raise _fail(what, hub_id, detail) from exc
+    _check_rows(what, enumerate(loaded, 1), f"the Hub dataset {hub_id}, row")
+    return loaded
 
 
 def load_gsm8k(split: str = "test") -> datasets.Dataset:

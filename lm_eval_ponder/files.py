@@ -3,6 +3,7 @@ checkpoints, the rollout cache): a crash leaves the old file or the new one, nev
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import lzma
@@ -10,7 +11,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from lm_eval_ponder.errors import PonderError
 
@@ -54,6 +55,60 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
         f.write(json.dumps(record, sort_keys=True, default=str) + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+# ----------------------------------------------------------------------------- output folders
+def check_output(path: str | os.PathLike, flag: str = "--output",
+                 folder: str | os.PathLike | None = None) -> Path:
+    """Refuse, before any work, an output folder that cannot be written: ``path`` an existing
+    file, a parent of it a file, or the folder it would be made in not writable (a read-only
+    folder or file system). Checked by making, then removing, a probe folder where the first
+    missing part would go (permission bits do not say what root may do, nor what a read-only
+    mount refuses); nothing is left behind. ``folder``: the folder ``path`` stands for, when it
+    is not ``path`` itself (lm-eval's ``--output_path x.json`` writes beside it). Returns
+    ``path``."""
+    path = Path(path).expanduser()
+    existing = Path(folder).expanduser() if folder is not None else path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        where = "is a file" if existing == path else f"is inside {existing}, which is a file"
+        raise PonderError(f"{flag} {path} {where}, not a folder: pass a folder path")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".lm-eval-ponder-probe-", dir=existing))
+    except OSError as error:
+        raise PonderError(f"{flag} {path}: cannot write in {existing} ({error.strerror}): pass "
+                          "a folder you can write to") from None
+    return path
+
+
+def _prune_empty(root: Path) -> None:
+    """Remove the empty folders under ``root`` (deepest first), then ``root`` if it is empty."""
+    for folder, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
+        try:
+            os.rmdir(folder)
+        except OSError:  # not empty: kept
+            pass
+
+
+@contextlib.contextmanager
+def output_folder(path: str | os.PathLike) -> Iterator[Path]:
+    """A command's output folder, made (with its missing parents) for the block; if the block
+    fails and the folders it made hold no file, they are removed again, so a command that ends
+    in an error leaves no empty output folder behind. What it wrote is kept (a rollout cache
+    a resumed run continues), and a folder that existed before is never removed."""
+    path = Path(path)
+    made = path
+    while not made.parent.exists() and made.parent != made:
+        made = made.parent
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        yield path
+    except BaseException:
+        if created:
+            _prune_empty(made)
+        raise
 
 
 # ----------------------------------------------------------------------------- locks

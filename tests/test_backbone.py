@@ -100,3 +100,25 @@ def test_text_config_reads_the_decoder_of_an_encoder_decoder():
     config = transformers.BlenderbotConfig()
     assert config.get_text_config().num_hidden_layers == 2
     assert bb.text_config(config).num_hidden_layers == 24
+
+
+@needs_embedded
+def test_the_embedded_sha256_is_the_installed_files():
+    """The report knows the embedded weights by ``EMBEDDED_SHA256`` (issue 55: one name for
+    them whatever model class ran them); it must be the installed GGUF's."""
+    from lm_eval_ponder.files import file_sha256
+
+    assert file_sha256(bb.embedded_gguf_path()) == bb.EMBEDDED_SHA256
+
+
+def test_a_folder_or_file_that_is_no_model_is_refused_in_one_line(tmp_path):
+    """Issue 55: a controller's folder as ``pretrained=`` and a file that is no GGUF as
+    ``gguf_file=`` were transformers' and gguf's tracebacks."""
+    (tmp_path / "ctrl").mkdir()
+    (tmp_path / "ctrl" / "config.json").write_text('{"d_model": 64}')
+    (tmp_path / "ctrl" / "controller.safetensors").write_bytes(b"")
+    with pytest.raises(PonderError, match="no model_type .it is a controller's folder"):
+        bb.resolve_backbone(str(tmp_path / "ctrl"))
+    (tmp_path / "x.gguf").write_bytes(b"not gguf")
+    with pytest.raises(PonderError, match="is not a GGUF file"):
+        bb.resolve_backbone(None, str(tmp_path / "x.gguf"))

@@ -175,9 +175,12 @@ def test_hub_calls_and_gpqa_column_normalisation(no_env, monkeypatch):
         "Subdomain": ["Synthetic"], "High-level domain": ["Tests"],
     }  # fmt: skip
 
+    rows = {"gpqa": hub_gpqa, "gsm8k": {"question": ["q"], "answer": ["#### 1"]},
+            "MATH": {"problem": ["p"], "answer": ["1"]}}  # each as its schema wants it
+
     def fake(path, name=None, split=None):
         calls.append((path, name, split))
-        return datasets.Dataset.from_dict(hub_gpqa if "gpqa" in path else {"question": ["q"]})
+        return datasets.Dataset.from_dict(next(v for k, v in rows.items() if k in path))
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
     D.load_gsm8k("train")

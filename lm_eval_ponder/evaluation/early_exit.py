@@ -59,9 +59,10 @@ class ExitSettings:
     """``early_exit=<threshold>`` and ``exit_layers=<start>[:<stop>[:<step>]]``.
 
     Layers are counted as layers run: an exit at 12 ran layers 1..12 of the backbone's L.
-    Candidates are ``range(start, stop, step)`` below L (``stop`` unset: L). A threshold above
-    1 is never reached, so no test runs and generation is the plain backbone's (the check that
-    the hook changes nothing else); 0 exits at the first candidate always (a fixed truncation).
+    Candidates are ``range(start, stop, step)`` below L (``stop`` unset: L). The model arg
+    takes thresholds in (0, 1]; built directly, a threshold above 1 is never reached (no test
+    runs), and one below every top-1 probability exits at the first candidate always (a fixed
+    truncation).
     """
 
     threshold: float
@@ -83,9 +84,10 @@ class ExitSettings:
             threshold = float(early_exit)
         except ValueError:
             threshold = math.nan
-        if not threshold >= 0 or math.isinf(threshold):
-            raise PonderError(f"early_exit must be a top-1 probability threshold >= 0 (above 1: "
-                              f"never exit), got {early_exit!r}")
+        if not 0 < threshold <= 1:  # NaN too
+            raise PonderError(f"early_exit must be a top-1 probability threshold in (0, 1], "
+                              f"got {early_exit!r} (above 1 no token ever exits, at 0 every "
+                              "token exits at the first candidate layer)")
         if ponder is not None and (ponder.controller is not None or ponder.alpha is not None
                                    or ponder.controller_auto):
             raise PonderError("early_exit= is a baseline on the plain backbone: pass it with "

@@ -36,12 +36,13 @@ from lm_eval_ponder import allocator
 from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.engine.observers import LoopObserver
 from lm_eval_ponder.engine.rows import supports_logits_to_keep
-from lm_eval_ponder.errors import PonderError, install_excepthook
+from lm_eval_ponder.errors import Interrupted, PonderError, install_excepthook
 from lm_eval_ponder.evaluation import lmeval_output
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.batch import BatchGeneration, BatchStep, Steer
 from lm_eval_ponder.evaluation.batching import Batching
 from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings
+from lm_eval_ponder.evaluation.lmeval_cli import check_batch_size
 from lm_eval_ponder.evaluation.progress import RowProgress
 from lm_eval_ponder.evaluation.requests import Generation, answer_text, request_groups
 from lm_eval_ponder.evaluation.resume import SampledAnswers, is_sampled, stamp_store
@@ -97,10 +98,23 @@ class PonderLM(HFLM):
         if kwargs.get("dtype") is None:  # HFLM's own default, "auto", is the checkpoint's dtype
             kwargs["dtype"] = bb.native_dtype(kwargs["device"])
         check_model_dtype(kwargs["dtype"])
+        check_batch_size(kwargs.get("batch_size", 1))
         self.batching = Batching(max_rows, max_cache_gib, decode_step, kwargs["device"],
                                  self.generation)
         self.backbone_info = self.load_backbone(pretrained, gguf_file, kwargs)
         self.prepare(self.backbone_info)
+        if str(kwargs.get("batch_size", "")).startswith("auto"):
+            self.note_auto_batch_size()
+
+    def note_auto_batch_size(self) -> None:
+        """``batch_size=auto``: HFLM would search the largest batch that fits; generation here
+        keeps ``max_rows`` rows in flight, which the cache budget bounds. One line says so."""
+        budget = self.batching.max_cache_tokens
+        LOGGER.warning("batch_size=auto: --model ponder keeps max_rows=%d rows in flight%s; "
+                       "lm-eval's batch-size search does not run for generation",
+                       self.max_rows, "" if budget is None else
+                       f", fewer where their key/value cache would pass {budget:,} positions "
+                       f"(max_cache_gib={self.batching.max_cache_gib:.2f})")
 
     def load_backbone(self, pretrained: Any, gguf_file: str | None,
                       kwargs: dict) -> bb.ResolvedBackbone:
@@ -259,17 +273,28 @@ class PonderLM(HFLM):
         progress = RowProgress(len(todo), "Running generate_until requests",
                                disable=disable_tqdm or self.rank != 0 or not todo)
         with progress, progress.watch(self.model):
-            for gen_kwargs, group in request_groups(requests, todo, lambda c: len(self.tok_encode(c))):
-                for chunk in self.chunks(group):
-                    contexts = [requests[i].args[0] for i in chunk]
-                    keep = (lambda row, text, c=contexts: store.keep_early(c[row], text)) \
-                        if store else None
-                    texts = self.generate_texts(contexts, gen_kwargs, on_text=keep,
-                                                observers=[progress.observer()])
-                    for i, text in zip(chunk, texts):
-                        out[i] = text
-                        hand_over.add_partial("generate_until", requests[i].args, text)
+            try:
+                for gen_kwargs, group in request_groups(requests, todo,
+                                                        lambda c: len(self.tok_encode(c))):
+                    for chunk in self.chunks(group):
+                        self.generate_chunk(requests, chunk, gen_kwargs, out, store, hand_over,
+                                            progress)
+            except KeyboardInterrupt:  # where it stopped; lmeval_cli adds what was kept
+                raise Interrupted(f"generation stopped after {len(kept) + progress.finished} "
+                                  f"of {len(requests)} answers") from None
         return out
+
+    def generate_chunk(self, requests, chunk: list[int], gen_kwargs: dict, out: list,
+                       store: SampledAnswers | None, hand_over, progress: RowProgress) -> None:
+        """One generation call of ``generate_until``: its answers into ``out`` and handed
+        over to lm-eval's cache hook, each kept in ``store`` as its row ends."""
+        contexts = [requests[i].args[0] for i in chunk]
+        keep = (lambda row, text: store.keep_early(contexts[row], text)) if store else None
+        texts = self.generate_texts(contexts, gen_kwargs, on_text=keep,
+                                    observers=[progress.observer()])
+        for i, text in zip(chunk, texts):
+            out[i] = text
+            hand_over.add_partial("generate_until", requests[i].args, text)
 
     def chunks(self, group: list[int]) -> list[list[int]]:
         """The loop takes a whole request group (one tail per call); ``generate`` takes

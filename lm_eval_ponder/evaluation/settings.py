@@ -179,6 +179,10 @@ class PonderArgs:
         )
         if args.alpha is not None and args.controller is not None:
             raise PonderError("pass either alpha= (fixed offset) or controller=, not both")
+        if args.overrides.get("k_max", 1) < 1:
+            raise PonderError(f"model arg k_max={args.overrides['k_max']} must be >= 1 (at 0 the "
+                              "controller has one depth, alpha_start, for every question): for "
+                              "one fixed offset pass alpha=<offset> instead")
         args.config({}).validate()  # bad values fail before the backbone is loaded
         return args
 

@@ -11,8 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from lm_eval_ponder import data, registry
+from lm_eval_ponder.errors import PonderError, install_excepthook
 from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.evaluation.accounting import response_stats
+
+# our tasks' errors (missing data, few-shot without a training split) are one line under any
+# model, as under --model ponder
+install_excepthook()
 
 # The paper's two prompts (Experiments: "Please solve the math problem" + question).
 PLAIN_PROMPT = "Please solve the math problem: "
@@ -33,8 +38,14 @@ def _dataset_dict(**splits):
 
 
 # ---------------------------------------------------------------- datasets (custom_dataset)
-def gsm8k_dataset(**_: object):
-    return _dataset_dict(test=data.load_gsm8k("test"))
+# lm-eval passes a task's metadata to its ``custom_dataset``: the trainer asks for the training
+# split under this key (``training.rollouts.build_prompts`` renders training prompts through
+# the tasks and never reads a test split), everything else gets the test split
+SPLIT_KEY = "ponder_split"
+
+
+def gsm8k_dataset(ponder_split: str = "test", **_: object):
+    return _dataset_dict(test=data.load_gsm8k(ponder_split))
 
 
 def math500_dataset(**_: object):
@@ -45,11 +56,55 @@ def gpqa_dataset(**_: object):
     return _dataset_dict(test=data.process_gpqa(data.load_gpqa_diamond()))
 
 
-def arith_dataset(per_level: int = 100, **_: object):
-    return _dataset_dict(
-        train=data.load_arith("train", per_level=per_level),
-        test=data.load_arith("test", per_level=per_level),
-    )
+def arith_dataset(per_level: int = 100, ponder_split: str = "test", **_: object):
+    return _dataset_dict(test=data.load_arith(ponder_split, per_level=per_level))
+
+
+# ---------------------------------------------------------------- few-shot examples
+def train_docs(dataset: registry.Dataset) -> list[dict]:
+    """The documents few-shot examples are drawn from: the dataset's training split; a
+    dataset without one (MATH500 and GPQA Diamond are test sets only) is refused, since the
+    only other source is the questions being evaluated."""
+    if dataset.name == "arith":
+        return data.arith_ladder("train")
+    if dataset.name == "gsm8k":
+        return [dict(doc) for doc in data.load_gsm8k("train")]
+    raise PonderError(
+        f"--num_fewshot > 0 needs a training split to draw examples from, and "
+        f"{dataset.name}{registry.TASK_INFIX} has none (its only split is the test set being "
+        "evaluated): run it with --num_fewshot 0 (the arith and gsm8k tasks take few-shot "
+        "examples from their training splits)")
+
+
+def fewshot_sampler(dataset: registry.Dataset) -> type:
+    """The few-shot sampler of a dataset's tasks (YAML ``fewshot_config: sampler``).
+
+    lm-eval 0.4.13 draws few-shot examples from the task's ``fewshot_split`` and, when a task
+    names none, from its test split: ``--num_fewshot 5`` put five test questions, with their
+    answers, into every prompt. This sampler draws from the training split (``train_docs``),
+    read only when an example is first asked for (a zero-shot run needs no training data),
+    and leaves out any training question that is also one of the evaluated documents (which
+    lm-eval hands the sampler when the task names no few-shot split)."""
+    from lm_eval.api.samplers import ContextSampler
+
+    class TrainSplitSampler(ContextSampler):
+        def __init__(self, df=None, **kwargs) -> None:
+            super().__init__(None, **kwargs)
+            self.evaluated = {question_text(doc) for doc in df or ()}
+            self.pool: list[dict] | None = None
+
+        def sample(self, n: int, eval_doc=None, df=None, **kwargs):
+            if n > 0 and self.pool is None:
+                self.pool = [d for d in train_docs(dataset)
+                             if question_text(d) not in self.evaluated]
+                self.replace_df(self.pool)
+            if self.pool is not None and n > len(self.pool):
+                raise PonderError(f"--num_fewshot {n}: the {dataset.name} training split has "
+                                  f"{len(self.pool)} examples; pass at most that many")
+            return super().sample(n, **kwargs)
+
+    TrainSplitSampler.__qualname__ = f"TrainSplitSampler[{dataset.name}]"
+    return TrainSplitSampler
 
 
 # ---------------------------------------------------------------- prompts

@@ -31,14 +31,17 @@ from __future__ import annotations
 import json
 import math
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
-from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.errors import PonderError, describe, field_type, first_line
 from lm_eval_ponder.files import atomic_write
+from lm_eval_ponder.pondering.dynamics import PonderConfig
 
 MAX_PARAMS = 1_000_000
 PROJECTION_DIM = 1024  # backbone widths above this are randomly projected down to it
@@ -167,6 +170,52 @@ def save_controller(
     return directory
 
 
+@dataclass
+class ControllerFile:
+    """The keys of a controller's ``config.json`` that loading reads, with their types: an
+    OmegaConf structured config, as the trainer's config is, so a value of the wrong type is
+    refused at its key, naming the file (``"ponder": {"tau": "low"}`` ended in a traceback
+    from the settings that named neither). Other keys (the training record) are not read."""
+
+    d_model: int | None = None
+    width: int | None = None
+    hidden_size: int | None = None  # the size keys before issue 40
+    hidden: int | None = None
+    temperature: float = 1.0
+    layer: int | None = None
+    ponder: PonderConfig = field(default_factory=PonderConfig)
+    backbone: dict[str, Any] | None = None
+
+
+def check_config(config: Any, path: Path) -> None:
+    """Refuse a controller ``config.json`` whose read keys do not have their types (an
+    unknown key under ``ponder``, a misspelt setting, too), in one line naming ``path`` and
+    the key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException, ValidationError
+
+    if not isinstance(config, dict):
+        raise PonderError(f"controller config {path} holds a JSON {type(config).__name__}, "
+                          "not an object of keys")
+    read = {k: v for k, v in config.items() if k in ControllerFile.__dataclass_fields__}
+    if not isinstance(read.get("ponder", {}), dict):
+        raise PonderError(f"controller config {path}: key 'ponder' must be a mapping of ponder "
+                          f"settings (tau, k_max, ...), got {read['ponder']!r}")
+    try:
+        checked = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ControllerFile), read))
+        checked.ponder.validate()
+    except PonderError as error:  # a value of the right type out of its range
+        raise PonderError(f"controller config {path}: key 'ponder': {error}") from None
+    except ValidationError as error:
+        key = error.full_key or "?"
+        raise PonderError(f"controller config {path}: key {key!r} must be "
+                          f"{describe(field_type(ControllerFile, key))}, got "
+                          f"{error.value!r}") from None
+    except OmegaConfBaseException as error:
+        raise PonderError(f"controller config {path}: key {error.full_key!r}: "
+                          f"{first_line(error)}") from None
+
+
 def config_sizes(config: dict) -> tuple[int, int]:
     """(d_model, width) of a controller's config.json: its ``d_model``/``width``, else the keys
     they had before issue 40 (``hidden_size``/``hidden``); refused where both are present and
@@ -198,6 +247,11 @@ def load_controller(
             raise PonderError(f"controller checkpoint {directory} has no {name}")
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
+    except (ValueError, OSError) as error:
+        raise PonderError(
+            f"unreadable controller config {directory / CONFIG_FILE}: {error}") from None
+    check_config(config, directory / CONFIG_FILE)
+    try:
         d_model, width = config_sizes(config)
         temperature = float(config["temperature"])
     except (ValueError, KeyError, TypeError) as error:

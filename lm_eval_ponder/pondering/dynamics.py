@@ -68,6 +68,10 @@ class PonderConfig:
         for name in ("alpha0", "beta", "alpha_start"):
             if not math.isfinite(getattr(self, name)):
                 raise PonderError(f"{name} must be a finite number, got {getattr(self, name)}")
+        if self.alpha0 <= 0:
+            raise PonderError(f"alpha0 must be > 0 (each ponder step moves toward the "
+                              f"steering direction; a sign or a start goes in alpha_start), "
+                              f"got {self.alpha0}")
         if self.beta < 0:
             raise PonderError(f"beta must be >= 0 (a negative decay grows without bound), "
                               f"got {self.beta}")

@@ -31,6 +31,7 @@ import argparse
 import functools
 import json
 import logging
+import math
 import os
 import shlex
 import signal
@@ -52,7 +53,14 @@ from lm_eval_ponder.evaluation.resume import (
     kept_path,
     restore_kept,
 )
-from lm_eval_ponder.files import HeldLock, LockHeld, acquire_lock, atomic_write_text, read_json
+from lm_eval_ponder.files import (
+    HeldLock,
+    LockHeld,
+    acquire_lock,
+    atomic_write_text,
+    check_output,
+    read_json,
+)
 from lm_eval_ponder.reporting.compact import compact_tree
 
 LOGGER = logging.getLogger(__name__)
@@ -243,12 +251,16 @@ def portable_name(pretrained: str) -> str:
 
 
 def parse_thresholds(text: str) -> tuple[float, ...]:
-    """``--exit_thresholds``: comma-separated numbers."""
+    """``--exit_thresholds``: comma-separated top-1 probabilities in (0, 1], as the model arg
+    ``early_exit`` takes them (refused here, before any run, not in the first run's lm_eval)."""
     try:
-        return tuple(float(t) for t in text.split(",") if t.strip())
+        thresholds = tuple(float(t) for t in text.split(",") if t.strip())
     except ValueError:
-        raise PonderError(f"--exit_thresholds must be comma-separated numbers, got {text!r}") \
-            from None
+        thresholds = (math.nan,)
+    if not all(0 < t <= 1 for t in thresholds):
+        raise PonderError(f"--exit_thresholds must be comma-separated top-1 probabilities in "
+                          f"(0, 1], got {text!r}")
+    return thresholds
 
 
 def launcher(command: str | None) -> list[str]:
@@ -519,6 +531,7 @@ def run_suite(a: argparse.Namespace) -> Path:
     if a.snapshot:
         print(snapshot(runs, out))
         return out
+    check_output(out)  # before the first run, not when its results are saved
     run_locked(a, runs, out, backbone, env)
     if a.report:
         from lm_eval_ponder.reporting.report import report

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from lm_eval_ponder.backbone import DTYPES
 from lm_eval_ponder.errors import PonderError, command, run_program
+from lm_eval_ponder.files import check_output
 
 DEFAULT_N_QUESTIONS = 256
 TRAIN_SPLITS = ("train",)  # extraction never reads test questions
@@ -139,6 +140,8 @@ def cmd_extract(args: argparse.Namespace) -> int:
 
     if args.batch_size < 1:
         raise PonderError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.output:
+        check_output(args.output)  # before the questions and the backbone load
     if args.output and (Path(args.output) / META_FILE).exists() and not args.overwrite:
         raise PonderError(f"{args.output} already holds a steering vector; pass --overwrite to replace it")
     questions, source = _questions(args.n_questions, args.split, args.seed)

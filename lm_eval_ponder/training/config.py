@@ -39,7 +39,8 @@ from omegaconf.errors import (
 
 from lm_eval_ponder import registry
 from lm_eval_ponder.backbone import check_dtype
-from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.errors import PonderError, describe, field_type, first_line
+from lm_eval_ponder.files import check_output
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.training.grpo import GRPOConfig
 from lm_eval_ponder.training.rewards import RewardConfig
@@ -92,6 +93,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         if not self.output:
             raise PonderError("--output DIR is required")
+        check_output(self.output)  # before the backbone loads, not when the cache is written
         self.dtype = check_dtype(self.dtype)
         if self.select not in ("best", "last"):
             raise PonderError(f"select must be 'best' or 'last', got {self.select!r}")
@@ -145,32 +147,11 @@ def check_prompts(prompts: Any) -> None:
 # field and where it sets a section's keys, and OmegaConf's refusals as one line naming the
 # key (and the file).
 
-def describe(hint: Any) -> str:
-    """A field's type in words, for the error that names it."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else describe(a) for a in args)
-    if origin is dict:
-        return f"a mapping of {describe(args[0])} to {describe(args[1])}" if args else "a mapping"
-    if origin is tuple:
-        count = "" if len(args) == 2 and args[1] is Ellipsis else f"{len(args)} "
-        return f"a list of {count}values, each {describe(args[0])}"
-    return {bool: "true or false", int: "an integer", float: "a number",
-            str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
-
-
 def key_type(key: str) -> Any:
     """The declared type of a dotted key of ``TrainConfig`` (inside a mapping field: its
     values' type; ``Any`` for a key it does not have), for the words of an error and to know
     which command-line values are text as typed."""
-    hint: Any = TrainConfig
-    for part in key.split("."):
-        if dataclasses.is_dataclass(hint):
-            hint = typing.get_type_hints(hint).get(part, Any)
-        else:
-            args = typing.get_args(hint)
-            hint = args[1] if len(args) == 2 else Any
-    return hint
+    return field_type(TrainConfig, key)
 
 
 # Keys renamed to TRL's GRPOConfig vocabulary; the old spellings still work, with a warning.
@@ -234,11 +215,6 @@ def assign(conf: DictConfig, key: str, value: Any) -> None:
                           f"got {error.value!r}") from None
     except OmegaConfBaseException as error:
         raise PonderError(f"config key {key!r}: {first_line(error)}") from None
-
-
-def first_line(error: OmegaConfBaseException) -> str:
-    """OmegaConf's message without the lines it appends (full_key, object_type)."""
-    return str(error.msg).splitlines()[0] if error.msg else type(error).__name__
 
 
 def apply(conf: DictConfig, key: Any, value: Any, source: str | None = None) -> None:

@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import append_jsonl
+from lm_eval_ponder.files import append_jsonl, output_folder
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.training import checkpoint as ckpt
@@ -60,7 +60,9 @@ def load_backbone(cfg: TrainConfig):
     through its policy's hook, each call saying how."""
     from lm_eval_ponder.evaluation.lm import PonderLM
 
-    kwargs = {"batch_size": cfg.rollout.batch_size, "dtype": cfg.dtype,
+    # HFLM's batch size is unused (the rollout cache sizes its own calls); 0 is the cache's
+    # "as many as lm-eval hands over", which HFLM's batch_size does not take
+    kwargs = {"batch_size": max(cfg.rollout.batch_size, 1), "dtype": cfg.dtype,
               "parallelize": cfg.parallelize}
     if cfg.device:
         kwargs["device"] = cfg.device
@@ -311,7 +313,9 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
 
 
 def run(cfg: TrainConfig) -> Path:
-    with Distributed() as dist:
+    # a run that fails before writing anything (a missing backbone, vector or training data)
+    # leaves no empty --output folder; what a run wrote (its rollout cache) is kept to resume
+    with Distributed() as dist, output_folder(cfg.output):
         return train(cfg, dist)
 
 

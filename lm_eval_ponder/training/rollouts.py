@@ -140,13 +140,18 @@ def build_prompts(lm, cfg: RolloutConfig) -> list[Prompt]:
     """The training prompts exactly as lm-eval renders the task (chat template included)."""
     from lm_eval.tasks import TaskManager
 
-    # our tasks only: indexing all of lm-eval's (~14k YAML files) costs ~25 s per start here
-    tasks = TaskManager(include_defaults=False).load(list(cfg.prompts))["tasks"]
+    from lm_eval_ponder.evaluation.tasklib import SPLIT_KEY
+
+    documents = {name: train_documents(name, n) for name, n in cfg.prompts.items()}
+    # our tasks only: indexing all of lm-eval's (~14k YAML files) costs ~25 s per start here;
+    # the tasks load their training split, so a training run never reads a test split
+    tasks = TaskManager(include_defaults=False, metadata={SPLIT_KEY: "train"}).load(
+        list(cfg.prompts))["tasks"]
     prompts = []
-    for name, n in cfg.prompts.items():
+    for name, docs in documents.items():
         task = tasks[name]
         kind = task_kind(name)
-        for doc in train_documents(name, n):
+        for doc in docs:
             context = task.fewshot_context(
                 doc, 0, apply_chat_template=cfg.apply_chat_template,
                 chat_template=lm.apply_chat_template if cfg.apply_chat_template else None,

@@ -9,6 +9,7 @@ load = tasklib.math500_dataset
 doc_to_text_plain = tasklib.dataset_prompt(tasklib.PLAIN_PROMPT, DATASET)
 doc_to_text_cot = tasklib.dataset_prompt(tasklib.COT_PROMPT, DATASET)
 keep_all = tasklib.keep_all
+FewshotSampler = tasklib.fewshot_sampler(DATASET)
 
 
 def doc_to_target(doc: dict) -> str:

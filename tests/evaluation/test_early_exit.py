@@ -52,7 +52,10 @@ def test_settings_parse_and_candidates():
     assert ExitSettings.from_model_args(0.5, "2").candidates(30) == tuple(range(2, 30))
     assert ExitSettings.from_model_args(0.5, "16:30:4").candidates(30) == (16, 20, 24, 28)
     assert ExitSettings.from_model_args(0.5, "10:20").candidates(30) == tuple(range(10, 20))
-    assert ExitSettings.from_model_args(1.01, "2:4").candidates(4) == ()  # never reached
+    assert ExitSettings(1.01, 2, 4).candidates(4) == ()  # built directly: never reached
+    for outside in (0, 1.01):  # the model arg takes (0, 1] (issue 55)
+        with pytest.raises(PonderError, match=r"threshold in \(0, 1\]"):
+            ExitSettings.from_model_args(outside)
     assert parse_layers(None) == (1, None, 1) and parse_layers("3::2") == (3, None, 2)
     assert exit_label(plain.fingerprint()) == "EE (p>=0.9)"
     assert exit_label(ExitSettings(0.99, 16, 30, 4).fingerprint()) == "EE (p>=0.99, layers 16:30:4)"
@@ -60,8 +63,8 @@ def test_settings_parse_and_candidates():
 
 
 @pytest.mark.parametrize("early_exit, layers, message", [
-    ("-0.1", None, "threshold >= 0"), ("nan", None, "threshold >= 0"),
-    ("often", None, "threshold >= 0"), (None, "3", "needs early_exit"),
+    ("-0.1", None, r"threshold in \(0, 1\]"), ("nan", None, r"threshold in \(0, 1\]"),
+    ("often", None, r"threshold in \(0, 1\]"), (None, "3", "needs early_exit"),
     ("0.9", "3:2", "start < stop"), ("0.9", "0:4", "start < stop"),
     ("0.9", "a:b", "start\\[:stop"), ("0.9", "1:2:3:4", "start\\[:stop"),
 ])
@@ -124,7 +127,7 @@ def test_hook_equals_a_sequential_early_exit(sharp_model_dir, threshold, layers)
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(sharp_model_dir, dtype=torch.float32).eval()
-    settings = ExitSettings.from_model_args(threshold, layers)
+    settings = ExitSettings(threshold, *parse_layers(layers))  # 0 and 1.5: built directly
     candidates = set(settings.candidates(4))
     torch.manual_seed(0)
     prompts = torch.randint(4, 90, (6, 7))
@@ -174,8 +177,9 @@ def test_hook_removed_on_exit_and_on_error(sharp_model_dir):
 def test_above_threshold_one_it_is_direct(sharp_model_dir, direct, generation):
     """No probability reaches a threshold above 1: the same texts, tokens and FLOPs as
     controller=none, and every token from the full depth."""
-    got = make(sharp_model_dir, early_exit=1.01, generation=generation).generate_until(
-        requests(KWARGS))
+    lm = make(sharp_model_dir, early_exit=0.5, generation=generation)
+    lm.early_exit = ExitSettings(1.01)  # built directly: the model arg takes (0, 1]
+    got = lm.generate_until(requests(KWARGS))
     assert got == direct
     for g, d in zip(got, direct):
         assert g.stats["gen_tokens"] == d.stats["gen_tokens"]
@@ -191,8 +195,9 @@ def test_a_low_threshold_exits_early_and_lowers_flops(sharp_model_dir, direct):
     plain = [generation_flops(lm.flops_spec, int(g.stats["prompt_tokens"]),
                               int(g.stats["gen_tokens"])) / g.stats["gen_tokens"] for g in got]
     assert sum(per_token) < sum(plain)
-    # threshold 0 at layer 1: every decode token runs one layer and one test
-    low = make(sharp_model_dir, early_exit=0.0, exit_layers="1:2").generate_until(requests(KWARGS))
+    # a threshold below every top-1 probability at layer 1: every decode token runs one layer
+    # and one test
+    low = make(sharp_model_dir, early_exit=1e-9, exit_layers="1:2").generate_until(requests(KWARGS))
     for g in low:
         n = int(g.stats["gen_tokens"])
         assert g.stats["exit_layer"] == pytest.approx((4 + (n - 1)) / n)

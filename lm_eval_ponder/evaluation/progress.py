@@ -23,8 +23,10 @@ an estimate of the time left only once as many rows have finished as were ever i
 once (before that, every finished row is one of the shortest, and extrapolating from them is
 the dishonest rate above). During a long tail (no row finished for ``STATUS_EVERY_S``), one
 status line at most every ``STATUS_EVERY_S`` gives rows finished, rows in flight, tokens so far
-and the token rate since the last line. It cannot say how far along each row in flight is, nor
-how many tokens a row will need.
+and the token rate. Bar and line read the same counters at the same moment (``figures``; the
+bar is redrawn with them every few seconds, not only when a row finishes, and when a line is
+written): once they showed different token counts and rates side by side (issue 55). It
+cannot say how far along each row in flight is, nor how many tokens a row will need.
 """
 
 from __future__ import annotations
@@ -68,7 +70,6 @@ class RowProgress:
         self.finished = self.started = self.tokens = self.peak_in_flight = 0
         self.watched = False
         self.start = self.last_finish = self.last_status = clock()
-        self.tokens_at_status = 0
         self.bar = tqdm(total=total, desc=desc, unit=unit, disable=disable,
                         bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
         self.stop = threading.Event()
@@ -135,37 +136,39 @@ class RowProgress:
             handle.remove()
 
     # ------------------------------------------------------------------ what is shown
-    def postfix(self) -> str:
+    def figures(self) -> list[str]:
+        """Rows in flight, tokens so far and the token rate since the call began: what the bar
+        and the status line both show."""
+        if not self.watched:
+            return []
         elapsed = max(self.clock() - self.start, 1e-9)
-        parts = []
-        if self.watched:
-            parts += [f"{self.in_flight} in flight", f"{self.tokens:,} tokens",
-                      f"{self.tokens / elapsed:.1f} tok/s"]
+        return [f"{self.in_flight} in flight", f"{self.tokens:,} tokens",
+                f"{self.tokens / elapsed:.1f} tok/s"]
+
+    def postfix(self) -> str:
+        parts = self.figures()
         if self.finished and self.finished >= max(self.peak_in_flight, 1) \
                 and self.finished < self.total:
+            elapsed = max(self.clock() - self.start, 1e-9)
             left = (self.total - self.finished) * elapsed / self.finished
             parts.append(f"~{duration(left)} left")
         return ", ".join(parts)
 
     def status_line(self) -> str:
-        now = self.clock()
-        since = max(now - self.last_status, 1e-9)
-        rate = (self.tokens - self.tokens_at_status) / since
-        line = f"{self.desc}: {self.finished}/{self.total} finished"
-        if self.watched:
-            line += (f", {self.in_flight} rows in flight, {self.tokens:,} tokens so far "
-                     f"({rate:.1f} tok/s over the last {duration(since)})")
-        return line + f"; last row finished {duration(now - self.last_finish)} ago"
+        line = ", ".join([f"{self.desc}: {self.finished}/{self.total} finished",
+                          *self.figures()])
+        return line + f"; last row finished {duration(self.clock() - self.last_finish)} ago"
 
     def check_tail(self) -> None:
-        """Write a status line if no row finished, and no line was written, for
-        ``status_every`` seconds."""
+        """Redraw the bar with the counters of now; write a status line if no row finished,
+        and no line was written, for ``status_every`` seconds."""
         now = self.clock()
+        self.bar.set_postfix_str(self.postfix())
         if self.finished >= self.total or now - self.last_finish < self.status_every \
                 or now - self.last_status < self.status_every:
             return
         self.write(self.status_line())
-        self.last_status, self.tokens_at_status = now, self.tokens
+        self.last_status = now
 
     def watch_tail(self) -> None:
         while not self.stop.wait(min(self.status_every / 6, 5.0)):

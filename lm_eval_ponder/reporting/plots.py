@@ -159,11 +159,37 @@ def distinguishability(stats: dict[str, dict], subject: str) -> str:
     return text
 
 
-def cost_label(x: float, _pos=None) -> str:
-    """A cost tick at two significant digits ("4.5e10", "5e10"): enough to tell neighbouring
-    ticks apart when the runs span less than a decade."""
-    mantissa, exponent = f"{x:.1e}".split("e")
+def cost_label(x: float, _pos=None, digits: int = 2) -> str:
+    """A cost tick at ``digits`` significant digits ("4.5e10", "5e10")."""
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
     return f"{float(mantissa):g}e{int(exponent)}"
+
+
+def cost_labels(values: list[float]) -> list[str]:
+    """The labels of one axis's ticks, at the fewest significant digits (two at least, six at
+    most) that write every tick as it is, so that no two read the same: costs within a few
+    percent of each other (1.78e10 to 1.84e10) read 1.78e10, 1.8e10, 1.82e10, where two digits
+    printed 1.8e10 under each."""
+    labels = [cost_label(v) for v in values]
+    for digits in range(2, 7):
+        labels = [cost_label(v, digits=digits) for v in values]
+        if all(abs(float(label) - v) <= 1e-9 * abs(v) for label, v in zip(labels, values)):
+            break
+    return labels
+
+
+def cost_formatter():
+    """A matplotlib formatter that labels an axis's ticks with ``cost_labels``."""
+    from matplotlib import ticker
+
+    class CostFormatter(ticker.Formatter):
+        def __call__(self, x, pos=None) -> str:
+            return cost_label(x)
+
+        def format_ticks(self, values) -> list[str]:
+            return cost_labels(list(values))
+
+    return CostFormatter()
 
 
 def cost_axis(ax, label: str, nbins: int = 5, span: tuple[float, float] | None = None) -> None:
@@ -178,11 +204,11 @@ def cost_axis(ax, label: str, nbins: int = 5, span: tuple[float, float] | None =
     lo, hi = span or ax.dataLim.intervalx
     ratio = hi / lo if lo > 0 else math.inf
     if ratio < 3:
-        ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=nbins))
+        ax.xaxis.set_major_locator(ticker.MaxNLocator(nbins=nbins, steps=[1, 2, 2.5, 5, 10]))
     else:  # 1-2-3-5 under a decade, so that at least two labels fall inside
         subs = (1.0, 2.0, 3.0, 5.0) if ratio < 10 else (1.0, 2.0, 5.0)
         ax.xaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(cost_label))
+    ax.xaxis.set_major_formatter(cost_formatter())
     ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.set_xlabel(label)
 

@@ -43,17 +43,24 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from lm_eval_ponder import registry
-from lm_eval_ponder.backbone import EMBEDDED_DESCRIPTION, EMBEDDED_NAME
+from lm_eval_ponder.backbone import EMBEDDED_DESCRIPTION, EMBEDDED_NAME, EMBEDDED_SHA256
 from lm_eval_ponder.errors import PonderError, command, run_program
 from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
-from lm_eval_ponder.files import read_json
+from lm_eval_ponder.files import check_output, read_json
 from lm_eval_ponder.registry import dataset_order
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
-from lm_eval_ponder.reporting.identity import Identity, distinguish, flatten, parse_model_args, render
+from lm_eval_ponder.reporting.identity import (
+    CONVERTED_SUFFIX,
+    Identity,
+    distinguish,
+    flatten,
+    parse_model_args,
+    render,
+)
 from lm_eval_ponder.reporting.measures import by_level, holm, metrics, paired_difference, spearman
 from lm_eval_ponder.reporting.plots import (
     BASE_OF,
@@ -118,10 +125,38 @@ def single_depth(run: Run) -> int | None:
     return k
 
 
+def weights_name(source: str, sha256: str | None = None) -> str:
+    """One name for one set of weights, whatever model class ran them: the embedded backbone
+    by its SHA-256 (``--model ponder`` records it; a converted GGUF's directory,
+    ``<stem>-<first 16 hex of its SHA-256>``, which ``--model hf pretrained=`` names, carries
+    it), another converted GGUF by its file's stem (as ``--model ponder gguf_file=`` names
+    it), a local directory by its name (a page names no directory of the machine that made
+    it), a Hub id as given."""
+    name = PurePath(source.rstrip("/")).name
+    converted = CONVERTED_SUFFIX.search(name)
+    sha = sha256 or (converted.group()[1:] if converted else None)
+    if sha and EMBEDDED_SHA256.startswith(sha[:16]):
+        return EMBEDDED_NAME
+    if converted:
+        return name[:converted.start()]
+    return name if source.startswith(("/", "~", ".")) else source
+
+
+def backbone_of(args: dict, marker: dict | None, fingerprint: dict | None) -> str:
+    """A run's backbone: the suite's marker, else what the model recorded it loaded (a
+    ``ponder`` fingerprint), else its model args, as ``weights_name`` names them."""
+    recorded = fingerprint if isinstance(fingerprint, dict) else {}
+    source = (marker or {}).get("backbone") or recorded.get("backbone") or args.get("pretrained")
+    if source is None:  # a ponder run of the embedded backbone or a GGUF, without fingerprint
+        gguf = args.get("gguf_file")
+        return PurePath(str(gguf)).stem if gguf else EMBEDDED_NAME
+    return weights_name(str(source), recorded.get("backbone_sha256"))
+
+
 def _label(task: str, model: str, args: dict, marker: dict | None,
            fingerprint: dict | None = None) -> tuple[str, str]:
     base = registry.split_task(task)[1]
-    backbone = (marker or {}).get("backbone") or str(args.get("pretrained") or EMBEDDED_NAME)
+    backbone = backbone_of(args, marker, fingerprint)
     if marker and marker.get("method"):
         return backbone, marker["method"].replace("{base}", base)
     if model != "ponder":
@@ -593,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="leaderboard.html names the figure files beside it instead of "
                         "inlining them (a page of kB instead of MB; it then needs its directory)")
     a = parser.parse_args(argv)
-    out = Path(a.output or a.paths[0])
+    out = check_output(a.output or a.paths[0])
     print(report(a.paths, out, a.link_figures))
     if a.screenshot:
         from lm_eval_ponder.reporting.render import screenshot

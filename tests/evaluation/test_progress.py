@@ -35,8 +35,10 @@ def test_status_line_only_in_a_long_tail_and_at_most_every_30_s():
     assert lines == []  # nothing has finished yet, but not for 30 s
     clock.now += 1
     bar.check_tail()
-    assert lines == ["gen: 0/5 finished, 4 rows in flight, 40 tokens so far (1.3 tok/s over "
-                     "the last 0:30); last row finished 0:30 ago"]
+    assert lines == ["gen: 0/5 finished, 4 in flight, 40 tokens, 1.3 tok/s; last row finished "
+                     "0:30 ago"]
+    # the bar shows the counters the line read, at the same moment (issue 55)
+    assert bar.bar.postfix == "4 in flight, 40 tokens, 1.3 tok/s"
     bar.finish(0)
     clock.now += 20
     bar.check_tail()
@@ -44,8 +46,9 @@ def test_status_line_only_in_a_long_tail_and_at_most_every_30_s():
     clock.now += 15
     bar.forward(3, prefill=False)
     bar.check_tail()
-    assert len(lines) == 2 and lines[1].startswith("gen: 1/5 finished, 3 rows in flight, 43 "
-                                                   "tokens so far (0.1 tok/s over the last 0:35)")
+    assert len(lines) == 2 and lines[1].startswith("gen: 1/5 finished, 3 in flight, 43 tokens, "
+                                                   "0.7 tok/s; last row finished 0:35 ago")
+    assert bar.bar.postfix == "3 in flight, 43 tokens, 0.7 tok/s"
     clock.now += 10
     bar.check_tail()
     assert len(lines) == 2  # at most one line every 30 s

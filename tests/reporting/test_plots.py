@@ -138,6 +138,24 @@ def test_a_cost_axis_under_a_decade_gets_distinct_labels():
     assert pl.cost_label(2e11) == "2e11"
 
 
+def test_close_costs_get_distinct_ticks_that_read_as_they_are():
+    """Issue 55: costs within a few percent (1.78e10 to 1.84e10) had every tick read 1.8e10.
+    Each tick now carries the digits that tell it from its neighbours, and no more."""
+    fig, ax = plt.subplots()
+    ax.plot([1.78e10, 1.84e10], [0.1, 0.2], "o")
+    pl.cost_axis(ax, "FLOPs")
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    ticks = [t for t in ax.get_xticklabels() if lo <= t.get_position()[0] <= hi]
+    plt.close(fig)
+    labels = [t.get_text() for t in ticks]
+    assert len(labels) >= 3 and len(set(labels)) == len(labels)
+    for tick in ticks:
+        assert abs(float(tick.get_text()) - tick.get_position()[0]) <= 1e-9 * tick.get_position()[0]
+    assert pl.cost_labels([1.8e10, 1.82e10]) == ["1.8e10", "1.82e10"]
+    assert pl.cost_labels([4e10, 5e10]) == ["4e10", "5e10"]
+
+
 def test_runs_on_the_same_point_are_named_in_the_caption():
     same = pl.coincident({"FP-Direct": fig(0.164, 500, 4.4e10), "FR (alpha=-0.2)":
                           fig(0.164, 500, 4.4001e10), "Direct": fig(0.164, 500, 5.5e10)})

@@ -181,8 +181,8 @@ def test_hf_runs_differing_in_dtype_and_gen_kwargs_are_split(tmp_path):
 def test_unreadable_differences_get_a_short_hash(tmp_path):
     rows = [(True, 10, i % 2, None) for i in range(5)]
     write_run(tmp_path, "a", {}, "gsm8k_ponder", rows, config=ponder_config())
-    write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
-              config=ponder_config(backbone="some-org/a-much-longer-backbone-name"))
+    write_run(tmp_path, "b", {}, "gsm8k_ponder", rows, config=ponder_config(pondering={
+        **FINGERPRINT["pondering"], "steering": "a-much-longer-steering-vector-identity"}))
     runs = rp.load_runs([tmp_path])
     assert sorted(r.label for r in runs) == sorted(
         f"FP-Direct [model {r.identity.model_digest}]" for r in runs)
@@ -199,7 +199,10 @@ def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
     write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
               config=ponder_config(backbone="/elsewhere/Other-Model"))
     runs = rp.load_runs([tmp_path])
-    assert not any("/" in r.label for r in runs) and len({r.label for r in runs}) == 2
+    # two backbones, two rows (issue 55: the backbone is what the model loaded, by its name)
+    assert {r.backbone for r in runs} == {"SmolLM2-135M-Instruct.Q4_1", "Other-Model"}
+    assert not any("/" in r.label for r in runs) and len({(r.backbone, r.label)
+                                                          for r in runs}) == 2
     rows_, _ = rp.leaderboard(runs)
     lines = rp.identity_lines(rows_)
     assert any("backbone=SmolLM2-135M-Instruct.Q4_1, backbone_sha256=" in line for line in lines)

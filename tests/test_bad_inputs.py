@@ -1,4 +1,4 @@
-"""A user's bad day (issue 39): every mistake we know of, and what the user sees.
+"""A user's bad day (issues 39 and 55): every mistake we know of, and what the user sees.
 
 Each case is a command a user could type with one thing wrong. Each asserts the exit status,
 exactly one ``lm-eval-ponder error: ...`` line naming the offending value, key or file, no
@@ -11,6 +11,20 @@ lm-eval: docs/troubleshooting.md says what they mean. Five report cases were one
 line before but left an empty report folder behind (the report made its output folder before it
 read a run); the last check caught that. (The issue saw a traceback for a broken samples line;
 here, as at the commit before the fix, it was one line already: ``files.read_jsonl``.)
+
+Issue 55 ("part two") added the cases of ``ISSUE55_CASES``, ``TRAIN_CASES`` and the issue-55
+rows of ``COMMAND_CASES``, their ``BEFORE`` how each ended at the commit before its fix (run on
+that commit's code): the four above, or ``"left behind"``, one line but an empty output folder
+left behind. Besides the mistakes it listed (an output that cannot be written, found only
+after the whole run; ``--batch_size auto``; few-shot examples drawn from the test split; data
+files not checked; model args without their ranges; a controller's config.json not
+type-checked; a folder or file that is no model; Ctrl-C in lm_eval), it holds the mistakes of
+the same families tried since (``test_the_catalogue_covers_issue_55`` names them), and the
+runs that must now go through: ``--batch_size auto``, few-shot arith from its training split,
+and a report that names the same weights once. Two of the issue's silent wrong numbers are
+checked where their code is tested: the Pareto plot's cost ticks
+(``tests/reporting/test_plots.py``) and the progress bar against its status line
+(``tests/evaluation/test_progress.py``).
 
 How the commands run:
 
@@ -36,6 +50,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -191,6 +206,128 @@ LM_EVAL_OWNED = {
 }
 
 
+
+
+# ------------------------------------------------------------------ issue 55: part two
+@dataclass(frozen=True)
+class Case:
+    """An lm_eval case of issue 55: model args and names as above (placeholders: the paths of
+    ``issue55_files`` too), more lm_eval arguments, the task, the data folder and the
+    ``--output_path`` (None: a fresh folder)."""
+
+    args: str
+    names: tuple[str, ...]
+    before: str
+    argv: tuple[str, ...] = ()
+    task: str = "arith_ponder"
+    data: str | None = None
+    out: str | None = None
+
+
+PLAIN = "pretrained={tiny},controller=none"
+STEERED = "pretrained={tiny},steering={vector},controller={ctrl_plain}"
+
+
+def controller_file(path: str) -> str:
+    return f"pretrained={{tiny}},steering={{vector}},controller={path}"
+
+
+# issue 55's list, then the mistakes tried since (BEFORE as above; "left behind": one line,
+# but an empty or half-written output left behind)
+ISSUE55_CASES = {
+    # 1. the output checked before any work (before: results lost after the whole run)
+    "output_path in a read-only folder": Case(PLAIN, ("{readonly}/out", "cannot write"),
+                                              "silent", out="{readonly}/out"),
+    "output_path is a file": Case(PLAIN, ("{afile}", "is a file"), "silent", out="{afile}"),
+    "output_path inside a file": Case(PLAIN, ("{afile}/out", "{afile}, which is a file"),
+                                      "silent", out="{afile}/out"),
+    "output_path a .json file in a read-only folder": Case(
+        PLAIN, ("{readonly}/results.json", "cannot write"), "silent",
+        out="{readonly}/results.json"),
+    # 2. batch sizes (0 with generation=hf handed lm-eval no answers at all)
+    "batch_size zero": Case(PLAIN, ("batch_size", "'0'"), "silent", ("--batch_size", "0")),
+    "batch_size negative through generate": Case(PLAIN + ",generation=hf",
+                                                 ("batch_size", "'-1'"), "silent",
+                                                 ("--batch_size", "-1")),
+    "batch_size not a number": Case(PLAIN, ("batch_size", "'abc'"), "traceback",
+                                    ("--batch_size", "abc")),
+    # 3. few-shot examples from training splits only
+    "num_fewshot negative": Case(PLAIN, ("--num_fewshot", "-1"), "silent",
+                                 ("--num_fewshot", "-1")),
+    "few-shot on MATH-500": Case(PLAIN, ("math500_ponder", "--num_fewshot 0"), "silent",
+                                 ("--num_fewshot", "2"), "math500_ponder", "{data}"),
+    "few-shot on GPQA": Case(PLAIN, ("gpqa_ponder", "--num_fewshot 0"), "silent",
+                             ("--num_fewshot", "1"), "gpqa_ponder", "{data}"),
+    "more few-shot examples than the training split": Case(
+        PLAIN, ("--num_fewshot 100000", "arith"), "traceback", ("--num_fewshot", "100000")),
+    "few-shot without the GSM8K training file": Case(
+        PLAIN, ("GSM8K (train)", "gsm8k/train.jsonl.gz"), "silent", ("--num_fewshot", "2"),
+        "gsm8k_ponder", "{test_only}"),
+    # 4. data checked on read (by file and line)
+    "MATH-500 file where GSM8K's belongs": Case(
+        PLAIN, ("{math_as_gsm}/gsm8k/test.jsonl.gz", "line 1", "'question'", "GSM8K"),
+        "silent", task="gsm8k_ponder", data="{math_as_gsm}"),
+    "data row without an answer": Case(
+        PLAIN, ("{no_answer}/gsm8k/test.jsonl.gz", "line 1", "'answer'"), "traceback",
+        task="gsm8k_ponder", data="{no_answer}"),
+    "GSM8K answer a number": Case(PLAIN, ("gsm8k/test.jsonl.gz", "line 3", "'answer' is int"),
+                                  "fine", task="gsm8k_ponder", data="{answer_int}"),
+    "data line a JSON list": Case(PLAIN, ("gsm8k/test.jsonl.gz", "line 2", "list"), "fine",
+                                  task="gsm8k_ponder", data="{json_list}"),
+    "GPQA row without its third wrong answer": Case(
+        PLAIN, ("gpqa/diamond.jsonl.gz", "line 2", "'incorrect answer 3'"), "fine",
+        task="gpqa_ponder", data="{gpqa_short}"),
+    # 5. every model arg range-checked
+    "early_exit above 1": Case(PLAIN + ",early_exit=1.5", ("early_exit", "1.5"), "silent"),
+    "early_exit zero": Case(PLAIN + ",early_exit=0", ("early_exit", "(0, 1]"), "silent"),
+    "k_max zero": Case(STEERED + ",k_max=0", ("k_max=0", ">= 1"), "silent"),
+    "k_max negative": Case(STEERED + ",k_max=-1", ("k_max", "-1"), "fine"),
+    "alpha0 zero": Case(STEERED + ",alpha0=0", ("alpha0", "0"), "silent"),
+    "alpha0 negative": Case(STEERED + ",alpha0=-0.05", ("alpha0", "-0.05"), "silent"),
+    "beta negative": Case(STEERED + ",beta=-1", ("beta", "-1"), "fine"),
+    "layer outside the model": Case("pretrained={tiny},steering={vector},alpha=0.1,layer=9",
+                                    ("layer 9",), "fine"),
+    "layer negative": Case("pretrained={tiny},steering={vector},alpha=0.1,layer=-1",
+                           ("layer -1",), "fine"),
+    "exit_layers from layer zero": Case(PLAIN + ",early_exit=0.5,exit_layers=0:2",
+                                        ("exit_layers", "'0:2'"), "fine"),
+    "decode_step unknown": Case(PLAIN + ",decode_step=fast", ("decode_step", "'fast'"), "fine"),
+    "allow_backbone_mismatch not a flag": Case(PLAIN + ",allow_backbone_mismatch=maybe",
+                                               ("allow_backbone_mismatch", "'maybe'"), "fine"),
+    "alpha not finite": Case("pretrained={tiny},steering={vector},alpha=nan", ("alpha", "nan"),
+                             "fine"),
+    # 6. a controller's config.json type-checked, naming the file and the key
+    "controller config: tau not a number": Case(
+        controller_file("{ctrl_tau}"), ("{ctrl_tau}/config.json", "'ponder.tau'", "'low'"),
+        "traceback"),
+    "controller config: a misspelt ponder key": Case(
+        controller_file("{ctrl_key}"), ("{ctrl_key}/config.json", "'ponder.tua'"), "silent"),
+    "controller config: k_max a fraction": Case(
+        controller_file("{ctrl_kmax}"), ("{ctrl_kmax}/config.json", "'ponder.k_max'", "2.5"),
+        "silent"),
+    "controller config: ponder not a mapping": Case(
+        controller_file("{ctrl_list}"), ("{ctrl_list}/config.json", "'ponder'"), "traceback"),
+    "controller config: layer not an integer": Case(
+        controller_file("{ctrl_layer}"), ("{ctrl_layer}/config.json", "'layer'", "'mid'"),
+        "traceback"),
+    # 7. backbones that are not
+    "pretrained a controller folder": Case("pretrained={other},controller=none",
+                                           ("{other}", "model_type", "controller="), "traceback"),
+    "gguf_file not a GGUF file": Case("gguf_file={afile},controller=none", ("{afile}", "GGUF"),
+                                      "traceback"),
+    "pretrained a steering vector folder": Case("pretrained={vector},controller=none",
+                                                ("{vector}", "config.json"), "fine"),
+}
+# runs that must go through (issue 55): batch_size=auto by rows in flight, one line saying so;
+# few-shot arith from the training split
+ISSUE55_RUNS = {
+    "batch_size auto": Case(PLAIN, (), "silent", ("--batch_size", "auto")),  # ran, no word
+    "batch_size auto through generate": Case(PLAIN + ",generation=hf", (), "silent",
+                                             ("--batch_size", "auto:2")),
+    "few-shot arith": Case(PLAIN, (), "silent", ("--num_fewshot", "3", "--limit", "5")),
+}
+
+
 def lm_eval_argv(model_args: str, out: Path, task: str = "arith_ponder") -> list[str]:
     return ["--model", "ponder", "--model_args", model_args, "--tasks", task, "--limit", "1",
             "--gen_kwargs", "max_gen_toks=2", "--output_path", str(out), "--log_samples"]
@@ -219,13 +356,99 @@ def bad_data(tmp_path_factory) -> Path:
     return root
 
 
+def read_only_folder(tmp: Path) -> Path | None:
+    """A folder this process cannot write in: one without write permission, or, for root
+    (whom no permission bit stops), a kernel folder nothing may be made in (``/sys``); None
+    where there is none."""
+    if os.geteuid() != 0:
+        folder = tmp / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    for candidate in (Path("/sys"), Path("/proc")):
+        try:
+            os.rmdir(tempfile.mkdtemp(dir=candidate))
+        except OSError:
+            return candidate
+    return None
+
+
+def gzip_rows(path: Path, rows: list) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def gpqa_row(i: int) -> dict:
+    """A synthetic GPQA-shaped row (never a real GPQA question)."""
+    return {"question": f"Synthetic question {i}?", "correct answer": f"right {i}",
+            **{f"incorrect answer {k}": f"wrong {i}.{k}" for k in (1, 2, 3)},
+            "record id": f"synthetic-{i}"}
+
+
+def gsm8k_row(i: int, split: str) -> dict:
+    return {"question": f"{split} question {i}: what is {i} + {i}?",
+            "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"}
+
+
 @pytest.fixture(scope="module")
-def lm_eval_runs(tiny_model_dir, tiny_vector_dir, other_controller, bad_data, tmp_path_factory):
+def issue55_files(tmp_path_factory, other_controller) -> dict[str, Path | str]:
+    """What issue 55's cases need on disk: a file, a read-only folder, data folders (the
+    synthetic whole one and damaged ones) and controllers with a damaged config.json."""
+    root = tmp_path_factory.mktemp("issue55")
+    (root / "afile").write_text("x")
+    files: dict[str, Path | str] = {"afile": root / "afile",
+                                    "readonly": read_only_folder(root) or "<none>"}
+    folders = {
+        "data": {"gsm8k/train.jsonl.gz": [gsm8k_row(i, "train") for i in range(4)],
+                 "gsm8k/test.jsonl.gz": [gsm8k_row(i, "test") for i in range(3)],
+                 "math500/test.jsonl.gz": [{"problem": f"Synthetic problem {i}", "answer": "1",
+                                            "level": 1} for i in range(2)],
+                 "gpqa/diamond.jsonl.gz": [gpqa_row(i) for i in range(2)]},
+        "test_only": {"gsm8k/test.jsonl.gz": [gsm8k_row(i, "test") for i in range(3)]},
+        "math_as_gsm": {"gsm8k/test.jsonl.gz": [{"problem": "Synthetic problem", "answer": "2",
+                                                 "level": 1}]},
+        "no_answer": {"gsm8k/test.jsonl.gz": [{"question": "1 + 1?"}, gsm8k_row(1, "test")]},
+        "answer_int": {"gsm8k/test.jsonl.gz": [gsm8k_row(1, "test"), gsm8k_row(2, "test"),
+                                               {"question": "2 + 2?", "answer": 4}]},
+        "json_list": {"gsm8k/test.jsonl.gz": [gsm8k_row(1, "test"), [1, 2]]},
+        "gpqa_short": {"gpqa/diamond.jsonl.gz": [gpqa_row(0), {
+            k: v for k, v in gpqa_row(1).items() if k != "incorrect answer 3"}]},
+    }
+    for name, content in folders.items():
+        for rel, rows in content.items():
+            gzip_rows(root / name / rel, rows)
+        files[name] = root / name
+    config = json.loads((other_controller / "config.json").read_text())
+    config.pop("backbone")  # a controller that records no backbone: any backbone may load it
+    for name, change in {"ctrl_plain": {}, "ctrl_tau": {"ponder": {"tau": "low"}},
+                         "ctrl_key": {"ponder": {"tua": 0.3}},
+                         "ctrl_kmax": {"ponder": {"k_max": 2.5}},
+                         "ctrl_list": {"ponder": [0.3]}, "ctrl_layer": {"layer": "mid"}}.items():
+        folder = root / name
+        folder.mkdir()
+        (folder / "controller.safetensors").write_bytes(
+            (other_controller / "controller.safetensors").read_bytes())
+        (folder / "config.json").write_text(json.dumps({**config, **change}))
+        files[name] = folder
+    return files
+
+
+def issue55_case(name: str, case: Case, out: Path, fill) -> dict:
+    """A driver case (``LM_EVAL_DRIVER``) of ``ISSUE55_CASES`` or ``ISSUE55_RUNS``."""
+    argv = lm_eval_argv(fill(case.args), Path(fill(case.out)) if case.out else out, case.task)
+    return {"name": name, "argv": argv + [fill(a) for a in case.argv],
+            "env": {"LM_EVAL_PONDER_DATA": fill(case.data)} if case.data else {}}
+
+
+@pytest.fixture(scope="module")
+def lm_eval_runs(tiny_model_dir, tiny_vector_dir, other_controller, bad_data, issue55_files,
+                 tmp_path_factory):
     """Every lm_eval case, run by ``LM_EVAL_DRIVER`` in one child process: {name: (Outcome,
     its --output_path)}."""
     root = tmp_path_factory.mktemp("lm-eval-cases")
     paths = {"tiny": tiny_model_dir, "vector": tiny_vector_dir, "other": other_controller,
-             "bad_data": bad_data}
+             "bad_data": bad_data, **issue55_files}
     fill = lambda text: text.format(**{k: str(v) for k, v in paths.items()})  # noqa: E731
     cases, outs = [], {}
     for i, (name, (args, _, _)) in enumerate(MODEL_ARG_CASES.items()):
@@ -248,6 +471,9 @@ def lm_eval_runs(tiny_model_dir, tiny_vector_dir, other_controller, bad_data, tm
         flag = argv.index(change[0])
         argv[flag + 1] = fill(change[1])
         cases.append({"name": name, "argv": argv, "env": {}})
+    for i, (name, case) in enumerate({**ISSUE55_CASES, **ISSUE55_RUNS}.items()):
+        outs[name] = Path(fill(case.out)) if case.out else root / f"issue55-{i}"
+        cases.append(issue55_case(name, case, root / f"issue55-{i}", fill))
     outs["override"] = root / "override"
     cases.append({"name": "override", "env": {}, "argv": lm_eval_argv(
         fill("pretrained={tiny},steering={vector},controller={other},"
@@ -255,7 +481,7 @@ def lm_eval_runs(tiny_model_dir, tiny_vector_dir, other_controller, bad_data, tm
     results = root / "results.json"
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", LM_EVAL_DRIVER, json.dumps(cases), str(results)],
-                          env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(results.read_text())
     return {name: (Outcome(**found[name]), outs[name]) for name in found}, fill
@@ -326,6 +552,149 @@ def test_the_driver_matches_a_real_lm_eval_process(lm_eval_runs, tiny_model_dir,
     assert line == assert_one_line(outcome, 1, "alpha")
 
 
+@pytest.mark.parametrize("name", list(ISSUE55_CASES))
+def test_issue55_lm_eval_mistakes_are_one_line(lm_eval_runs, issue55_files, name):
+    """Each ends in one line naming the culprit, status 1, no traceback; nothing was written
+    (no results folder; a file given as --output_path unchanged)."""
+    case = ISSUE55_CASES[name]
+    if "{readonly}" in (case.out or "") and issue55_files["readonly"] == "<none>":
+        pytest.skip("no read-only folder on this machine")
+    runs, fill = lm_eval_runs
+    outcome, out = runs[name]
+    assert_one_line(outcome, 1, *map(fill, case.names))
+    if case.out is None:
+        assert nothing_under(out)
+    assert issue55_files["afile"].read_text() == "x"
+
+
+@pytest.mark.parametrize("name", ["batch_size auto", "batch_size auto through generate"])
+def test_batch_size_auto_runs_rows_in_flight_and_says_so(lm_eval_runs, name):
+    """``--batch_size auto``: the run finishes (rows in flight are ``max_rows``), its results
+    are saved, and one line says how the batch size is honoured."""
+    runs, _ = lm_eval_runs
+    outcome, out = runs[name]
+    assert outcome.status == 0, outcome.stderr[-3000:]
+    assert list(out.rglob("results_*.json"))
+    said = [line for line in outcome.stderr.splitlines()
+            if "batch_size=auto: --model ponder keeps max_rows=" in line]
+    assert len(said) == 1 and "rows in flight" in said[0]
+
+
+def test_few_shot_arith_draws_its_examples_from_the_training_split(lm_eval_runs):
+    """``--num_fewshot 3`` on arith: every example in a prompt is a training question with
+    its answer, none a test question (before: five test questions with their answers)."""
+    from lm_eval_ponder.data import arith_ladder
+
+    runs, _ = lm_eval_runs
+    outcome, out = runs["few-shot arith"]
+    assert outcome.status == 0, outcome.stderr[-3000:]
+    test = {d["question"]: d["answer"] for d in arith_ladder("test")}
+    train = {d["question"]: d["answer"] for d in arith_ladder("train")}
+    (log,) = out.rglob("samples_arith_ponder_*.jsonl")
+    samples = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(samples) == 5
+    for sample in samples:
+        prompt = sample["arguments"]["gen_args_0"]["arg_0"]
+        *examples, asked = prompt.split("Please solve the math problem: ")[1:]
+        assert asked == sample["doc"]["question"] and len(examples) == 3
+        for example in examples:
+            question, answer = example.strip().rsplit(" ", 1)
+            assert question not in test and train[question] == answer
+
+
+# ------------------------------------------------------------------ every model arg's range
+# Each arg of the README's model-arg table: the case above that passes it a value outside its
+# range (each refused in one line), or what it takes, where it has no range. A new arg in the
+# table fails the test until it is in one of the two.
+ARG_RANGES = {
+    "tau": "tau out of range", "k_max": "k_max zero", "alpha0": "alpha0 zero",
+    "beta": "beta negative", "layer": "layer outside the model", "max_rows": "max_rows zero",
+    "max_cache_gib": "max_cache_gib negative", "early_exit": "early_exit above 1",
+    "exit_layers": "exit_layers from layer zero", "granularity": "granularity unknown",
+    "generation": "generation unknown", "decode_step": "decode_step unknown",
+    "allow_backbone_mismatch": "allow_backbone_mismatch not a flag",
+}
+NO_RANGE = {
+    "pretrained": "a Hub id or a model directory ('backbone missing', 'pretrained a "
+                  "controller folder')",
+    "gguf_file": "a GGUF file ('gguf missing', 'gguf_file not a GGUF file')",
+    "steering": "a steering-vector directory ('steering missing')",
+    "controller": "a controller directory or none ('controller missing')",
+    "alpha": "a signed offset: any finite number ('alpha not a number', 'alpha not finite')",
+    "alpha_start": "a signed offset: any finite number",
+}
+
+
+def test_every_model_arg_with_a_range_refuses_a_value_outside_it(lm_eval_runs):
+    from test_docs import README, documented_args
+
+    documented = set(documented_args(README.read_text()))
+    assert not set(ARG_RANGES) & set(NO_RANGE)
+    assert set(ARG_RANGES) | set(NO_RANGE) == documented, (
+        f"not classified: {sorted(documented - set(ARG_RANGES) - set(NO_RANGE))}; "
+        f"not in the table: {sorted(set(ARG_RANGES) | set(NO_RANGE) - documented)}")
+    runs, _ = lm_eval_runs
+    for arg, case in ARG_RANGES.items():
+        outcome, _ = runs[case]
+        assert arg in assert_one_line(outcome, 1), (arg, case)
+
+
+# ------------------------------------------------------------------ Ctrl-C in lm_eval
+def start_lm_eval(argv: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
+    """``python -m lm_eval ARGV`` in its own process group, returned once generation has
+    begun (its progress bar is drawn), with what it wrote to stderr so far."""
+    import selectors
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "lm_eval", *argv], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    os.set_blocking(proc.stderr.fileno(), False)
+    watch = selectors.DefaultSelector()
+    watch.register(proc.stderr, selectors.EVENT_READ)
+    seen, deadline = "", time.time() + 300
+    while "Running generate_until requests" not in seen:
+        assert proc.poll() is None, seen[-3000:]
+        assert time.time() < deadline, "generation never began"
+        if watch.select(timeout=1):
+            seen += proc.stderr.read() or ""
+    return proc, seen
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_ctrl_c_in_lm_eval_says_where_it_stopped_what_it_kept_and_how_to_resume(
+        tiny_model_dir, tmp_path, use_cache):
+    """A real SIGINT to the process group while ``--model ponder`` generates: one line (the
+    answers done of the total, the answers ``--use_cache`` kept, the command that resumes the
+    run, or, without ``--use_cache``, that command with one), status 130, no traceback, no
+    results. (Before: a KeyboardInterrupt traceback of 35-40 frames.)"""
+    from lm_eval_ponder.evaluation.resume import kept_answers
+
+    out, cache = tmp_path / "out", tmp_path / "answers"
+    argv = ["--model", "ponder", "--model_args",
+            f"pretrained={tiny_model_dir},controller=none,max_rows=2", "--tasks", "arith_ponder",
+            "--limit", "100", "--gen_kwargs", "max_gen_toks=400", "--output_path", str(out),
+            "--log_samples"] + (["--use_cache", str(cache)] if use_cache else [])
+    proc, seen = start_lm_eval(argv, tmp_path)
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+    stdout, stderr = proc.communicate(timeout=120)
+    outcome = Outcome(proc.returncode, stdout, seen + stderr)
+    assert outcome.status == INTERRUPTED, outcome.stderr[-3000:]
+    lines = [line for line in outcome.stderr.splitlines() if line.startswith(STOPPED)]
+    assert len(lines) == 1 and "Traceback" not in outcome.text, outcome.stderr[-3000:]
+    assert "generation stopped after " in lines[0] and " of 100 answers" in lines[0]
+    if use_cache:
+        db = f"{cache}_rank0.db"
+        assert f"; {kept_answers(db)} answers kept in {db}; Resume with: " in lines[0]
+        assert lines[0].endswith(f"--use_cache {cache} (the kept answers are not generated "
+                                 "again)")
+    else:
+        assert "no answer was kept (no --use_cache)" in lines[0]
+        assert lines[0].endswith(f"--log_samples --use_cache {out / 'answers'}")
+    assert "--model ponder" in lines[0] and not list(tmp_path.rglob("results_*.json"))
+
+
 # ------------------------------------------------------------------ our commands
 def run_command(module: str, argv: list[str], capfd) -> Outcome:
     """``python -m lm_eval_ponder.<module> ARGV`` in this process: the entry point the command
@@ -347,13 +716,14 @@ def run_command(module: str, argv: list[str], capfd) -> Outcome:
 
 
 def write_results(root: Path, stamp: str = "2026-01-01T00-00-00.0", rows: int = 3,
-                  folder: str = "SmolLM2-135M-Instruct", correct: bool = True) -> Path:
+                  folder: str = "SmolLM2-135M-Instruct", correct: bool = True,
+                  config: dict | None = None) -> Path:
     """One lm-eval output directory as the CLI writes it."""
     d = root / folder
     d.mkdir(parents=True, exist_ok=True)
+    config = config or {"model": "ponder", "model_args": "controller=none"}
     (d / f"results_{stamp}.json").write_text(json.dumps(
-        {"config": {"model": "ponder", "model_args": "controller=none"}, "configs": {},
-         "results": {"arith_ponder": {}}}))
+        {"config": config, "configs": {}, "results": {"arith_ponder": {}}}))
     with open(d / f"samples_arith_ponder_{stamp}.jsonl", "w") as f:
         for i in range(rows):
             f.write(json.dumps({"doc_id": i, "doc": {"question": f"q{i}", "level": 1},
@@ -364,7 +734,10 @@ def write_results(root: Path, stamp: str = "2026-01-01T00-00-00.0", rows: int = 
     return d / f"results_{stamp}.json"
 
 
-# name: (module, argv with {tmp}, names, status, before, what must not exist afterwards)
+# a suite of one run, whose lm_eval is a stand-in that does nothing
+SUITE_ONE_RUN = ["--tasks", "arith", "--methods", "Direct", "--limit", "1", "--no_report",
+                 "--launcher", f"{sys.executable} -c pass"]
+# name: (module, argv with {tmp} and {readonly}, names, before)
 COMMAND_CASES = {
     "train: learning rate not a number": (
         "train", ["--output", "{tmp}/run", "--grpo.learning_rate", "fast"],
@@ -420,15 +793,46 @@ COMMAND_CASES = {
                                     ["compact.jsonl.xz"], "fine"),
     "report: two runs disagree": ("report", ["{tmp}/runs", "--output", "{tmp}/run"],
                                   ["disagree", "{tmp}/runs/"], "fine"),
+    # issue 55: an output that cannot be written, refused before any work (before: the
+    # command's own mkdir or write failed in a traceback, after the work for train and suite)
+    "train: output is a file": ("train", ["--output", "{tmp}/afile"],
+                                ["--output {tmp}/afile", "is a file"], "traceback"),
+    "train: output in a read-only folder": ("train", ["--output", "{readonly}/run"],
+                                            ["{readonly}/run", "cannot write"], "traceback"),
+    "suite: output is a file": ("suite", ["--output", "{tmp}/afile", *SUITE_ONE_RUN],
+                                ["--output {tmp}/afile", "is a file"], "traceback"),
+    "suite: output inside a file": ("suite", ["--output", "{tmp}/afile/run", *SUITE_ONE_RUN],
+                                    ["{tmp}/afile/run", "{tmp}/afile, which is a file"],
+                                    "traceback"),
+    "suite: output in a read-only folder": ("suite", ["--output", "{readonly}/run",
+                                                      *SUITE_ONE_RUN],
+                                            ["{readonly}/run", "cannot write"], "traceback"),
+    "suite: exit threshold above 1": ("suite", ["--output", "{tmp}/run", "--methods", "EE",
+                                                "--exit_thresholds", "0.9,1.5", "--plan"],
+                                      ["--exit_thresholds", "0.9,1.5"], "silent"),
+    "report: output is a file": ("report", ["{tmp}/runs", "--output", "{tmp}/afile"],
+                                 ["--output {tmp}/afile", "is a file"], "traceback"),
+    "report: output in a read-only folder": ("report", ["{tmp}/runs", "--output",
+                                                        "{readonly}/report"],
+                                             ["{readonly}/report", "cannot write"], "traceback"),
+    "steer: output is a file": ("steer", ["extract", "--n-questions", "2", "--output",
+                                          "{tmp}/afile"], ["--output {tmp}/afile", "is a file"],
+                                "traceback"),
+    "steer: output in a read-only folder": ("steer", ["extract", "--n-questions", "2",
+                                                      "--output", "{readonly}/vector"],
+                                            ["{readonly}/vector", "cannot write"], "traceback"),
 }
 
 
 def prepare(name: str, tmp: Path) -> None:
     """What a case needs on disk beside its command."""
+    (tmp / "afile").write_text("x")
     (tmp / "bad.yaml").write_text("grpo:\n  max_steps: ten\n")
     (tmp / "latin1.yaml").write_bytes("# réglages\ngrpo:\n  max_steps: 10\n".encode("latin-1"))
     runs = tmp / "runs"
     runs.mkdir()
+    if name.startswith("report: output"):  # a run to report: only the output is wrong
+        write_results(runs)
     if name == "report: results JSON cut off":
         result = write_results(runs)
         result.write_text(result.read_text()[:40])
@@ -458,12 +862,77 @@ def prepare(name: str, tmp: Path) -> None:
 def test_command_mistakes_are_one_line(name, tmp_path, capfd):
     module, argv, names, _ = COMMAND_CASES[name]
     prepare(name, tmp_path)
-    fill = lambda text: text.replace("{tmp}", str(tmp_path))  # noqa: E731
+    readonly = None
+    if any("{readonly}" in a for a in argv):
+        readonly = read_only_folder(tmp_path)
+        if readonly is None:
+            pytest.skip("no read-only folder on this machine")
+
+    def fill(text: str) -> str:
+        return text.replace("{tmp}", str(tmp_path)).replace("{readonly}", str(readonly))
+
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     outcome = run_command(module, [fill(a) for a in argv], capfd)
     assert_one_line(outcome, USAGE_ERROR, *map(fill, names))
     assert not (tmp_path / "run").exists()  # no output directory, report or controller begun
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+# train runs that fail once the run has begun (issue 55: each left an empty --output folder
+# behind): name -> (flags over a tiny run's, environment, names, before)
+TRAIN_CASES = {
+    "train: training data missing": (
+        ["--rollout.prompts", "{gsm8k_ponder: 4}"], {"LM_EVAL_PONDER_DATA": "{tmp}/nodata"},
+        ["GSM8K (train)", "{tmp}/nodata/gsm8k/train.jsonl.gz"], "silent"),  # named the test split
+    "train: backbone missing": (["--pretrained", "/nonexistent/model"], {},
+                                ["/nonexistent/model"], "left behind"),
+    "train: steering folder without a vector": (["--steering", "{tmp}/novector"], {},
+                                                ["{tmp}/novector"], "left behind"),
+}
+
+
+@pytest.mark.parametrize("name", list(TRAIN_CASES))
+def test_a_train_run_that_fails_leaves_no_empty_output_folder(
+        name, tiny_model_dir, tiny_vector_dir, tmp_path, capfd, monkeypatch):
+    flags, env, names, _ = TRAIN_CASES[name]
+    (tmp_path / "nodata").mkdir()
+    (tmp_path / "novector").mkdir()
+    fill = lambda text: text.replace("{tmp}", str(tmp_path))  # noqa: E731
+    for key, value in env.items():
+        monkeypatch.setenv(key, fill(value))
+    argv = ["--output", str(tmp_path / "run" / "controller"), "--pretrained",
+            str(tiny_model_dir), "--steering", str(tiny_vector_dir), *TINY_ARGS,
+            *map(fill, flags)]
+    outcome = run_command("train", argv, capfd)
+    assert_one_line(outcome, USAGE_ERROR, *map(fill, names))
+    assert not (tmp_path / "run").exists()  # nor the parent the run would have made
+
+
+def test_report_names_the_same_weights_once_whatever_model_ran_them(tmp_path, capfd):
+    """The embedded weights run by ``--model hf pretrained=<converted dir>`` and by ``--model
+    ponder``: one backbone in the report, two rows of it (the identities differ). Before:
+    two backbones, the directory of this machine's cache and ``smollm2-135m-instruct``."""
+    from lm_eval_ponder.backbone import EMBEDDED_NAME, EMBEDDED_SHA256
+
+    converted = f"/home/u/.cache/lm_eval_ponder/converted/SmolLM2-135M-Instruct.Q4_1-" \
+                f"{EMBEDDED_SHA256[:16]}"
+    write_results(tmp_path / "runs" / "hf", folder="converted", config={
+        "model": "hf", "model_args": f"pretrained={converted},dtype=float32",
+        "model_dtype": "torch.float32"})
+    write_results(tmp_path / "runs" / "ponder", config={
+        "model": "ponder", "model_args": "controller=none", "ponder_fingerprint": {
+            "backbone": converted.replace("/home/u", "/root"), "backbone_sha256": EMBEDDED_SHA256,
+            "dtype": "torch.float32", "generation": "loop", "pondering": None}})
+    outcome = run_command("report", [str(tmp_path / "runs"), "--output", str(tmp_path / "r")],
+                          capfd)
+    assert outcome.status == 0, outcome.stderr[-3000:]
+    import csv
+
+    with open(tmp_path / "r" / "leaderboard.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {row["backbone"] for row in rows} == {EMBEDDED_NAME}
+    assert len({row["method"] for row in rows}) == 2  # Direct [model ...], twice
 
 
 def test_steer_takes_the_underscore_spellings_too():
@@ -595,6 +1064,30 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
     assert finished.status == 0, finished.stderr[-3000:]
     (summary,) = [line for line in finished.stdout.splitlines() if line.startswith("controller:")]
     assert str(out) in summary and "held-out (" in summary and "wall " in summary
+
+
+def test_the_catalogue_covers_issue_55():
+    """Every problem issue 55 listed is a case here, and at least 20 more mistakes of the same
+    families, tried since, with how each ended before."""
+    listed = [
+        "output_path in a read-only folder", "output_path is a file", "output_path inside a file",
+        "train: output is a file", "train: output in a read-only folder",
+        "suite: output is a file", "suite: output in a read-only folder",
+        "report: output is a file", "report: output in a read-only folder",
+        "train: training data missing", "train: backbone missing",
+        "train: steering folder without a vector",  # (and a dataset name for a task: above)
+        "few-shot on MATH-500", "few-shot on GPQA", "MATH-500 file where GSM8K's belongs",
+        "data row without an answer", "early_exit above 1", "k_max zero", "alpha0 zero",
+        "controller config: tau not a number", "pretrained a controller folder",
+        "gguf_file not a GGUF file",
+    ]
+    cases = {**ISSUE55_CASES, **{n: c for n, c in COMMAND_CASES.items()}, **TRAIN_CASES}
+    assert set(listed) <= set(cases)
+    before = {name: c.before if isinstance(c, Case) else c[-1] for name, c in cases.items()}
+    assert set(before.values()) <= {"traceback", "silent", "fine", "left behind"}
+    issue55 = set(ISSUE55_CASES) | set(TRAIN_CASES) | {
+        n for n in COMMAND_CASES if "output" in n or "threshold" in n}
+    assert len(issue55 - set(listed)) >= 20
 
 
 def test_the_catalogue_covers_the_issue():

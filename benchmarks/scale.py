@@ -18,7 +18,7 @@ Each engine runs in the same process, interleaved in pairs; the table gives medi
 live in ``benchmarks/shapes/*.json`` (architecture fields of the published configs: no weights,
 no download); ``--shape`` also takes a path.
 
-    python benchmarks/scale.py --shape qwen2.5-0.5b --device cpu          # ~8 min on 2 cores
+    python benchmarks/scale.py --shape qwen2.5-0.5b --device cpu          # < 10 min on 2 cores
     python benchmarks/scale.py --shape qwen2.5-7b --device cuda --lengths gsm8k --questions 512
     python benchmarks/scale.py --shape tiny --questions 8 --max-new-tokens 16 --pairs 1  # a test
 
@@ -38,8 +38,11 @@ from pathlib import Path
 from lib.decoding import add_device_args, device_defaults, torch_setup
 from lib.replay import Memory, add_replay_args, batch_of, build_model, recorded_lengths, shape_config
 
-# sized for these 2-core CPUs: a Qwen2.5-0.5B-shape pass of each engine in about a minute
-CPU_DEFAULTS = {"questions": 48, "max_new_tokens": 128, "hf_batches": [8, 16, 48], "pairs": 2}
+# sized for these 2-core CPUs, where a Qwen2.5-0.5B shape in float32 is memory-bound (a decode
+# step costs about 0.55 s + 15 ms a row: every step reads the 2 GB of weights), so --model hf's
+# widest batch is its best (measured: 7.5 / 13.4 useful tok/s at batch 8 / 24; 9.4 / 17.5 / 28.6
+# at 8 / 16 / 48): 24 questions at 256 new tokens (our CPU runs' cap), one pair, about 7 minutes
+CPU_DEFAULTS = {"questions": 24, "max_new_tokens": 256, "hf_batches": [24], "pairs": 1}
 GPU_DEFAULTS = {"questions": 500, "max_new_tokens": 500, "hf_batches": [64, 128, 256], "pairs": 2}
 
 
@@ -94,11 +97,17 @@ def run_hf(model, ids, mask, limits, batch: int) -> dict:
 def parse(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=None)
-    parser.add_argument("--hf-batches", type=int, nargs="+", default=None)
+    parser.add_argument("--hf-batches", type=int, nargs="*", default=None,
+                        help="--model hf's batch sizes to time; none: the loop alone (a cost "
+                             "for the estimate, no ratio)")
     parser.add_argument("--pairs", type=int, default=None)
     parser.add_argument("--loop-rows", type=int, nargs="*", default=[],
                         help="also time the loop at these max_rows (the sweep that checks the "
                              "default rule; the cache budget still applies)")
+    parser.add_argument("--harness", action="store_true",
+                        help="also time a 1-question, 1-token lm_eval --model ponder run of the "
+                             "embedded model: the start-up every run pays (imports, tasks, "
+                             "model load, grading worker) that the estimate adds")
     parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
                         choices=["dynamic", "captured"],
                         help="the loop's decode steps to time (captured: the GPU fast path)")
@@ -107,12 +116,12 @@ def parse(argv: list[str] | None):
     args = parser.parse_args(argv)
     device_defaults(args, CPU_DEFAULTS, GPU_DEFAULTS)
     if args.questions < 1 or args.max_new_tokens < 1 or args.pairs < 1 or \
-            min(args.hf_batches) < 1:
+            min(args.hf_batches, default=1) < 1:
         sys.exit("scale: --questions, --max-new-tokens, --pairs and --hf-batches must be >= 1")
     return args
 
 
-def main(argv: list[str] | None = None) -> float:
+def main(argv: list[str] | None = None) -> float | None:
     args = parse(argv)
     import torch
 
@@ -125,6 +134,7 @@ def main(argv: list[str] | None = None) -> float:
     start = time.perf_counter()
     model = build_model(config, args.device, dtype, args.seed)
     args.load_s = time.perf_counter() - start  # building random weights: a start-up per run
+    args.harness_s = harness_seconds(args.lengths, args.device, dtype) if args.harness else 0.0
     batching = Batching(args.max_rows, None, None, args.device, "loop")
     batching.fit(config, dtype)
     loop_config = batching.loop_config()
@@ -142,7 +152,8 @@ def main(argv: list[str] | None = None) -> float:
     w_ids, w_mask, w_limits = batch_of(warm, config.vocab_size, args.device, args.seed)
     for config_ in loops.values():  # kernels, allocator, a captured step's recording
         run_loop(model, w_ids, w_mask, w_limits, config_)
-    run_hf(model, w_ids, w_mask, w_limits, min(args.hf_batches))
+    if args.hf_batches:
+        run_hf(model, w_ids, w_mask, w_limits, min(args.hf_batches))
     engines = {**{k: (lambda c=c: run_loop(model, ids, mask, limits, c)) for k, c in loops.items()},
                **{f"hf-{b}": (lambda b=b: run_hf(model, ids, mask, limits, b))
                   for b in args.hf_batches}}
@@ -155,6 +166,33 @@ def main(argv: list[str] | None = None) -> float:
             print(f"pair {pair}  {name_:15s}  {r['wall_s']:8.2f} s  "
                   f"{r['useful'] / r['wall_s']:9.1f} useful tok/s", flush=True)
     return report(args, name, runs, loops, len(limits), dtype)
+
+
+def harness_seconds(lengths: str, device: str, dtype) -> float:
+    """Wall seconds of ``lm_eval --model ponder`` on one question and one new token (the
+    embedded backbone): what a run costs beyond its generation. A bigger backbone's weights
+    take longer to load than the embedded one's, so at 7-8B this is a lower bound."""
+    import os
+    import subprocess
+    import tempfile
+
+    from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
+
+    with tempfile.TemporaryDirectory() as out:
+        argv = [sys.executable, "-m", "lm_eval", "--model", "ponder", "--device", device,
+                "--model_args", f"controller=none,dtype={str(dtype).removeprefix('torch.')}",
+                "--tasks", f"{lengths}_ponder", "--apply_chat_template", "--limit", "1",
+                "--gen_kwargs", "max_gen_toks=1", "--output_path", out]
+        # as the suite starts its runs: lm-eval's built-in tasks not indexed
+        env = {**os.environ, BUILTIN_TASKS_ENV: "0"}
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+        wall = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"scale: the harness run failed:\n{done.stderr[-2000:]}")
+    print(f"harness start-up (lm_eval --model ponder, 1 question, 1 token): {wall:.1f} s",
+          flush=True)
+    return wall
 
 
 def loop_engines(default, decode_steps: list[str], rows: list[int]) -> dict:
@@ -173,9 +211,10 @@ def loop_engines(default, decode_steps: list[str], rows: list[int]) -> dict:
 
 def report(args, name: str, runs: dict, loops: dict, n: int, dtype) -> float:
     rate = {k: statistics.median(r["useful"] / r["wall_s"] for r in v) for k, v in runs.items()}
-    best = max((k for k in runs if k.startswith("hf-")), key=lambda k: rate[k])
-    ratio = statistics.median(a["useful"] / a["wall_s"] / (b["useful"] / b["wall_s"])
-                              for a, b in zip(runs["loop"], runs[best]))
+    best = max((k for k in runs if k.startswith("hf-")), key=lambda k: rate[k], default=None)
+    ratio = None if best is None else statistics.median(
+        a["useful"] / a["wall_s"] / (b["useful"] / b["wall_s"])
+        for a, b in zip(runs["loop"], runs[best]))
     loop_config = loops["loop"]
     print("engine           rows   wall_s  useful_tok/s  peak_GiB")
     for k, v in runs.items():
@@ -190,9 +229,9 @@ def report(args, name: str, runs: dict, loops: dict, n: int, dtype) -> float:
             "questions": n, "max_new_tokens": args.max_new_tokens, "pairs": args.pairs,
             "loop_max_rows": loop_config.max_rows, "loop_cache_tokens": loop_config.max_cache_tokens,
             "useful_tok_s": rate, "best_hf": best, "loop_over_hf": ratio,
-            "load_s": args.load_s,
+            "load_s": args.load_s, "harness_s": args.harness_s,
             "runs": runs}, indent=1) + "\n")
-    print(f"loop_over_hf {ratio:.3f}")
+    print("loop_over_hf n/a (no --hf-batches)" if ratio is None else f"loop_over_hf {ratio:.3f}")
     return ratio
 
 

@@ -279,6 +279,28 @@ def test_scale_replays_recorded_lengths_in_both_engines(tmp_path, capsys):
     assert hf["slots"] >= hf["useful"]
 
 
+@needs_embedded
+def test_scale_alone_times_the_loop_and_the_harness_start_up(tmp_path, capsys):
+    """With no --hf-batches the loop alone is timed (a cost for the estimate, no ratio), and
+    --harness adds the start-up of a real one-token lm_eval run, which the estimate reads."""
+    import json as json_
+
+    import scale
+
+    from lm_eval_ponder.reporting.budget import ScaleCost
+
+    out = tmp_path / "scale.json"
+    assert scale.main(["--shape", "tiny", "--questions", "4", "--max-new-tokens", "6",
+                       "--pairs", "1", "--hf-batches", "--harness", "--threads", "1",
+                       "--out", str(out)]) is None
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "loop_over_hf n/a (no --hf-batches)"
+    assert any(line.startswith("harness start-up (lm_eval --model ponder") for line in lines)
+    record = json_.loads(out.read_text())
+    assert set(record["useful_tok_s"]) == {"loop"} and record["harness_s"] > 1.0
+    assert ScaleCost.read(out).startup_s == record["load_s"] + record["harness_s"]
+
+
 def test_replayed_lengths_are_the_committed_answers():
     """The replayed lengths are the greedy Direct answers' token counts in the committed logs,
     and the prompt lengths the ones their FLOPs price (the arith prompts, kept in the logs,
@@ -322,3 +344,28 @@ def test_train_cost_times_a_block_and_a_step_on_replayed_lengths(tmp_path, capsy
     assert json_.loads(out.read_text())["token_steps"] == 2500
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == f"train_cost block_s {record['block']['wall_s']:.3f} step_s {step['wall_s']:.3f}"
+
+
+@pytest.mark.parametrize("shape", ["qwen2.5-7b", "llama-3-8b"])
+def test_the_default_rows_and_cache_hold_a_7_8b_model_on_an_80_gb_gpu(shape, monkeypatch):
+    """The rule for big models (issue 54; docs/design/generation.md): on one 80 GB GPU in bf16,
+    the default 256 rows of GSM8K (its longest recorded prompt + the paper's 500 new tokens)
+    fit the default cache budget (a third of the GPU), so the budget does not hold them back,
+    and weights + that budget leave over a fifth of the GPU for activations: no out-of-memory
+    at the default. (Throughput against a max_rows sweep needs a GPU: gpu_session.sh.)"""
+    import torch
+    from lib import replay
+    from transformers import AutoModelForCausalLM
+
+    from lm_eval_ponder.evaluation import batching
+
+    gpu = 80 * 10**9
+    monkeypatch.setattr(batching, "total_memory_bytes", lambda device: gpu)
+    config, _ = replay.shape_config(shape)
+    rule = batching.Batching(None, None, None, "cuda", "loop")
+    rule.fit(config, torch.bfloat16)
+    widest = max(p for p, _ in replay.recorded_lengths("gsm8k", 10_000, 500))
+    assert rule.max_rows == 256 and rule.max_cache_tokens >= 256 * (widest + 500)
+    with torch.device("meta"):
+        weights = 2 * sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    assert weights + rule.max_cache_gib * 2**30 < 0.8 * gpu

@@ -205,7 +205,7 @@ def captured_run(model_dir, vector_dir, monkeypatch, upload_in_forward: bool = F
             lm.model.model.norm.register_forward_hook(
                 lambda module, args, out: out + torch.tensor(0.0, device=out.device))
         got = lm.generate_until(requests(GREEDY))
-        forward = static_decode.decode_forward(lm.model, "captured")
+        forward = static_decode.decode_forward(lm.model)
         inputs = [i for per_cache in forward.graphs.values() for i, _ in per_cache.values()]
     return got, recorded, guard.syncs, guard.uploads, inputs
 

@@ -36,13 +36,26 @@ def test_registration_adds_ponder_without_breaking_hf():
 
 @pytest.mark.skipif(not INSTALLED_PTH.exists(), reason="needs `pip install .` (installs the .pth)")
 def test_registration_indexes_our_tasks_next_to_builtin_ones():
+    """Every TaskManager indexes ours beside lm-eval's; lm-eval's own ~15,000 YAML files are
+    parsed once per process (a second TaskManager reads only ours, and lists the same names);
+    LM_EVAL_PONDER_BUILTIN_TASKS=0 (what the suite gives its runs) leaves the built-in ones out."""
     out = run_python(
-        "from lm_eval.tasks import TaskManager\n"
-        "import json; tm = TaskManager(); print(json.dumps(tm.all_tasks))"
+        "import json, os\n"
+        "from lm_eval.tasks import TaskManager, _index\n"
+        "first = TaskManager()\n"
+        "loads, load = [], _index.load_yaml\n"
+        "_index.load_yaml = lambda *a, **k: loads.append(a) or load(*a, **k)\n"
+        "again = TaskManager()\n"
+        "os.environ['LM_EVAL_PONDER_BUILTIN_TASKS'] = '0'\n"
+        "ours = TaskManager()\n"
+        "print(json.dumps([first.all_tasks, again.all_tasks, ours.all_tasks, len(loads)]))"
     )
-    names = set(json.loads(out))
+    first, again, ours, loads = json.loads(out)
+    names = set(first)
     assert set(ALL_TASKS) <= names and "ponder_suite" in names
-    assert "gsm8k" in names  # built-in tasks still there
+    assert "gsm8k" in names and len(names) > 1000  # built-in tasks still there
+    assert again == first and loads < 100
+    assert set(ALL_TASKS) <= set(ours) and "gsm8k" not in ours
 
 
 def outside_checkout_env() -> dict[str, str]:

@@ -119,8 +119,9 @@ def read_lengths(root: str | Path) -> list[PilotRun]:
 @dataclass(frozen=True)
 class ScaleCost:
     """The cost of a backbone shape on a device, as ``benchmarks/scale.py --out`` measured it:
-    the loop's useful tokens per second (its median over interleaved pairs) and the seconds to
-    build or load the model, which every run pays once."""
+    the loop's useful tokens per second (its median over interleaved pairs) and the start-up
+    every run pays once: building the model plus, with ``scale.py --harness``, a one-token
+    ``lm_eval --model ponder`` run (imports, tasks, model load, grading worker)."""
 
     shape: str
     device: str
@@ -134,7 +135,8 @@ class ScaleCost:
         if not isinstance(data, dict) or "useful_tok_s" not in data:
             raise PonderError(f"{path} is not a benchmarks/scale.py --out file (no useful_tok_s)")
         return cls(str(data["shape"]), str(data["device"]), str(data["dtype"]),
-                   float(data["useful_tok_s"]["loop"]), float(data.get("load_s", 0.0)))
+                   float(data["useful_tok_s"]["loop"]),
+                   float(data.get("load_s", 0.0)) + float(data.get("harness_s", 0.0)))
 
     def model(self) -> CostModel:
         return CostModel(self.startup_s, 1.0 / self.tok_s)

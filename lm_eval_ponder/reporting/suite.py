@@ -62,6 +62,7 @@ from lm_eval_ponder.files import (
     read_json,
 )
 from lm_eval_ponder.reporting.compact import compact_tree
+from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
 
 LOGGER = logging.getLogger(__name__)
 
@@ -524,7 +525,8 @@ def run_suite(a: argparse.Namespace) -> Path:
     runs = plan(methods, datasets, decodings, a.alpha, controller, seeds, thresholds,
                 a.exit_layers)
     preload = allocator.resolve(a.allocator)
-    env = allocator.child_environment(preload)
+    # the runs name only our tasks: lm-eval's ~15,000 built-in ones need not be indexed
+    env = {BUILTIN_TASKS_ENV: "0", **allocator.child_environment(preload)}
     if a.plan:
         print(plan_text(runs, out, a.pilot, a.limit, a.scale))
         return out

@@ -117,11 +117,11 @@ def test_a_scale_cost_prices_the_runs_and_the_training(tmp_path, capsys):
     scale = tmp_path / "scale.json"
     scale.write_text(json.dumps({"shape": "qwen2.5-7b", "device": "cuda", "dtype": "bf16",
                                  "useful_tok_s": {"loop": 100.0, "hf-64": 40.0},
-                                 "load_s": 30.0}))
+                                 "load_s": 30.0, "harness_s": 70.0}))
     runs = [{"label": m, "method": m, "decoding": "greedy", "dataset": "arith"}
             for m in ("Direct", "CoT")]
     text = suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(scale))
-    assert "| Direct | arith | 10 | 200 | 1 min |" in text  # 30 s + 10 x 200 / 100 s
+    assert "| Direct | arith | 10 | 200 | 2 min |" in text  # 30 s + 70 s + 10 x 200 / 100 s
     assert "| CoT | arith | 10 | - | no pilot run |" in text
     assert "qwen2.5-7b on cuda" in text and "100 useful tok/s" in text
     # training: the trainer's defaults at the greedy Direct mean (300 tokens an answer)

@@ -122,13 +122,15 @@ def samples_file(directory: Path, task: str) -> Path | None:
     return latest_log(directory, f"{task}_ponder")
 
 
-def load_sweep(root: str, form: str, task: str, k_max: int) -> dict | None:
-    """The sweep on one task as [depth, doc] arrays, or None until every depth has finished."""
+def load_sweep(root: str, form: str, task: str, k_max: int, decoding: str = "greedy"
+               ) -> dict | None:
+    """The sweep on one task as [depth, doc] arrays, or None until every depth has finished
+    (``decoding``: the suite's decoding folder, ``greedy`` or ``t0.7`` for seed 0)."""
     import numpy as np
 
     per_k, wall = [], 0.0
     for k in range(k_max + 1):
-        st = depth_status(root, form, task, k)
+        st = depth_status(root, form, task, k, decoding)
         if st["state"] != "finished":
             return None
         per_k.append(st["samples"])
@@ -311,14 +313,14 @@ def controller_row(figures, depth, level, directory: Path, n_bootstrap: int) -> 
             **depth_profile(depth, level), "directory": str(directory)}
 
 
-def depth_status(root: str, form: str, task: str, k: int) -> dict:
+def depth_status(root: str, form: str, task: str, k: int, decoding: str = "greedy") -> dict:
     """One (depth, task) run of the sweep as it stands: finished with its figures, started (a
     killed or running run keeps its answers in lm-eval's cache) or not started. Lets a sweep
     that spans sessions report what it has without waiting for the last depth."""
     from lm_eval_ponder.reporting.compact import read_samples
     from lm_eval_ponder.reporting.measures import wilson
 
-    run = run_dir(root, form, k) / "greedy" / "FR" / task  # suite's layout
+    run = run_dir(root, form, k) / decoding / "FR" / task  # suite's layout
     path = samples_file(run, task)
     if path is None:
         return {"state": "started" if run.is_dir() else "not started"}
@@ -348,7 +350,7 @@ def status(args) -> None:
         print(f"{args.form}, {task}:")
         done = {}
         for k, alpha in enumerate(offsets):
-            st = depth_status(args.root, args.form, task, k)
+            st = depth_status(args.root, args.form, task, k, args.decoding)
             if st["state"] != "finished":
                 print(f"  k={k} alpha={alpha:+.4f}  {st['state']}")
                 continue
@@ -392,10 +394,10 @@ def analyse(args) -> None:
             sys.exit(f"{directory} has no answers in {run}: run `testset.py evaluate --form "
                      f"{args.form} --controller {directory}"
                      + ("" if tau is None else f" --tau {tau:g}") + "` first")
-    summary = {"form": args.form, "dtype": args.dtype, "offsets": offsets, "sweep": args.sweep,
-               "tasks": {}}
+    summary = {"form": args.form, "dtype": args.dtype, "decoding": args.decoding,
+               "offsets": offsets, "sweep": args.sweep, "tasks": {}}
     for task in TASKS:
-        s = load_sweep(args.root, args.form, task, k_max)
+        s = load_sweep(args.root, args.form, task, k_max, args.decoding)
         if s is None:
             print(f"{task}: the sweep is not finished at every depth; skipped", flush=True)
             continue
@@ -450,7 +452,7 @@ def taus(args) -> None:
     ``analyse`` composes them, against the fixed-alpha curve at equal tokens. No generation."""
 
     offsets = offsets_of(args.form)
-    s = load_sweep(args.root, args.form, "arith", len(offsets) - 1)
+    s = load_sweep(args.root, args.form, "arith", len(offsets) - 1, args.decoding)
     if s is None:
         sys.exit("the arith sweep is not finished at every depth: run `testset.py sweep` first")
     z0 = test_states(args.root, args.form, "arith", s["contexts"], args.dtype)
@@ -497,8 +499,8 @@ def taus(args) -> None:
 
 def write_markdown(path: Path, s: dict) -> None:
     lines = [f"# Controllers against the fixed-alpha sweep on test documents: form `{s['form']}`",
-             "", f"Greedy, through `lm_eval --model ponder` (256 new tokens, "
-             f"{s.get('dtype', 'float32')}). A "
+             "", f"Decoding {s.get('decoding', 'greedy')}, through `lm_eval --model ponder` "
+             f"(256 new tokens, {s.get('dtype', 'float32')}). A "
              "controller's answers are the sweep's answers at the depth it chooses per document "
              "(see `studies/testset.py`; `verify` below checks this through lm_eval). CIs: "
              "Wilson for accuracies, paired bootstrap over documents for the gap.", ""]
@@ -574,7 +576,8 @@ def plot(path: Path, s: dict) -> None:
         ax.set_ylabel("accuracy")
         ax.set_title(f"{task}, {t['documents']} test documents", fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(f"Controllers vs fixed alpha, form {s['form']} (greedy, lm_eval)", fontsize=10)
+    fig.suptitle(f"Controllers vs fixed alpha, form {s['form']} ({s.get('decoding', 'greedy')}, "
+                 "lm_eval)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=120)  # a palette PNG: a third the bytes
     plt.close(fig)
@@ -755,6 +758,9 @@ def main(argv: list[str] | None = None) -> None:
     tu.add_argument("--out", default=None, help="default: as analyse")
     tu.add_argument("--bootstrap", type=int, default=2000)
     for name in ("analyse", "status", "taus"):
+        sub.choices[name].add_argument(
+            "--decoding", default="greedy",
+            help="which sweep's answers to compose: greedy, or t0.7 (seed 0; issue 52)")
         sub.choices[name].add_argument(
             "--sweep", default=None,
             help="an adaptation sweep directory holding final controllers "

@@ -133,6 +133,18 @@ def test_load_sweep_reads_every_depth_and_refuses_different_documents(tmp_path):
         testset.load_sweep(str(tmp_path), "ours", "arith", 2)
 
 
+def test_a_sampled_sweep_is_read_from_its_own_decoding(tmp_path):
+    """The T = 0.7 sweep (issue 52) sits beside the greedy one under the suite's decoding
+    folder; analyse/status/taus --decoding t0.7 read it, and never the greedy answers."""
+    for k, correct in enumerate(([1, 0, 1], [0, 0, 1])):
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k) / "t0.7" / "FR" / "arith",
+                       "arith", [0, 1, 2], correct)
+    assert testset.load_sweep(str(tmp_path), "ours", "arith", 1) is None  # no greedy sweep
+    s = testset.load_sweep(str(tmp_path), "ours", "arith", 1, "t0.7")
+    assert s["correct"].tolist() == [[1, 0, 1], [0, 0, 1]]
+    assert testset.depth_status(str(tmp_path), "ours", "arith", 1, "t0.7")["accuracy"] == 1 / 3
+
+
 def test_a_committed_sweep_reads_as_the_full_one(tmp_path):
     """A clone has the sweep's compact logs only (reporting.compact): the same figures,
     prompts and answer digests."""

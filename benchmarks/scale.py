@@ -108,6 +108,12 @@ def parse(argv: list[str] | None):
                         help="also time a 1-question, 1-token lm_eval --model ponder run of the "
                              "embedded model: the start-up every run pays (imports, tasks, "
                              "model load, grading worker) that the estimate adds")
+    parser.add_argument("--harness-questions", type=int, default=0,
+                        help="with --harness: also run the real lm_eval on this many questions "
+                             "at --max-new-tokens and replay the embedded shape on the same "
+                             "recorded lengths; the seconds per token the harness spends beyond "
+                             "the loop (stop strings, texts, grading in a worker on the same "
+                             "cores) go into the record, and the estimate adds them")
     parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
                         choices=["dynamic", "captured"],
                         help="the loop's decode steps to time (captured: the GPU fast path)")
@@ -118,6 +124,8 @@ def parse(argv: list[str] | None):
     if args.questions < 1 or args.max_new_tokens < 1 or args.pairs < 1 or \
             min(args.hf_batches, default=1) < 1:
         sys.exit("scale: --questions, --max-new-tokens, --pairs and --hf-batches must be >= 1")
+    if args.harness_questions < 0 or (args.harness_questions and not args.harness):
+        sys.exit("scale: --harness-questions takes a count >= 0, and --harness with it")
     return args
 
 
@@ -138,6 +146,7 @@ def main(argv: list[str] | None = None) -> float | None:
     batching = Batching(args.max_rows, None, None, args.device, "loop")
     batching.fit(config, dtype)
     loop_config = batching.loop_config()
+    args.overhead = harness_overhead(args, dtype, args.harness_s) if args.harness_questions else None
     loops = loop_engines(loop_config, args.decode_steps, args.loop_rows)
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
     params = sum(p.numel() for p in model.parameters())
@@ -195,6 +204,53 @@ def harness_seconds(lengths: str, device: str, dtype) -> float:
     return wall
 
 
+def harness_overhead(args, dtype, startup_s: float) -> dict:
+    """What a real run spends per generated token beyond the loop: ``lm_eval --model ponder``
+    (the embedded backbone, greedy, ``--harness-questions`` questions at ``--max-new-tokens``)
+    minus its start-up, per token it generated, less the loop's own seconds per token when the
+    embedded shape replays the same questions' recorded lengths on this machine. On a 2-core CPU
+    this is the stop-string checks, the texts and the grading worker competing for the cores;
+    the estimate adds it to every shape's cost per token."""
+    import glob
+    import os
+    import subprocess
+    import tempfile
+
+    from lm_eval_ponder.evaluation.batching import Batching
+    from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
+
+    n, cap = args.harness_questions, args.max_new_tokens
+    with tempfile.TemporaryDirectory() as out:
+        argv = [sys.executable, "-m", "lm_eval", "--model", "ponder", "--device", args.device,
+                "--model_args", f"controller=none,dtype={str(dtype).removeprefix('torch.')}",
+                "--tasks", f"{args.lengths}_ponder", "--apply_chat_template", "--limit", str(n),
+                "--gen_kwargs", f"max_gen_toks={cap},do_sample=False", "--output_path", out]
+        start = time.perf_counter()
+        done = subprocess.run(argv, capture_output=True, text=True,
+                              env={**os.environ, BUILTIN_TASKS_ENV: "0"})
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            sys.exit(f"scale: the harness run failed:\n{done.stderr[-2000:]}")
+        results = json.loads(Path(sorted(glob.glob(f"{out}/*/results_*.json"))[-1]).read_text())
+    tokens = results["results"][f"{args.lengths}_ponder"]["gen_tokens,none"] * n
+    config, _ = shape_config("smollm2-135m")
+    model = build_model(config, args.device, dtype, args.seed)
+    batching = Batching(args.max_rows, None, None, args.device, "loop")
+    batching.fit(config, dtype)
+    lengths = recorded_lengths(args.lengths, n, cap)
+    ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
+    loop = run_loop(model, ids, mask, limits, batching.loop_config())
+    harness_s_tok = (wall - startup_s) / tokens
+    loop_s_tok = loop["wall_s"] / loop["useful"]
+    print(f"harness on {n} questions: {wall:.1f} s, {tokens:.0f} tokens, "
+          f"{harness_s_tok * 1e3:.2f} ms/token after start-up; the embedded shape's loop on "
+          f"their recorded lengths {loop_s_tok * 1e3:.2f} ms/token: overhead "
+          f"{(harness_s_tok - loop_s_tok) * 1e3:.2f} ms/token", flush=True)
+    del model
+    return {"questions": n, "wall_s": wall, "tokens": tokens, "harness_s_per_token": harness_s_tok,
+            "loop_s_per_token": loop_s_tok, "s_per_token": harness_s_tok - loop_s_tok}
+
+
 def loop_engines(default, decode_steps: list[str], rows: list[int]) -> dict:
     """The loop's configurations to time: ``loop`` (the default rule, dynamic) first, then
     each other decode step at the default rows, then each ``--loop-rows`` value."""
@@ -230,7 +286,7 @@ def report(args, name: str, runs: dict, loops: dict, n: int, dtype) -> float:
             "loop_max_rows": loop_config.max_rows, "loop_cache_tokens": loop_config.max_cache_tokens,
             "useful_tok_s": rate, "best_hf": best, "loop_over_hf": ratio,
             "load_s": args.load_s, "harness_s": args.harness_s,
-            "runs": runs}, indent=1) + "\n")
+            "harness_overhead": args.overhead, "runs": runs}, indent=1) + "\n")
     print("loop_over_hf n/a (no --hf-batches)" if ratio is None else f"loop_over_hf {ratio:.3f}")
     return ratio
 

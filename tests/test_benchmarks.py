@@ -291,14 +291,22 @@ def test_scale_alone_times_the_loop_and_the_harness_start_up(tmp_path, capsys):
 
     out = tmp_path / "scale.json"
     assert scale.main(["--shape", "tiny", "--questions", "4", "--max-new-tokens", "6",
-                       "--pairs", "1", "--hf-batches", "--harness", "--threads", "1",
-                       "--out", str(out)]) is None
+                       "--pairs", "1", "--hf-batches", "--harness", "--harness-questions", "2",
+                       "--threads", "1", "--out", str(out)]) is None
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "loop_over_hf n/a (no --hf-batches)"
     assert any(line.startswith("harness start-up (lm_eval --model ponder") for line in lines)
+    assert any(line.startswith("harness on 2 questions: ") for line in lines)
     record = json_.loads(out.read_text())
     assert set(record["useful_tok_s"]) == {"loop"} and record["harness_s"] > 1.0
-    assert ScaleCost.read(out).startup_s == record["load_s"] + record["harness_s"]
+    extra = record["harness_overhead"]
+    assert extra["questions"] == 2 and 2 <= extra["tokens"] <= 12 and extra["loop_s_per_token"] > 0
+    assert extra["s_per_token"] == extra["harness_s_per_token"] - extra["loop_s_per_token"]
+    cost = ScaleCost.read(out)
+    assert cost.startup_s == record["load_s"] + record["harness_s"]
+    assert cost.overhead_s_per_token == max(extra["s_per_token"], 0.0)
+    with pytest.raises(SystemExit, match="--harness with it"):
+        scale.main(["--shape", "tiny", "--harness-questions", "2"])
 
 
 def test_replayed_lengths_are_the_committed_answers():

@@ -128,6 +128,15 @@ def test_a_scale_cost_prices_the_runs_and_the_training(tmp_path, capsys):
     tokens = budget.training_tokens(300.0)
     for name, n in tokens.items():
         assert f"{name}: {n:,.0f} tokens, {n / 100 / 3600:.1f} h" in text
+    assert "the loop alone: a lower bound" in text
+    # with the harness's own cost per token measured (scale.py --harness-questions): 5 ms more
+    # a token, so 10 x 200 tokens at 15 ms = 30 s on top of 100 s of start-up
+    scale.write_text(json.dumps({"shape": "qwen2.5-7b", "device": "cuda", "dtype": "bf16",
+                                 "useful_tok_s": {"loop": 100.0}, "load_s": 30.0,
+                                 "harness_s": 70.0, "harness_overhead": {"s_per_token": 0.005}}))
+    assert budget.ScaleCost.read(scale).model().s_per_token == pytest.approx(0.015)
+    text = suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(scale))
+    assert "+ 5.00 ms/token the harness spends beyond the loop" in text
     with pytest.raises(PonderError, match="needs --pilot"):
         suite.plan_text(runs, tmp_path / "out", None, 10, str(scale))
     with pytest.raises(PonderError, match="not a benchmarks/scale.py"):

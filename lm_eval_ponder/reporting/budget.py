@@ -128,24 +128,24 @@ class ScaleCost:
     dtype: str
     tok_s: float
     startup_s: float
-    overhead_s_per_token: float = 0.0
+    overhead_s_per_token: float | None = None  # None: not measured (a loop-only record)
 
     @classmethod
     def read(cls, path: str | Path) -> ScaleCost:
         data = read_json(Path(path)) if Path(path).is_file() else None
         if not isinstance(data, dict) or "useful_tok_s" not in data:
             raise PonderError(f"{path} is not a benchmarks/scale.py --out file (no useful_tok_s)")
-        overhead = data.get("harness_overhead") or {}
+        overhead = data.get("harness_overhead")
         return cls(str(data["shape"]), str(data["device"]), str(data["dtype"]),
                    float(data["useful_tok_s"]["loop"]),
                    float(data.get("load_s", 0.0)) + float(data.get("harness_s", 0.0)),
-                   max(float(overhead.get("s_per_token", 0.0)), 0.0))
+                   None if not overhead else max(float(overhead["s_per_token"]), 0.0))
 
     def model(self) -> CostModel:
         """Start-up per run + seconds per token: the loop's, plus what the harness spends per
-        token beyond it where ``scale.py --harness-questions`` measured that (a loop-only
-        figure ran a third short of a real run on a 2-core CPU)."""
-        return CostModel(self.startup_s, 1.0 / self.tok_s + self.overhead_s_per_token)
+        token beyond it where ``scale.py --harness-questions`` measured that (a negative
+        difference, a real run as fast as the replay, counts as none)."""
+        return CostModel(self.startup_s, 1.0 / self.tok_s + (self.overhead_s_per_token or 0.0))
 
 
 def training_tokens(cache_tokens_per_answer: float) -> dict[str, float]:

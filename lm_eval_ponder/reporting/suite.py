@@ -331,8 +331,9 @@ def scale_plan_text(runs: list[dict], done: set, lengths: str | None, limit: int
                           "--pilot results/suite, the committed runs of the embedded backbone)")
     cost, runs_seen = ScaleCost.read(scale), read_lengths(lengths)
     rows, model = estimate(runs, runs_seen, limit, done, model=cost.model())
-    overhead = (f" + {cost.overhead_s_per_token * 1e3:.2f} ms/token the harness spends beyond "
-                "the loop" if cost.overhead_s_per_token else ", the loop alone: a lower bound")
+    overhead = (", the loop alone: a lower bound" if cost.overhead_s_per_token is None else
+                f" + {cost.overhead_s_per_token * 1e3:.2f} ms/token the harness spends beyond "
+                "the loop")
     text = render_estimate(rows, model, f"benchmarks/scale.py ({cost.shape} on {cost.device}, "
                                         f"{cost.dtype}: {cost.tok_s:,.0f} useful tok/s{overhead})")
     direct = [r for r in runs_seen if r.label == "Direct" and r.dataset in ("arith", "gsm8k")]

@@ -640,6 +640,14 @@ def test_every_model_arg_with_a_range_refuses_a_value_outside_it(lm_eval_runs):
 
 
 # ------------------------------------------------------------------ Ctrl-C in lm_eval
+def interruptible() -> None:
+    """``preexec_fn`` of a child that must see Ctrl-C as a terminal user's process does: a
+    shell that runs its jobs in the background (``nohup ... &``, some CI runners) ignores
+    SIGINT in them, the child inherits that, and Python then installs no handler, so the
+    signal would be dropped and the run go on to the end."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_lm_eval(argv: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
     """``python -m lm_eval ARGV`` in its own process group, returned once generation has
     begun (its progress bar is drawn), with what it wrote to stderr so far."""
@@ -648,7 +656,7 @@ def start_lm_eval(argv: list[str], cwd: Path) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "lm_eval", *argv], env=env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=interruptible)
     os.set_blocking(proc.stderr.fileno(), False)
     watch = selectors.DefaultSelector()
     watch.register(proc.stderr, selectors.EVENT_READ)
@@ -1003,7 +1011,7 @@ def test_ctrl_c_in_suite_says_where_it_stopped_and_how_to_resume(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "lm_eval_ponder.suite", *argv], env=env,
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=interruptible)
     deadline = time.time() + 120
     while not (pidfile.is_file() and pidfile.read_text()):
         assert proc.poll() is None, proc.communicate()

@@ -177,10 +177,11 @@ def main(argv: list[str] | None = None) -> float | None:
     return report(args, name, runs, loops, len(limits), dtype)
 
 
-def harness_seconds(lengths: str, device: str, dtype) -> float:
-    """Wall seconds of ``lm_eval --model ponder`` on one question and one new token (the
-    embedded backbone): what a run costs beyond its generation. A bigger backbone's weights
-    take longer to load than the embedded one's, so at 7-8B this is a lower bound."""
+def run_harness(lengths: str, device: str, dtype, questions: int, gen_kwargs: str
+                ) -> tuple[float, dict]:
+    """One real ``lm_eval --model ponder`` run of the embedded backbone, started as the suite
+    starts its runs (lm-eval's built-in tasks not indexed): its wall seconds and results."""
+    import glob
     import os
     import subprocess
     import tempfile
@@ -190,15 +191,23 @@ def harness_seconds(lengths: str, device: str, dtype) -> float:
     with tempfile.TemporaryDirectory() as out:
         argv = [sys.executable, "-m", "lm_eval", "--model", "ponder", "--device", device,
                 "--model_args", f"controller=none,dtype={str(dtype).removeprefix('torch.')}",
-                "--tasks", f"{lengths}_ponder", "--apply_chat_template", "--limit", "1",
-                "--gen_kwargs", "max_gen_toks=1", "--output_path", out]
-        # as the suite starts its runs: lm-eval's built-in tasks not indexed
-        env = {**os.environ, BUILTIN_TASKS_ENV: "0"}
+                "--tasks", f"{lengths}_ponder", "--apply_chat_template", "--limit",
+                str(questions), "--gen_kwargs", gen_kwargs, "--output_path", out]
         start = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True, env=env)
+        done = subprocess.run(argv, capture_output=True, text=True,
+                              env={**os.environ, BUILTIN_TASKS_ENV: "0"})
         wall = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"scale: the harness run failed:\n{done.stderr[-2000:]}")
+        if done.returncode != 0:
+            sys.exit(f"scale: the harness run failed:\n{done.stderr[-2000:]}")
+        results = json.loads(Path(sorted(glob.glob(f"{out}/*/results_*.json"))[-1]).read_text())
+    return wall, results
+
+
+def harness_seconds(lengths: str, device: str, dtype) -> float:
+    """Wall seconds of ``lm_eval --model ponder`` on one question and one new token (the
+    embedded backbone): what a run costs beyond its generation. A bigger backbone's weights
+    take longer to load than the embedded one's, so at 7-8B this is a lower bound."""
+    wall, _ = run_harness(lengths, device, dtype, 1, "max_gen_toks=1")
     print(f"harness start-up (lm_eval --model ponder, 1 question, 1 token): {wall:.1f} s",
           flush=True)
     return wall
@@ -211,27 +220,11 @@ def harness_overhead(args, dtype, startup_s: float) -> dict:
     embedded shape replays the same questions' recorded lengths on this machine. On a 2-core CPU
     this is the stop-string checks, the texts and the grading worker competing for the cores;
     the estimate adds it to every shape's cost per token."""
-    import glob
-    import os
-    import subprocess
-    import tempfile
-
     from lm_eval_ponder.evaluation.batching import Batching
-    from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
 
     n, cap = args.harness_questions, args.max_new_tokens
-    with tempfile.TemporaryDirectory() as out:
-        argv = [sys.executable, "-m", "lm_eval", "--model", "ponder", "--device", args.device,
-                "--model_args", f"controller=none,dtype={str(dtype).removeprefix('torch.')}",
-                "--tasks", f"{args.lengths}_ponder", "--apply_chat_template", "--limit", str(n),
-                "--gen_kwargs", f"max_gen_toks={cap},do_sample=False", "--output_path", out]
-        start = time.perf_counter()
-        done = subprocess.run(argv, capture_output=True, text=True,
-                              env={**os.environ, BUILTIN_TASKS_ENV: "0"})
-        wall = time.perf_counter() - start
-        if done.returncode != 0:
-            sys.exit(f"scale: the harness run failed:\n{done.stderr[-2000:]}")
-        results = json.loads(Path(sorted(glob.glob(f"{out}/*/results_*.json"))[-1]).read_text())
+    wall, results = run_harness(args.lengths, args.device, dtype, n,
+                                f"max_gen_toks={cap},do_sample=False")
     tokens = results["results"][f"{args.lengths}_ponder"]["gen_tokens,none"] * n
     config, _ = shape_config("smollm2-135m")
     model = build_model(config, args.device, dtype, args.seed)

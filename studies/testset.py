@@ -16,6 +16,10 @@
     python studies/testset.py status --form paper [--sweep DIR] [--extra DIR ...]
     # the halting threshold tau swept for given controllers on the arith sweep (no generation)
     python studies/testset.py taus --form ours --extra DIR ... [--taus 0.05,0.1,0.2,0.3,0.5,0.8]
+    # the literal reading of tau (issue 52): halt pondering once the backbone's own next-token
+    # probability falls below tau; no controller, no generation beyond one probe per depth
+    python studies/testset.py literal --form ours --decoding t0.7 --dtype float32 \
+        --root results/testset-t0.7 --out docs/adaptation/literal-tau
 
 Why the controllers need no generation of their own: a prompt-level controller chooses its
 depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
@@ -180,6 +184,150 @@ def test_states(root: str, form: str, task: str, contexts: list[str], dtype: str
     return z0
 
 
+def confidence_by_depth(model, encode, layer: int, step, offsets: list[float],
+                        contexts: list[str]):
+    """The backbone's top next-token probability after each prompt, steered at each depth's
+    offset: [N, K+1], float32. This is what the first answer token is drawn from at depth k
+    (the prompt-mode hook adds c_k x ``step`` to ``layer``'s output at the last prompt token).
+
+    One prompt at a time, as ``test_states`` (no padding): the prompt but its last token runs
+    once unsteered into a cache, which is then repeated K+1 times, and the last token runs for
+    every depth in one forward with one offset per row."""
+    import torch
+    from transformers import DynamicCache
+
+    from lm_eval_ponder.engine.rows import cache_keyword
+    from lm_eval_ponder.pondering.dynamics import RowOffsets
+    from lm_eval_ponder.pondering.hook import SteeringHook
+
+    device = next(model.parameters()).device
+    rows, keyword = len(offsets), cache_keyword(model)
+    out = []
+    with torch.no_grad():
+        for context in contexts:
+            ids = encode(context).to(device)
+            if ids.shape[1] < 2:
+                raise ValueError(f"a prompt of {ids.shape[1]} token(s) has nothing to cache")
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, :-1], use_cache=True, **{keyword: cache})
+            cache.batch_repeat_interleave(rows)
+            with SteeringHook(model, layer, step, 1.0, RowOffsets(offsets, device)):
+                logits = model(input_ids=ids[:, -1:].expand(rows, 1), use_cache=True,
+                               logits_to_keep=1, **{keyword: cache}).logits[:, -1].float()
+            out.append(torch.softmax(logits, dim=-1).amax(dim=-1).cpu())
+    return torch.stack(out)
+
+
+def test_confidences(root: str, form: str, task: str, contexts: list[str], dtype: str,
+                     offsets: list[float]):
+    """``confidence_by_depth`` of every test prompt with the shipped steering, kept next to
+    the sweep (keyed by the contexts, dtype and offsets), and the FLOPs of one probe (the
+    layers above the steering layer and the LM head, for one token)."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from lm_eval_ponder.flops import FlopsSpec, layers_flops, lm_head_flops
+
+    path = Path(root) / form / f"confidence_{task}.safetensors"
+    key = {"contexts_sha256": hashlib.sha256("\n\0".join(contexts).encode()).hexdigest(),
+           "dtype": dtype, "offsets": json.dumps([round(c, 8) for c in offsets])}
+    if path.is_file():
+        with safe_open(str(path), "pt") as f:
+            meta = f.metadata() or {}
+        if all(meta.get(k) == v for k, v in key.items()):
+            t = load_file(str(path))
+            return t["confidence"], float(t["probe_flops"].mean())
+    from lm_eval_ponder.backbone import decoder_layers
+    from lm_eval_ponder.training.loop import load_backbone
+
+    lm = load_backbone(train_config(form, 1, 256, 1, dtype))
+    step = lm.steer_scale * lm.steer_vector
+    conf = confidence_by_depth(lm.model, lambda c: lm.tok_batch_encode([c])[0], lm.steer_layer,
+                               step, offsets, contexts)
+    spec = FlopsSpec.from_model(lm.model)
+    above = len(decoder_layers(lm.model)) - (lm.steer_layer % len(decoder_layers(lm.model))) - 1
+    lengths = [int(lm.tok_batch_encode([c])[0].shape[1]) for c in contexts]
+    probe = torch.tensor([float(layers_flops(spec, above, 1, n - 1) + lm_head_flops(spec, 1))
+                          for n in lengths])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"confidence": conf.contiguous(), "probe_flops": probe}, str(path), metadata=key)
+    return conf, float(probe.mean())
+
+
+def literal_depths(confidence, tau: float):
+    """The literal reading of the paper's "termination threshold 0.2 ... halting generation
+    when the predicted next-token probability falls below this value", as a halting rule for
+    pondering: ponder while the steered backbone is at least tau sure of its next token, halt
+    at the first depth where it is not (K_max if never). It is ``halting_depth`` with the
+    backbone's confidence in place of the controller's phi; and the probes it needed (one per
+    depth tested: d + 1, or K at the budget)."""
+    from lm_eval_ponder.pondering.dynamics import halting_depth
+
+    depth = halting_depth(confidence, tau)
+    k_max = confidence.shape[1] - 1
+    return depth.numpy(), (depth + 1).clamp(max=k_max).numpy()
+
+
+def literal(args) -> None:
+    """The literal tau rule on a finished arith sweep, composed as ``taus`` composes
+    controllers: depths from ``literal_depths`` at each tau, answers from the sweep at those
+    depths, against the fixed-alpha curve at equal tokens. Generates nothing beyond the probes
+    (kept, so a second run is instant)."""
+    import numpy as np
+
+    offsets = offsets_of(args.form)
+    s = load_sweep(args.root, args.form, "arith", len(offsets) - 1, args.decoding)
+    if s is None:
+        sys.exit(f"the arith sweep under {args.root} ({args.decoding}) is not finished at every "
+                 "depth: run `testset.py sweep` first")
+    probe_dtype = args.probe_dtype or args.dtype
+    conf, probe = test_confidences(args.root, args.form, "arith", s["contexts"], probe_dtype,
+                                   offsets)
+    rows = {}
+    for tau in [float(v) for v in args.taus.split(",")]:
+        depth, probes = literal_depths(conf, tau)
+        rule = f"tau={tau:g}"
+        rows[rule] = controller_row(
+            lambda idx, depth=depth, cost=probes * probe: composed_figures(s, depth, cost, idx),
+            depth, s["level"], Path(rule), args.bootstrap)
+    quantiles = [0.1, 0.25, 0.5, 0.75, 0.9]
+    summary = {"form": args.form, "dtype": args.dtype, "probe_dtype": probe_dtype,
+               "decoding": args.decoding, "task": "arith", "documents": len(s["docs"]),
+               "rule": literal_depths.__doc__,
+               "probe_flops_mean": probe,
+               "confidence_quantiles": {f"k={k}": np.quantile(conf[:, k].numpy(), quantiles)
+                                        .round(4).tolist() for k in range(len(offsets))},
+               "rules": rows,
+               "fixed": [{"depth": k, "accuracy": float(s["correct"][k].mean()),
+                          "gen_tokens": float(s["gen_tokens"][k].mean())}
+                         for k in range(len(offsets))]}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"literal-{args.form}-{args.decoding}"  # "t0.7": not a suffix to replace
+    out.joinpath(f"{stem}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
+    lines = [f"# The literal tau rule on the arith test sweep, form `{args.form}`, "
+             f"{args.decoding} ({summary['documents']} documents, answers in {args.dtype}, "
+             f"probes in {probe_dtype})", "",
+             "Halt pondering at the first depth where the steered backbone's top next-token "
+             "probability is at most tau (K_max if never); answers from the fixed-alpha sweep at "
+             "those depths; FLOPs add one probe (the layers above the steering layer and the LM "
+             f"head, one token: {probe:.3g} FLOPs) per depth tested. Gap: accuracy minus the "
+             "fixed-alpha curve at equal tokens, 95% paired bootstrap CI over documents; "
+             "accuracy interval: Wilson 95%.", "",
+             "Top next-token probability per depth, quantiles 10/25/50/75/90%: "
+             + "; ".join(f"k={k}: {'/'.join(f'{v:.2f}' for v in q)}"
+                         for k, q in enumerate(summary["confidence_quantiles"].values())), "",
+             "| rule | accuracy [Wilson 95%] | tokens | FLOPs | mean depth | gap at equal tokens "
+             "| depth histogram | Spearman(depth, level) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for rule, r in rows.items():
+        flops = format(r["figures"]["flops"], ".3g")
+        lines.append(f"| {rule} | {rule_cells(r, flops)}")
+    out.joinpath(f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print(out.joinpath(f"{stem}.md").read_text())
+
+
 def controller_depths(directory: Path, z0, offsets: list[float],
                       tau: float | None = None) -> tuple:
     """(depth per document, controller FLOPs per document, its config), by the inference path,
@@ -242,7 +390,8 @@ def sweep_curve(s: dict, idx):
 
 def composed_figures(s: dict, depth, ctrl_flops: float, idx) -> dict:
     """A controller's figures on (a resample ``idx`` of) the documents, and its gap to the
-    fixed-alpha curve at equal tokens (the curve's upper envelope, interpolated)."""
+    fixed-alpha curve at equal tokens (the curve's upper envelope, interpolated).
+    ``ctrl_flops``: the halting rule's own FLOPs, one figure or one per document."""
     import numpy as np
 
     cols = np.arange(len(s["docs"]))[idx]
@@ -250,8 +399,9 @@ def composed_figures(s: dict, depth, ctrl_flops: float, idx) -> dict:
     acc = s["correct"][d, cols].mean()
     tok = s["gen_tokens"][d, cols].mean()
     at = accuracy_at_tokens(sweep_curve(s, idx), tok)
+    extra = np.asarray(ctrl_flops)[idx].mean() if np.ndim(ctrl_flops) else ctrl_flops
     return {"accuracy": float(acc), "gen_tokens": float(tok),
-            "flops": float(s["flops"][d, cols].mean() + ctrl_flops), "depth": float(d.mean()),
+            "flops": float(s["flops"][d, cols].mean() + extra), "depth": float(d.mean()),
             "fixed_curve_accuracy_at_tokens": at, "gap_accuracy_at_equal_tokens": acc - at}
 
 
@@ -445,6 +595,17 @@ def analyse(args) -> None:
     print((out / f"{args.form}.md").read_text())
 
 
+def rule_cells(r: dict, flops: str | None = None) -> str:
+    """The table cells of one halting rule's row (``controller_row``): accuracy [Wilson],
+    tokens, (FLOPs,) mean depth, gap at equal tokens [bootstrap], histogram, Spearman."""
+    f, ci = r["figures"], r["ci95"]["gap_accuracy_at_equal_tokens"]
+    lo, hi = f["accuracy_ci95"]
+    return (f"{f['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] | {f['gen_tokens']:.1f} | "
+            + (f"{flops} | " if flops is not None else "") + f"{f['depth']:.2f} | "
+            f"{f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] | "
+            f"{r['depth_hist']} | {r.get('spearman_depth_vs_level', float('nan')):.2f} |")
+
+
 def taus(args) -> None:
     """The paper's "termination threshold 0.2, chosen following extensive empirical
     evaluation", re-examined: each controller's depths at every tau of ``--taus`` (the same
@@ -487,12 +648,7 @@ def taus(args) -> None:
              "|---|---|---|---|---|---|---|---|---|"]
     for name, by_tau in rows.items():
         for tau, r in by_tau.items():
-            f, ci = r["figures"], r["ci95"]["gap_accuracy_at_equal_tokens"]
-            lo, hi = f["accuracy_ci95"]
-            lines.append(f"| {name} | {r['temperature']:g} | {tau} | {f['accuracy']:.3f} "
-                         f"[{lo:.3f}, {hi:.3f}] | {f['gen_tokens']:.1f} | {f['depth']:.2f} | "
-                         f"{f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] "
-                         f"| {r['depth_hist']} | {r.get('spearman_depth_vs_level', float('nan')):.2f} |")
+            lines.append(f"| {name} | {r['temperature']:g} | {tau} | {rule_cells(r)}")
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(path.with_suffix(".md").read_text())
 
@@ -712,7 +868,7 @@ def fixed_rerun(args, out: Path, task: str, s: dict, depths, col: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("sweep", "analyse", "verify", "evaluate", "status", "taus"):
+    for name in ("sweep", "analyse", "verify", "evaluate", "status", "taus", "literal"):
         s = sub.add_parser(name)
         s.add_argument("--form", choices=sorted(FORMS), default="ours")
         s.add_argument("--root", default=None,
@@ -757,6 +913,15 @@ def main(argv: list[str] | None = None) -> None:
     tu.add_argument("--taus", default="0.05,0.1,0.2,0.3,0.5,0.8")
     tu.add_argument("--out", default=None, help="default: as analyse")
     tu.add_argument("--bootstrap", type=int, default=2000)
+    li = sub.choices["literal"]
+    li.add_argument("--taus", default="0.05,0.1,0.2,0.3,0.5,0.8")
+    li.add_argument("--out", default=None, help="default: as analyse")
+    li.add_argument("--bootstrap", type=int, default=2000)
+    li.add_argument("--probe-dtype", default=None,
+                    help="the probes' backbone dtype (default: --dtype); float32 where bf16 is "
+                         "emulated and slow, said in the table's title")
+    li.add_argument("--decoding", default="greedy",
+                    help="which sweep's answers to compose: greedy, or t0.7 (seed 0)")
     for name in ("analyse", "status", "taus"):
         sub.choices[name].add_argument(
             "--decoding", default="greedy",
@@ -771,10 +936,10 @@ def main(argv: list[str] | None = None) -> None:
                  "adaptation.py export (<run>/controller)")
     args = p.parse_args(argv)
     args.root = args.root or default_root(args.dtype)
-    if args.command in ("analyse", "taus"):
+    if args.command in ("analyse", "taus", "literal"):
         args.out = args.out or default_out(args.dtype)
     {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate,
-     "status": status, "taus": taus}[args.command](args)
+     "status": status, "taus": taus, "literal": literal}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -64,6 +64,17 @@ def test_arms_train_as_they_say(tmp_path):
     typed = adaptation.arm_config("ours", 4, "anneal1-gates1-sgd-types", 0, 10, tmp_path)
     assert (typed.grpo.group_by, typed.grpo.optim, typed.grpo.max_grad_norm) == \
         ("type", "sgd", None)
+    # issue 52: the recipe as written differs from issue 38's in exactly stage 1, the
+    # threshold in training and the anneal's schedule
+    for opt, clip in (("sgd", None), ("adam", 1.0)):
+        written = adaptation.arm_config("ours", 4, f"written-{opt}", 0, 10, tmp_path)
+        recipe = adaptation.arm_config("ours", 4, f"anneal1-gates1-{opt}", 0, 10, tmp_path)
+        assert (written.grpo.optim, written.grpo.max_grad_norm, written.grpo.quality_gates,
+                written.controller_temperature_end) == (opt, clip, True, 0.1)
+        changed = {k for k, v in vars(written.grpo).items() if vars(recipe.grpo)[k] != v}
+        assert changed == {"stage1", "threshold_in_training", "temperature_schedule"}
+        assert (written.grpo.stage1, written.grpo.threshold_in_training,
+                written.grpo.temperature_schedule) == ("paper", True, "curriculum")
 
 
 # ----------------------------------------------------------------------------- testset.py
@@ -480,6 +491,71 @@ def test_a_study_script_ends_a_users_mistake_in_one_line(case, tmp_path):
     assert len(lines) == 1 and lines[0].startswith("lm-eval-ponder error: "), lines
     assert names in lines[0]
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_confidence_by_depth_is_the_first_tokens_distribution_under_each_offset(model, tok):
+    """The literal tau rule's probe (issue 52): one cached prefill and one K+1-row forward of
+    the last token give, per depth, the top probability of the very distribution that a full
+    steered prefill at that depth's offset (``--model ponder alpha=c_k``) draws the first
+    answer token from."""
+    from lm_eval_ponder.pondering.dynamics import FixedOffset
+    from lm_eval_ponder.pondering.hook import SteeringHook
+
+    torch.manual_seed(0)
+    step = torch.randn(model.config.hidden_size) * 3
+    offsets = [-0.5, 0.0, 0.7, 1.5]
+    contexts = ["What is 2 + 3?", "Add 41 and 17, then halve it."]
+
+    def encode(text):
+        return tok(text, return_tensors="pt").input_ids
+
+    conf = testset.confidence_by_depth(model, encode, 1, step, offsets, contexts)
+    assert conf.shape == (2, 4)
+    for i, text in enumerate(contexts):
+        for k, c in enumerate(offsets):
+            with torch.no_grad(), SteeringHook(model, 1, step, 1.0, FixedOffset(c)):
+                logits = model(input_ids=encode(text)).logits[0, -1]
+            assert conf[i, k].item() == pytest.approx(
+                torch.softmax(logits, -1).max().item(), abs=1e-5)
+    assert conf[0].unique().numel() == 4  # the offsets do move it
+
+
+def test_literal_rule_halts_once_the_backbone_is_unsure():
+    """Halt at the first depth whose confidence is at most tau, K_max if never; the probes a
+    document needed are the depths tested (d + 1, or K at the budget)."""
+    conf = torch.tensor([[0.1, 0.9, 0.9], [0.5, 0.15, 0.9], [0.5, 0.6, 0.7]])
+    depth, probes = testset.literal_depths(conf, 0.2)
+    assert depth.tolist() == [0, 1, 2] and probes.tolist() == [1, 2, 2]
+    assert testset.literal_depths(conf, 0.05)[0].tolist() == [2, 2, 2]
+
+
+def test_literal_composes_the_rule_from_a_sampled_sweep_and_keeps_its_decoding_in_the_name(
+        tmp_path, monkeypatch):
+    """``testset.py literal --decoding t0.7``: the depths the rule picks from the (here faked)
+    probes select the sweep's answers, and the pages are named for the decoding ("t0.7" is
+    not a file suffix to replace)."""
+    k_max = len(testset.offsets_of("ours")) - 1
+    for k in range(k_max + 1):  # depth 8 right on every document, the others wrong
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k) / "t0.7" / "FR" / "arith",
+                       "arith", [0, 1, 2], [int(k == k_max)] * 3)
+    conf = torch.full((3, k_max + 1), 0.9)
+    conf[0, 0] = 0.1  # document 0 halts at once under tau = 0.2; the others never do
+    monkeypatch.setattr(testset, "test_confidences", lambda *a: (conf, 7.0))
+    testset.main(["literal", "--form", "ours", "--root", str(tmp_path), "--decoding", "t0.7",
+                  "--dtype", "float32", "--taus", "0.2", "--bootstrap", "20",
+                  "--out", str(tmp_path / "out")])
+    page = json.loads((tmp_path / "out" / "literal-ours-t0.7.json").read_text())
+    row = page["rules"]["tau=0.2"]
+    assert row["depth_hist"] == [1, 0, 0, 0, 0, 0, 0, 0, 2]
+    assert row["figures"]["accuracy"] == pytest.approx(2 / 3)
+    assert (tmp_path / "out" / "literal-ours-t0.7.md").is_file()
+
+
+def test_a_rules_flops_may_differ_per_document(sweep):
+    per_doc = testset.composed_figures(sweep, np.full(4, 1), np.array([0.0, 0.0, 4.0, 8.0]),
+                                       np.arange(4))
+    assert per_doc["flops"] == testset.composed_figures(sweep, np.full(4, 1), 3.0,
+                                                        np.arange(4))["flops"]
 
 
 # ----------------------------------------------------------------------------- per_type.py (issue 52)

@@ -252,7 +252,7 @@ class TokenPolicy:
     teacher flags and a sampler seeded from ``generator`` there (on the CPU: the controller
     itself and ``generator`` itself). States are recorded there and moved to the CPU once, in
     ``trajectories``, for the update. ``greedy``: halt as inference does (``halting_depth``);
-    ``train_tau``: the threshold sampled halts also obey (None: none).
+    ``train_tau``: the threshold sampled halts, and the teacher's, also obey (None: none).
     """
 
     def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
@@ -292,6 +292,8 @@ class TokenPolicy:
             teacher, teacher_depth = self.teacher, self.teacher_depth
             if rows is not None:  # rows that finished have left the batch
                 teacher, teacher_depth = teacher[rows], teacher_depth[rows]
+            if self.train_tau is not None:  # Algorithm 1 tests phi <= tau after the override
+                teacher_depth = torch.minimum(teacher_depth, halting_depth(p, self.train_tau))
             depth = torch.where(teacher, teacher_depth, depth)
         self.states.append(z)
         self.depths.append(depth)

@@ -10,7 +10,9 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
 - Training samples a_k ~ Bernoulli(phi(z_k)) and nothing else; inference halts at the first
   phi <= tau. The paper's algorithm also halts during training when phi <= tau, which gives
   such states zero gradient forever (a controller that starts below tau can never learn to
-  continue there); ``threshold_in_training=True`` restores it.
+  continue there); ``threshold_in_training=True`` restores it, for the teacher's trajectories
+  too (Algorithm 1 tests "a_k = 0 or p_k <= tau" after the teacher's override). A halt the
+  threshold forced is scored as a halt, log(1 - phi), like a sampled one.
 - Stage 1 (t < T1, pure teacher forcing): the paper skips the update, so 500 steps teach
   nothing. Default ``stage1="imitation"``: maximise log pi(teacher actions) instead.
   ``stage1="paper"`` keeps the published schedule; docs/results/training.md compares the two.
@@ -25,7 +27,9 @@ Decisions we made where the paper is silent or self-contradictory (docs/design.m
   deterministic policies"), not its eq. (grpo_loss), whose "- beta H" inside "-E[...]" would
   *penalise* entropy: ``grpo_loss`` is -(log pi A + beta H).
 - The controller's temperature is annealed from soft to hard across the curriculum
-  (``annealed_temperature``), as the paper's controller section describes.
+  (``annealed_temperature``), as the paper's controller section describes; it names no
+  schedule, so ours is geometric over stages 2-3 and ``temperature_schedule="curriculum"``
+  (linear over T1..T2, as p_curriculum falls) is the other reading.
 - ``optim="sgd"`` is Algorithm 1's plain step, theta <- theta + eta sum_i A_i grad log pi_i, a
   *sum* over the batch's trajectories; ``optim="adam"`` (the default, with clipping at 1.0) is
   Adam on the batch mean. The plain step at eta = 5e-4 without clipping blew up on the paper
@@ -56,6 +60,7 @@ from lm_eval_ponder.pondering.dynamics import (
 from lm_eval_ponder.training.rewards import RewardConfig, completeness_of
 
 STAGE1_MODES = ("imitation", "paper")
+TEMPERATURE_SCHEDULES = ("geometric", "curriculum")
 OPTIMISERS = ("sgd", "adam")
 GROUPINGS = ("prompt", "type")
 # The stages an answer must show to pass the completeness gate (the paper: "at least basic
@@ -100,6 +105,10 @@ class GRPOConfig:
     eps_div: float = field(default=1e-6, metadata={"help": "FLOPs-diversity alert threshold"})
     threshold_in_training: bool = field(
         default=False, metadata={"help": "also halt when phi <= tau while training (paper)"})
+    temperature_schedule: str = field(default="geometric", metadata={"help": (
+        "how the controller's temperature anneals (``annealed_temperature``): 'geometric' "
+        "(ours: from T1 to the last step) | 'curriculum' (one reading of the paper: linear "
+        "over the teacher -> student transition, T1 to T2, as p_curriculum falls)")})
     max_grad_norm: float | None = field(default=1.0, metadata={
         "help": "clip the gradient's norm to this before the step; None: no clipping (paper)"})
     group_by: str = field(default="prompt", metadata={"help": (
@@ -118,6 +127,9 @@ class GRPOConfig:
             raise PonderError(f"curriculum needs 0 <= t1 <= t2, got t1={self.t1}, t2={self.t2}")
         if not 0 <= self.teacher_min <= self.teacher_max:
             raise PonderError("teacher needs 0 <= teacher_min <= teacher_max")
+        if self.temperature_schedule not in TEMPERATURE_SCHEDULES:
+            raise PonderError(f"temperature_schedule must be one of {TEMPERATURE_SCHEDULES}, "
+                              f"got {self.temperature_schedule!r}")
         if self.stage1 not in STAGE1_MODES:
             raise PonderError(f"stage1 must be one of {STAGE1_MODES}, got {self.stage1!r}")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
@@ -135,15 +147,30 @@ class GRPOConfig:
 
 # ----------------------------------------------------------------------------- equations
 def annealed_temperature(t: int, start: float, end: float | None, t1: int,
-                         max_steps: int) -> float:
+                         max_steps: int, schedule: str = "geometric", t2: int | None = None
+                         ) -> float:
     """The controller's temperature at (0-based) step t: the paper's "gradually transition
     from soft to hard decision boundaries" during curriculum learning (controller section).
 
-    ``start`` through stage 1 (t < T1), then geometric (T is a scale) from ``start`` at T1 to
-    ``end`` at the last step, max_steps - 1; ``end=None``: constant ``start``.
+    ``start`` through stage 1 (t < T1) in both schedules; then
+    - ``"geometric"`` (ours): geometric (T is a scale) from ``start`` at T1 to ``end`` at the
+      last step, max_steps - 1;
+    - ``"curriculum"`` (a reading of the paper, which names no schedule): linear from
+      ``start`` at T1 to ``end`` at T2, the span over which the teacher hands over and
+      p_curriculum itself falls linearly, then ``end`` through stage 3.
+    ``end=None``: constant ``start``.
     """
     if end is None or end == start:
         return start
+    if schedule == "curriculum":
+        if t2 is None:
+            raise PonderError("the curriculum temperature schedule needs T2")
+        span = t2 - t1
+        progress = 1.0 if span <= 0 else min(1.0, max(0.0, (t - t1) / span))
+        return float(start + (end - start) * progress)
+    if schedule != "geometric":
+        raise PonderError(f"temperature schedule must be one of {TEMPERATURE_SCHEDULES}, "
+                          f"got {schedule!r}")
     span = max_steps - 1 - t1
     progress = 1.0 if span <= 0 else min(1.0, max(0.0, (t - t1) / span))
     return float(start * (end / start) ** progress)
@@ -444,7 +471,8 @@ class GRPOTrainer:
     def anneal(self, t: int) -> float:
         """Set the controller's temperature for (0-based) step t and return it."""
         temp = annealed_temperature(t, self.temperature_start, self.temperature_end,
-                                    self.cfg.t1, self.cfg.max_steps)
+                                    self.cfg.t1, self.cfg.max_steps,
+                                    self.cfg.temperature_schedule, self.cfg.t2)
         self.controller.temperature = temp
         return temp
 
@@ -558,8 +586,10 @@ class GRPOTrainer:
         p = self.controller.probability(logits.detach())
         student = sample_depths(p, self.generator, self.tau if cfg.threshold_in_training else None)
         teacher = curriculum_sources(P * G, t, cfg, self.generator)
-        depths = torch.where(teacher, teacher_depths(P * G, cfg, self.k_max, self.generator),
-                             student)
+        forced = teacher_depths(P * G, cfg, self.k_max, self.generator)
+        if cfg.threshold_in_training:  # Algorithm 1 tests p_k <= tau after the teacher's override
+            forced = torch.minimum(forced, halting_depth(p, self.tau))
+        depths = torch.where(teacher, forced, student)
         records, flops = env.outcomes(prompt_ids.repeat_interleave(G), depths)
         return PromptTrajectories(teacher.view(P, G), depths.view(P, G),
                                   self.score(records, flops, gather), logits=logits)

@@ -367,6 +367,10 @@ def temperature_line(cfg: TrainConfig) -> str:
     start, end = cfg.controller_temperature, cfg.controller_temperature_end
     if end is None or end == start:
         return f"constant {start:g}"
+    if cfg.grpo.temperature_schedule == "curriculum":
+        return (f"{start:g} through stage 1, annealed linearly to {end:g} at step "
+                f"{cfg.grpo.t2} (T2, soft to hard), then {end:g}; shipped with the temperature "
+                "of its step")
     return (f"{start:g} through stage 1, annealed geometrically to {end:g} at step "
             f"{cfg.grpo.max_steps} (soft to hard); shipped with the temperature of its step")
 

@@ -537,3 +537,48 @@ def test_sgd_step_is_the_algorithms_sum_over_the_batch(monkeypatch):
                         lambda params, norm: clipped.append(norm))
     trained(1e-4)
     assert clipped == []  # max_grad_norm None: no clipping
+
+
+# ------------------------------------------------------------------ issue 52: the recipe as written
+def test_curriculum_temperature_schedule_is_linear_over_the_handover():
+    """The other reading of the paper's anneal: 1.0 through stage 1, linear to the end value at
+    T2 (midway at the midpoint), then the end value through stage 3; an unknown schedule is
+    refused by the config, not silently geometric."""
+    t1, t2, steps = 500, 1500, 2500
+    temps = [grpo.annealed_temperature(t, 1.0, 0.1, t1, steps, "curriculum", t2)
+             for t in range(steps)]
+    assert temps[0] == temps[t1] == 1.0
+    assert temps[(t1 + t2) // 2] == pytest.approx(0.55)
+    assert temps[t2] == pytest.approx(0.1) and temps[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(temps, temps[1:]))
+    # the geometric default reaches 0.1 only at the last step
+    assert grpo.annealed_temperature(t2, 1.0, 0.1, t1, steps) > 0.2
+    with pytest.raises(PonderError, match="temperature_schedule"):
+        GRPOConfig(temperature_schedule="cosine").validate()
+
+
+@pytest.mark.parametrize("threshold", [False, True])
+def test_threshold_in_training_cuts_the_teachers_trajectories_too(threshold):
+    """Algorithm 1 tests "a_k = 0 or p_k <= tau" after the teacher's override: with the
+    threshold on, a controller whose phi is below tau everywhere halts every trajectory at
+    depth 0, the teacher's included; without it the teacher ponders its 3-5 steps. At token
+    level the same."""
+    torch.manual_seed(0)
+    ctrl = PonderController(D, width=8)
+    with torch.no_grad():
+        ctrl.head.bias.fill_(-20.0)  # phi ~ 2e-9 on every state
+    cfg = GRPOConfig(prompts_per_step=2, num_generations=4, t1=10, t2=20, max_steps=30,
+                     quality_gates=False, eps_div=0.0, threshold_in_training=threshold)
+    trainer = GRPOTrainer(ctrl, torch.ones(D), torch.arange(9.0) / 10, 0.2, cfg, 0)
+    env = Lookup(torch.randn(2, D), lambda ids, depths: {"reward": depths.float(),
+                                                          "flops": 1.0 + depths.float()})
+    batch = trainer.sample_prompts(0, torch.tensor([0, 1]), env)  # stage 1: all teacher
+    assert bool(batch.teacher.all())
+    if threshold:
+        assert batch.depths.eq(0).all()
+    else:
+        assert batch.depths.ge(3).all() and batch.depths.le(5).all()
+    policy = trainer.token_policy(torch.tensor([True, True]), torch.tensor([4, 3]))
+    offsets = policy(torch.randn(2, D))
+    assert offsets.tolist() == ([0.0, 0.0] if threshold else
+                                [trainer.offsets[4].item(), trainer.offsets[3].item()])

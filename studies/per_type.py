@@ -150,8 +150,9 @@ def caches(args) -> dict:
 
 
 def sweep_matrix(root: Path, form: str, decoding: str, k_max: int):
-    """[document, depth] accuracy and tokens of a test-set sweep (mean over its seeds), with
-    each document's type and key."""
+    """[document, depth] accuracy and tokens of a test-set sweep (mean over each depth's
+    seeds: depths may have different numbers of them), with each document's type and key,
+    and the number of seeds per depth."""
     import numpy as np
 
     from lm_eval_ponder.reporting.compact import read_samples
@@ -174,7 +175,7 @@ def sweep_matrix(root: Path, form: str, decoding: str, k_max: int):
     first = per_depth[0][0]
     groups = np.array([type_of("arith_ponder", first[d]["doc"].get("level")) for d in docs])
     keys = [str(first[d]["doc"].get("id", d)) for d in docs]
-    return acc, tok, groups, keys, len(per_depth[0])
+    return acc, tok, groups, keys, [len(seeds) for seeds in per_depth]
 
 
 def sweep(args) -> dict:
@@ -194,6 +195,10 @@ def markdown(s: dict) -> str:
              f"Decoding: {s['decoding']}; {s['n']} items, {s['folds']} folds by key hash; "
              f"types {s['types']}. Every policy below except the last two rows is chosen on "
              "the other folds and scored held out; 95% bootstrap CIs over items.", "",
+             *([("Seeds per depth (a depth's accuracy and tokens are the mean over its "
+                 "seeds): " + ", ".join(f"k={k}: {n}" for k, n in enumerate(s["seeds"]))
+                 + "."), ""] if isinstance(s.get("seeds"), list) and max(s["seeds"]) > 1
+               else []),
              "| policy | accuracy | tokens |", "|---|---|---|",
              f"| one depth for all, cross-fitted | {s['single']['accuracy']:.4f} | "
              f"{s['single']['tokens']:.1f} |",

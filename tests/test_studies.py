@@ -615,3 +615,21 @@ def test_controller_gaps_against_its_comparators():
     g = an.controller_gaps(acc, tok, groups, runs, draws=200)
     assert g["n"] == len(acc) and g["gap_per_type"] == pytest.approx(0.0)
     assert g["gap_single"] > 0.2  # reading the type beats one depth for all
+
+
+def test_a_test_sweep_with_more_seeds_at_some_depths_is_averaged_per_depth(tmp_path):
+    """Issue 52's T = 0.7 sweep has three seeds at k = 3-5 and one elsewhere: each depth's
+    accuracy is the mean over its own seeds, and the count per depth is reported."""
+    import per_type
+
+    from lm_eval_ponder.reporting.compact import compact_file
+
+    k_max = len(testset.offsets_of("ours")) - 1
+    runs = [(k, "t0.7", [0, 0, 0]) for k in range(k_max + 1)] + [(3, "t0.7-seed1", [1, 1, 0])]
+    for k, folder, correct in runs:
+        run = testset.run_dir(str(tmp_path), "ours", k) / folder / "FR" / "arith" / "m"
+        _write_samples(run, "arith", [0, 1, 2], correct)
+        compact_file(run / "samples_arith_ponder_2026.jsonl")
+    acc, tok, groups, keys, seeds = per_type.sweep_matrix(tmp_path, "ours", "t0.7", k_max)
+    assert seeds == [1, 1, 1, 2, 1, 1, 1, 1, 1]
+    assert acc[:, 3].tolist() == [0.5, 0.5, 0.0] and acc[:, 2].tolist() == [0.0, 0.0, 0.0]

@@ -162,18 +162,12 @@ def annealed_temperature(t: int, start: float, end: float | None, t1: int,
     """
     if end is None or end == start:
         return start
-    if schedule == "curriculum":
-        if t2 is None:
-            raise PonderError("the curriculum temperature schedule needs T2")
-        span = t2 - t1
-        progress = 1.0 if span <= 0 else min(1.0, max(0.0, (t - t1) / span))
-        return float(start + (end - start) * progress)
-    if schedule != "geometric":
-        raise PonderError(f"temperature schedule must be one of {TEMPERATURE_SCHEDULES}, "
-                          f"got {schedule!r}")
-    span = max_steps - 1 - t1
+    linear = schedule == "curriculum"
+    if linear and t2 is None:
+        raise PonderError("the curriculum temperature schedule needs T2")
+    span = (t2 if linear else max_steps - 1) - t1
     progress = 1.0 if span <= 0 else min(1.0, max(0.0, (t - t1) / span))
-    return float(start * (end / start) ** progress)
+    return float(start + (end - start) * progress if linear else start * (end / start) ** progress)
 
 
 def completeness_threshold(reward: RewardConfig) -> float:

@@ -28,10 +28,8 @@ import argparse
 import json
 from pathlib import Path
 
-from studylib.analysis import controller_gaps, fold_of, per_type_headroom
+from studylib.analysis import FOLDS, controller_gaps, fold_of, per_type_headroom
 from studylib.caches import FORMS, cache_dir, train_config
-
-FOLDS = 5
 
 
 class TemplateOnly:

@@ -9,6 +9,10 @@
     # 3. every controller against the sweep; 4. the composition checked through lm_eval itself
     python studies/testset.py analyse --form ours --sweep results/adaptation/ours-s4/n128-...
     python studies/testset.py verify --form ours --controller DIR --limit 100
+    # at the decoding the controllers were trained at (issue 52): each seed's sweep, composed
+    # and averaged per document over the seeds
+    python studies/testset.py analyse --form ours --dtype float32 --root results/testset-t0.7 \
+        --decoding t0.7 --seeds 0,1,2 --sweep results/adaptation/ours-s4/n600-... --out DIR
     # a token-level controller generates its own answers, then joins the analysis
     python studies/testset.py evaluate --form ours --controller DIR [--tau 0.5]
     python studies/testset.py analyse --form ours ... --generated DIR [DIR@tau=0.5]
@@ -48,7 +52,17 @@ import json
 import sys
 from pathlib import Path
 
-from studylib.analysis import accuracy_at_tokens, bootstrap, depth_by_level, fixed_curve, oracle_choice
+from studylib.analysis import (
+    FOLDS,
+    accuracy_at_tokens,
+    bootstrap,
+    depth_by_level,
+    final_controller_gaps,
+    fixed_by_fold,
+    fixed_curve,
+    fold_of,
+    oracle_choice,
+)
 from studylib.caches import FORMS, train_config
 
 from lm_eval_ponder.reporting.compact import answers_digest
@@ -126,31 +140,62 @@ def samples_file(directory: Path, task: str) -> Path | None:
     return latest_log(directory, f"{task}_ponder")
 
 
-def load_sweep(root: str, form: str, task: str, k_max: int, decoding: str = "greedy"
-               ) -> dict | None:
+def seed_folder(decoding: str, seed: int) -> str:
+    """The suite's folder of one seed of a decoding (``t0.7``, ``t0.7-seed1``, ...)."""
+    return decoding + (f"-seed{seed}" if seed else "")
+
+
+def parse_seeds(spec: str, decoding: str) -> tuple[int, ...]:
+    """``--seeds`` as a tuple; greedy decoding draws nothing, so it has one seed only."""
+    from lm_eval_ponder.errors import PonderError
+
+    try:
+        seeds = tuple(sorted({int(v) for v in spec.split(",") if v.strip()}))
+    except ValueError:
+        raise PonderError(f"--seeds {spec!r}: expected a comma list of integers, e.g. 0,1,2") from None
+    if not seeds:
+        raise PonderError("--seeds: name at least one seed")
+    if decoding == "greedy" and seeds != (0,):
+        raise PonderError("--seeds: greedy decoding draws nothing; its sweep has seed 0 only")
+    return seeds
+
+
+def load_sweep(root: str, form: str, task: str, k_max: int, decoding: str = "greedy",
+               seeds: tuple[int, ...] = (0,)) -> dict | None:
     """The sweep on one task as [depth, doc] arrays, or None until every depth has finished
-    (``decoding``: the suite's decoding folder, ``greedy`` or ``t0.7`` for seed 0)."""
+    for every seed (``decoding``: the suite's decoding folder, ``greedy`` or ``t0.7``).
+    With several seeds each cell is the document's mean over them (its correctness becomes
+    the share of seeds that answered it right): a controller's depth is chosen from z_0,
+    whatever the draw, so its result on a document is that depth's mean over the draws."""
     import numpy as np
 
-    per_k, wall = [], 0.0
-    for k in range(k_max + 1):
-        st = depth_status(root, form, task, k, decoding)
-        if st["state"] != "finished":
-            return None
-        per_k.append(st["samples"])
-        wall += st["wall_s"] or 0.0
-    docs = sorted(per_k[0])
-    if any(sorted(p) != docs for p in per_k):
-        sys.exit(f"{task}: the sweep's depths answered different documents; re-run one limit")
-    first = per_k[0]
+    per_seed, wall = [], 0.0
+    for seed in seeds:
+        per_k = []
+        for k in range(k_max + 1):
+            st = depth_status(root, form, task, k, seed_folder(decoding, seed))
+            if st["state"] != "finished":
+                return None
+            per_k.append(st["samples"])
+            wall += st["wall_s"] or 0.0
+        per_seed.append(per_k)
+    docs = sorted(per_seed[0][0])
+    if any(sorted(p) != docs for per_k in per_seed for p in per_k):
+        sys.exit(f"{task}: the sweep's depths or seeds answered different documents; re-run "
+                 "one limit")
+    first = per_seed[0][0]
 
     def grid(key):
-        return np.array([[float(p[d][key]) for d in docs] for p in per_k])
+        return np.array([[np.mean([float(per_k[k][d][key]) for per_k in per_seed]) for d in docs]
+                         for k in range(k_max + 1)])
 
     return {"docs": docs, "correct": grid("exact_match"), "gen_tokens": grid("gen_tokens"),
-            "flops": grid("flops"),
-            "answers": [[answers_digest(p[d]) for d in docs] for p in per_k],
+            "flops": grid("flops"), "seeds": list(seeds),
+            # the first seed's answers: what ``verify`` compares a controller's own run with
+            "answers": [[answers_digest(p[d]) for d in docs] for p in per_seed[0]],
             "contexts": [first[d]["arguments"]["gen_args_0"]["arg_0"] for d in docs],
+            # the cross-fitting key: the document's own id, as per_type.py folds the same sweep
+            "keys": [str(first[d]["doc"].get("id", d)) for d in docs],
             "level": np.array([-1 if first[d]["doc"].get("level") is None
                                else int(first[d]["doc"]["level"]) for d in docs]),
             "wall_s": wall}
@@ -448,18 +493,21 @@ def depth_profile(depth, level) -> dict:
     return out
 
 
-def controller_row(figures, depth, level, directory: Path, n_bootstrap: int) -> dict:
-    """One controller's summary: ``figures(idx)`` on all documents with a Wilson CI, paired
-    bootstrap CIs over documents, and its depth profile."""
+def controller_row(figures, depth, level, directory: Path, n_bootstrap: int,
+                   seeds: int = 1) -> dict:
+    """One controller's summary: ``figures(idx)`` on all documents with a Wilson CI (one
+    draw per document) or, over several seeds, the bootstrap's (a document's accuracy is then
+    a mean of draws, which Wilson's binomial does not describe), paired bootstrap CIs over
+    documents, and its depth profile."""
     import numpy as np
 
     from lm_eval_ponder.reporting.measures import wilson
 
     n = len(depth)
     f = figures(np.arange(n))
-    lo, hi = wilson(round(f["accuracy"] * n), n)
-    return {"figures": {**f, "accuracy_ci95": [lo, hi]},
-            "ci95": bootstrap(figures, n, n_bootstrap),
+    ci = bootstrap(figures, n, n_bootstrap)
+    lo, hi = wilson(round(f["accuracy"] * n), n) if seeds == 1 else ci["accuracy"]
+    return {"figures": {**f, "accuracy_ci95": [lo, hi]}, "ci95": ci,
             **depth_profile(depth, level), "directory": str(directory)}
 
 
@@ -544,28 +592,38 @@ def analyse(args) -> None:
             sys.exit(f"{directory} has no answers in {run}: run `testset.py evaluate --form "
                      f"{args.form} --controller {directory}"
                      + ("" if tau is None else f" --tau {tau:g}") + "` first")
+    seeds = parse_seeds(args.seeds, args.decoding)
     summary = {"form": args.form, "dtype": args.dtype, "decoding": args.decoding,
-               "offsets": offsets, "sweep": args.sweep, "tasks": {}}
+               "seeds": list(seeds), "offsets": offsets, "sweep": args.sweep, "tasks": {}}
     for task in TASKS:
-        s = load_sweep(args.root, args.form, task, k_max, args.decoding)
+        s = load_sweep(args.root, args.form, task, k_max, args.decoding, seeds)
         if s is None:
-            print(f"{task}: the sweep is not finished at every depth; skipped", flush=True)
+            print(f"{task}: the sweep is not finished at every depth for seeds "
+                  f"{','.join(map(str, seeds))}; skipped", flush=True)
             continue
         n = len(s["docs"])
         z0 = test_states(args.root, args.form, task, s["contexts"], args.dtype)
         fixed = []
         for k in range(k_max + 1):
-            lo, hi = wilson(s["correct"][k].sum(), n)
+            lo, hi = (wilson(s["correct"][k].sum(), n) if len(seeds) == 1 else
+                      bootstrap(lambda idx, row=s["correct"][k]: {"a": row[idx].mean()}, n,
+                                args.bootstrap)["a"])
             fixed.append({"depth": k, "alpha": offsets[k], "accuracy": float(s["correct"][k].mean()),
                           "ci95": [lo, hi], "gen_tokens": float(s["gen_tokens"][k].mean()),
                           "flops": float(s["flops"][k].mean())})
         rows = {}
+        # the out-of-sample comparators (issue 52): one depth, one depth per level and the
+        # fixed curve at the controller's tokens, each chosen on the other folds of documents
+        fold = np.array(fold_of(s["keys"], FOLDS))
+        groups = np.array([f"L{v}" for v in s["level"].tolist()])
         for name, directory in controllers.items():
             depth, ctrl_flops, _ = controller_depths(directory, z0, offsets)
             rows[name] = controller_row(
                 lambda idx, depth=depth, ctrl_flops=ctrl_flops, s=s:
                     composed_figures(s, depth, ctrl_flops, idx),
-                depth, s["level"], directory, args.bootstrap)
+                depth, s["level"], directory, args.bootstrap, len(seeds))
+            rows[name]["cross_fitted"] = final_controller_gaps(
+                s["correct"].T, s["gen_tokens"].T, groups, depth, fold, FOLDS, args.bootstrap)
         for extra in args.generated:
             directory, tau, run = generated_run(args.root, args.form, extra)
             if controller_samples(run, task) is None:  # evaluated on other tasks only
@@ -575,11 +633,17 @@ def analyse(args) -> None:
             g = load_generated(args.root, args.form, task, directory, s["docs"], tau)
             rows[f"generated/{directory.name}" + (f" tau={tau:g}" if tau else "")] = \
                 controller_row(lambda idx, g=g, s=s: generated_figures(s, g, idx), g["depth"],
-                               s["level"], directory, args.bootstrap)
+                               s["level"], directory, args.bootstrap, len(seeds))
         # the naive per-document oracle: the cheapest depth that is right, knowing the answers
         pick = oracle_choice(s["correct"].T, s["gen_tokens"].T)
         oracle = composed_figures(s, pick, 0.0, np.arange(n))
+        single, per_fold = fixed_by_fold(s["correct"].T, fold, FOLDS)
+        cols = np.arange(n)
         summary["tasks"][task] = {"documents": n, "fixed": fixed, "controllers": rows,
+                                  "one_depth_cross_fitted": {
+                                      "depth_per_fold": per_fold,
+                                      "accuracy": float(s["correct"][single, cols].mean()),
+                                      "gen_tokens": float(s["gen_tokens"][single, cols].mean())},
                                   "oracle (upper bound)": {**oracle,
                                                            **depth_profile(pick, s["level"])},
                                   "sweep_wall_s": s["wall_s"]}
@@ -654,12 +718,18 @@ def taus(args) -> None:
 
 
 def write_markdown(path: Path, s: dict) -> None:
+    seeds = s.get("seeds", [0])
+    draws = (f"seeds {', '.join(map(str, seeds))}: every figure is each document's mean over "
+             "the seeds, then averaged over documents. " if len(seeds) > 1 else "")
+    interval = ("Wilson for accuracies" if len(seeds) == 1 else
+                "a percentile bootstrap over documents for accuracies (a document's accuracy "
+                "is a mean of draws, which Wilson's binomial does not describe)")
     lines = [f"# Controllers against the fixed-alpha sweep on test documents: form `{s['form']}`",
              "", f"Decoding {s.get('decoding', 'greedy')}, through `lm_eval --model ponder` "
-             f"(256 new tokens, {s.get('dtype', 'float32')}). A "
+             f"(256 new tokens, {s.get('dtype', 'float32')}); {draws}A "
              "controller's answers are the sweep's answers at the depth it chooses per document "
              "(see `studies/testset.py`; `verify` below checks this through lm_eval). CIs: "
-             "Wilson for accuracies, paired bootstrap over documents for the gap.", ""]
+             f"{interval}, paired bootstrap over documents for the gap.", ""]
     for task, t in s["tasks"].items():
         lines += [f"## {task} ({t['documents']} documents; sweep wall {t['sweep_wall_s'] / 3600:.1f} h)",
                   "", "| depth k | alpha | accuracy [95% CI] | tokens | FLOPs |", "|---|---|---|---|---|"]
@@ -667,16 +737,37 @@ def write_markdown(path: Path, s: dict) -> None:
             lines.append(f"| {r['depth']} | {r['alpha']:.4f} | {r['accuracy']:.3f} "
                          f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}] | {r['gen_tokens']:.1f} | "
                          f"{r['flops']:.3e} |")
-        lines += ["", "| controller | accuracy [95% CI] | tokens | FLOPs | mean depth | accuracy - "
-                  "fixed curve at equal tokens [95% CI] | depth histogram | mean depth by level | "
-                  "Spearman(depth, level) |", "|---|---|---|---|---|---|---|---|---|"]
+        one = t.get("one_depth_cross_fitted")
+        if one is not None:
+            lines += ["", f"One depth for all, cross-fitted ({FOLDS} folds of documents by id; "
+                      f"depth chosen per fold: {one['depth_per_fold']}): {one['accuracy']:.3f} at "
+                      f"{one['gen_tokens']:.1f} tokens. The controllers' gaps below are against "
+                      "comparators chosen on the other folds (one depth, one depth per level, "
+                      "the fixed curve at the controller's tokens) and, last, against the "
+                      "in-sample envelope of the nine depths (the optimistic bound: chosen on "
+                      "the documents it is scored on)."]
+        lines += ["", "| controller | accuracy [95% CI] | tokens | FLOPs | mean depth | minus one "
+                  "depth, cross-fitted [95% CI] | minus one depth per level, cross-fitted | "
+                  "minus the fixed curve at its tokens, cross-fitted | minus the in-sample "
+                  "envelope at equal tokens (optimistic) [95% CI] | depth histogram | mean depth "
+                  "by level | Spearman(depth, level) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+        def gap(c, name):
+            if c is None:
+                return "-"
+            lo, hi = c[f"gap_{name}_ci95"]
+            return f"{c[f'gap_{name}']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
         for name, r in t["controllers"].items():
             f, ci = r["figures"], r["ci95"]["gap_accuracy_at_equal_tokens"]
+            c = r.get("cross_fitted")
             lvl = ", ".join(f"{k} {v:.1f}" for k, v in r.get("mean_depth_by_level", {}).items())
             lines.append(
                 f"| {name} | {f['accuracy']:.3f} [{f['accuracy_ci95'][0]:.3f}, "
                 f"{f['accuracy_ci95'][1]:.3f}] | {f['gen_tokens']:.1f} | {f['flops']:.3e} | "
-                f"{f['depth']:.2f} | {f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, "
+                f"{f['depth']:.2f} | {gap(c, 'single')} | {gap(c, 'per_type')} | "
+                f"{gap(c, 'budget')} | {f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, "
                 f"{ci[1]:+.3f}] | {r['depth_hist']} | {lvl or '-'} | "
                 f"{r.get('spearman_depth_vs_level', float('nan')):.2f} |")
         o = t["oracle (upper bound)"]
@@ -732,8 +823,10 @@ def plot(path: Path, s: dict) -> None:
         ax.set_ylabel("accuracy")
         ax.set_title(f"{task}, {t['documents']} test documents", fontsize=9)
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle(f"Controllers vs fixed alpha, form {s['form']} ({s.get('decoding', 'greedy')}, "
-                 "lm_eval)", fontsize=10)
+    seeds = s.get("seeds", [0])
+    fig.suptitle(f"Controllers vs fixed alpha, form {s['form']} ({s.get('decoding', 'greedy')}"
+                 + (f", mean of seeds {','.join(map(str, seeds))}" if len(seeds) > 1 else "")
+                 + ", lm_eval)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=120)  # a palette PNG: a third the bytes
     plt.close(fig)
@@ -898,6 +991,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="where the figures go (default: docs/testset/bf16 for bfloat16, "
                         "docs/testset for float32)")
     a.add_argument("--bootstrap", type=int, default=2000)
+    a.add_argument("--seeds", default="0",
+                   help="comma list: compose each seed's sweep and average per document (a "
+                        "sampled decoding; every depth must have finished for every seed)")
     v = sub.choices["verify"]
     v.add_argument("--controller", required=True)
     v.add_argument("--limit", type=int, default=100)

@@ -156,6 +156,53 @@ def test_a_sampled_sweep_is_read_from_its_own_decoding(tmp_path):
     assert testset.depth_status(str(tmp_path), "ours", "arith", 1, "t0.7")["accuracy"] == 1 / 3
 
 
+def test_several_seeds_compose_as_each_documents_mean_over_the_draws(tmp_path):
+    """analyse --seeds 0,1,2 (issue 52): a controller's depth comes from z_0 whatever the draw,
+    so a document's figure is that depth's mean over the seeds' answers; a depth that is
+    missing for one seed leaves the sweep unfinished, and greedy has no other seed."""
+    from lm_eval_ponder.errors import PonderError
+
+    cells = {(0, 0): [1, 0, 1], (1, 0): [0, 0, 1], (0, 1): [0, 0, 1], (1, 1): [0, 1, 1]}
+    for (k, seed), correct in cells.items():
+        if (k, seed) == (1, 1):
+            continue
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k)
+                       / testset.seed_folder("t0.7", seed) / "FR" / "arith",
+                       "arith", [0, 1, 2], correct)
+    assert testset.load_sweep(str(tmp_path), "ours", "arith", 1, "t0.7", (0, 1)) is None
+    _write_samples(testset.run_dir(str(tmp_path), "ours", 1) / "t0.7-seed1" / "FR" / "arith",
+                   "arith", [0, 1, 2], cells[(1, 1)])
+    s = testset.load_sweep(str(tmp_path), "ours", "arith", 1, "t0.7", (0, 1))
+    assert s["seeds"] == [0, 1]
+    assert s["correct"].tolist() == [[0.5, 0.0, 1.0], [0.0, 0.5, 1.0]]
+    assert testset.load_sweep(str(tmp_path), "ours", "arith", 1, "t0.7")["correct"].tolist() \
+        == [[1, 0, 1], [0, 0, 1]]  # seed 0 alone, as before
+    picked = testset.composed_figures(s, np.array([0, 1, 1]), 0.0, np.arange(3))
+    assert picked["accuracy"] == pytest.approx((0.5 + 0.5 + 1.0) / 3)
+    assert testset.parse_seeds("2,0,1", "t0.7") == (0, 1, 2)
+    with pytest.raises(PonderError, match="greedy"):
+        testset.parse_seeds("0,1", "greedy")
+    with pytest.raises(PonderError, match="comma list"):
+        testset.parse_seeds("0;1", "t0.7")
+
+
+def test_a_mean_of_draws_gets_a_bootstrap_interval_not_wilsons():
+    """Wilson's interval is for a count of single draws; over several seeds the controller
+    row takes the bootstrap's interval of its accuracy instead."""
+    correct = np.array([0.0, 1 / 3, 2 / 3, 1.0] * 25)
+
+    def figures(idx):
+        return {"accuracy": float(correct[idx].mean())}
+
+    depth, level = np.zeros(100, dtype=int), np.full(100, -1)
+    one = testset.controller_row(figures, depth, level, Path("c"), 200)
+    three = testset.controller_row(figures, depth, level, Path("c"), 200, seeds=3)
+    assert three["figures"]["accuracy_ci95"] == list(three["ci95"]["accuracy"])
+    assert one["figures"]["accuracy_ci95"] != three["figures"]["accuracy_ci95"]
+    lo, hi = three["figures"]["accuracy_ci95"]
+    assert lo < 0.5 < hi and hi - lo < 0.2
+
+
 def test_a_committed_sweep_reads_as_the_full_one(tmp_path):
     """A clone has the sweep's compact logs only (reporting.compact): the same figures,
     prompts and answer digests."""
@@ -314,21 +361,26 @@ def _final_controller(tmp_path):
     return depth, tmp_path / "ours" / "controller", z0
 
 
-def test_status_places_a_controller_once_the_depths_it_picks_have_finished(tmp_path, capsys):
-    """``status --extra DIR`` reads z_0 from the sweep's cache (keyed by the contexts), reports
-    the controller's depth histogram at once and its composed accuracy only when every depth
-    it picks has been answered."""
+def _z0_cache(root, z0, docs, dtype):
+    """The sweep's z_0 cache (``testset.test_states``) for ``_write_samples``'s contexts."""
     import hashlib
 
     from safetensors.torch import save_file
 
-    depth, directory, z0 = _final_controller(tmp_path)
-    root = tmp_path / "runs"
-    docs = list(range(5))
     contexts = [f"question {d}" for d in docs]
     (root / "ours").mkdir(parents=True)
     save_file({"z0": z0.contiguous()}, str(root / "ours" / "z0_arith.safetensors"), metadata={
-        "contexts_sha256": hashlib.sha256("\n\0".join(contexts).encode()).hexdigest()})
+        "contexts_sha256": hashlib.sha256("\n\0".join(contexts).encode()).hexdigest(),
+        "dtype": dtype})  # a cache of another dtype is recomputed with the backbone
+
+
+def test_status_places_a_controller_once_the_depths_it_picks_have_finished(tmp_path, capsys):
+    """``status --extra DIR`` reads z_0 from the sweep's cache (keyed by the contexts), reports
+    the controller's depth histogram at once and its composed accuracy only when every depth
+    it picks has been answered."""
+    depth, directory, z0 = _final_controller(tmp_path)
+    root, docs = tmp_path / "runs", list(range(5))
+    _z0_cache(root, z0, docs, "bfloat16")  # status reads the default dtype's cache
     picked = set(depth.tolist())
     unpicked = min(set(range(9)) - picked)
     # a depth the controller never picks has finished, its own have not
@@ -344,6 +396,41 @@ def test_status_places_a_controller_once_the_depths_it_picks_have_finished(tmp_p
                        "arith", docs, [int(depth[d] == k) for d in docs])
     testset.main(argv)
     assert f"depths {hist}; 1.000 [" in capsys.readouterr().out
+
+
+def test_analyse_composes_several_seeds_against_cross_fitted_comparators(tmp_path):
+    """``analyse --decoding t0.7 --seeds 0,1`` (issue 52): each document's figure is the mean
+    over the seeds at the depth the controller picks; the page says which interval it shows
+    and gives the gaps to comparators chosen on other folds beside the in-sample envelope."""
+    import json
+
+    depth, directory, z0 = _final_controller(tmp_path)
+    root, docs = tmp_path / "runs", list(range(5))
+    _z0_cache(root, z0, docs, "float32")
+    for k in range(9):  # seed 0 right where the controller goes, seed 1 right nowhere
+        for folder, right in (("t0.7", True), ("t0.7-seed1", False)):
+            _write_samples(testset.run_dir(str(root), "ours", k) / folder / "FR" / "arith",
+                           "arith", docs, [int(right and depth[d] == k) for d in docs])
+    out = tmp_path / "out"
+    argv = ["analyse", "--form", "ours", "--root", str(root), "--dtype", "float32",
+            "--decoding", "t0.7", "--out", str(out), "--extra", str(directory),
+            "--bootstrap", "50"]
+    testset.main([*argv, "--seeds", "0,1"])
+    summary = json.loads((out / "ours.json").read_text())
+    arith = summary["tasks"]["arith"]
+    row = next(r for name, r in arith["controllers"].items() if name != "shipped")
+    assert summary["seeds"] == [0, 1] and row["figures"]["accuracy"] == pytest.approx(0.5)
+    assert row["cross_fitted"]["n"] == 5 and row["cross_fitted"]["accuracy"] == pytest.approx(0.5)
+    assert len(arith["one_depth_cross_fitted"]["depth_per_fold"]) == 5
+    page = (out / "ours.md").read_text()
+    assert "seeds 0, 1" in page and "percentile bootstrap over documents" in page
+    assert "minus one depth, cross-fitted" in page and "(optimistic)" in page
+    testset.main(argv)  # seed 0 alone: one draw per document, Wilson's interval
+    summary = json.loads((out / "ours.json").read_text())
+    row = next(r for name, r in summary["tasks"]["arith"]["controllers"].items()
+               if name != "shipped")
+    assert summary["seeds"] == [0] and row["figures"]["accuracy"] == 1.0
+    assert "Wilson for accuracies" in (out / "ours.md").read_text()
 
 
 def test_arms_change_one_setting_each(tmp_path):
@@ -615,6 +702,20 @@ def test_controller_gaps_against_its_comparators():
     g = an.controller_gaps(acc, tok, groups, runs, draws=200)
     assert g["n"] == len(acc) and g["gap_per_type"] == pytest.approx(0.0)
     assert g["gap_single"] > 0.2  # reading the type beats one depth for all
+
+
+def test_a_final_controller_is_judged_against_comparators_from_other_folds():
+    """A final controller never saw the test items, but the comparators are chosen on them:
+    each fold of items is scored against depths chosen on the other folds (issue 52)."""
+    acc, tok, groups, fold = _typed()
+    reads_type = np.where(groups == "A", 0, 2)
+    g = an.final_controller_gaps(acc, tok, groups, reads_type, fold, 5, draws=200)
+    assert g["n"] == len(acc) and g["gap_single"] > 0.2 and abs(g["gap_per_type"]) < 0.05
+    one = an.final_controller_gaps(acc, tok, groups, np.full(len(acc), 1), fold, 5, draws=200)
+    assert one["gap_per_type"] < -0.2 and one["tokens"] == 20.0
+    # the same as controller_gaps with one run per fold
+    runs = [{"val": np.flatnonzero(fold == f), "depth": reads_type[fold == f]} for f in range(5)]
+    assert an.controller_gaps(acc, tok, groups, runs, draws=200) == g
 
 
 def test_a_test_sweep_with_more_seeds_at_some_depths_is_averaged_per_depth(tmp_path):

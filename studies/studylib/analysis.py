@@ -56,6 +56,11 @@ def accuracy_at_tokens(curve, tokens: float) -> float:
     return float(np.interp(tokens, x, y))
 
 
+# cross-fitting folds of every issue-52 comparator (per_type.py, testset.py): one number, so a
+# test document sits in the same fold in both
+FOLDS = 5
+
+
 def fold_of(keys: list[str], folds: int) -> list[int]:
     """Cross-fitting folds by key hash, so a prompt is in the same fold in every analysis."""
     return [int(hashlib.sha256(k.encode()).hexdigest()[:8], 16) % folds for k in keys]
@@ -215,6 +220,20 @@ def controller_gaps(accuracy, tokens, groups, runs: list[dict], draws: int = 200
             "tokens": float(mean["tokens"].mean()),
             **{f"gap_{k}": float(v.mean()) for k, v in gaps.items()},
             **{f"gap_{k}_ci95": list(ci[k]) for k in gaps}}
+
+
+def final_controller_gaps(accuracy, tokens, groups, depth, fold, folds: int,
+                          draws: int = 2000, seed: int = 0) -> dict:
+    """A controller trained elsewhere (a final one, on the training prompts) against the
+    cross-fitted comparators on test items: every item is held out by the controller, so each
+    fold of items plays one held-out run whose comparators are chosen on the other folds
+    (``controller_gaps``)."""
+    import numpy as np
+
+    depth = np.asarray(depth)
+    runs = [{"val": np.flatnonzero(fold == f), "depth": depth[fold == f]}
+            for f in range(folds) if (fold == f).any()]
+    return controller_gaps(accuracy, tokens, groups, runs, draws, seed)
 
 
 def curve_mix(tokens, accuracy, budget: float) -> dict[int, float]:

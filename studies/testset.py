@@ -562,7 +562,8 @@ def status(args) -> None:
         first = done[min(done)]
         docs = sorted(first)
         z0 = test_states(args.root, args.form, task,
-                         [first[d]["arguments"]["gen_args_0"]["arg_0"] for d in docs], args.dtype)
+                         [first[d]["arguments"]["gen_args_0"]["arg_0"] for d in docs],
+                         args.z0_dtype or args.dtype)
         for name, directory in controllers.items():
             depth = controller_depths(directory, z0, offsets)[0]
             hist = np.bincount(depth, minlength=len(offsets)).tolist()
@@ -594,7 +595,8 @@ def analyse(args) -> None:
                      + ("" if tau is None else f" --tau {tau:g}") + "` first")
     seeds = parse_seeds(args.seeds, args.decoding)
     summary = {"form": args.form, "dtype": args.dtype, "decoding": args.decoding,
-               "seeds": list(seeds), "offsets": offsets, "sweep": args.sweep, "tasks": {}}
+               "seeds": list(seeds), "z0_dtype": args.z0_dtype or args.dtype,
+               "offsets": offsets, "sweep": args.sweep, "tasks": {}}
     for task in TASKS:
         s = load_sweep(args.root, args.form, task, k_max, args.decoding, seeds)
         if s is None:
@@ -602,7 +604,7 @@ def analyse(args) -> None:
                   f"{','.join(map(str, seeds))}; skipped", flush=True)
             continue
         n = len(s["docs"])
-        z0 = test_states(args.root, args.form, task, s["contexts"], args.dtype)
+        z0 = test_states(args.root, args.form, task, s["contexts"], args.z0_dtype or args.dtype)
         fixed = []
         for k in range(k_max + 1):
             lo, hi = (wilson(s["correct"][k].sum(), n) if len(seeds) == 1 else
@@ -622,6 +624,9 @@ def analyse(args) -> None:
                 lambda idx, depth=depth, ctrl_flops=ctrl_flops, s=s:
                     composed_figures(s, depth, ctrl_flops, idx),
                 depth, s["level"], directory, args.bootstrap, len(seeds))
+            # each document's depth, one digit per document in the sweep's order: the page's
+            # figures rebuild from this and the committed sweep, without the controller
+            rows[name]["depths"] = "".join(str(int(k)) for k in depth)
             rows[name]["cross_fitted"] = final_controller_gaps(
                 s["correct"].T, s["gen_tokens"].T, groups, depth, fold, FOLDS, args.bootstrap)
         for extra in args.generated:
@@ -680,7 +685,7 @@ def taus(args) -> None:
     s = load_sweep(args.root, args.form, "arith", len(offsets) - 1, args.decoding)
     if s is None:
         sys.exit("the arith sweep is not finished at every depth: run `testset.py sweep` first")
-    z0 = test_states(args.root, args.form, "arith", s["contexts"], args.dtype)
+    z0 = test_states(args.root, args.form, "arith", s["contexts"], args.z0_dtype or args.dtype)
     values = [float(v) for v in args.taus.split(",")]
     rows = {}
     for name, directory in named_controllers(args).items():
@@ -726,7 +731,10 @@ def write_markdown(path: Path, s: dict) -> None:
                 "is a mean of draws, which Wilson's binomial does not describe)")
     lines = [f"# Controllers against the fixed-alpha sweep on test documents: form `{s['form']}`",
              "", f"Decoding {s.get('decoding', 'greedy')}, through `lm_eval --model ponder` "
-             f"(256 new tokens, {s.get('dtype', 'float32')}); {draws}A "
+             f"(256 new tokens, {s.get('dtype', 'float32')}"
+             + (f"; the controllers read z_0 in {s['z0_dtype']}, their cache's dtype"
+                if s.get("z0_dtype", s.get("dtype")) != s.get("dtype") else "")
+             + f"); {draws}A "
              "controller's answers are the sweep's answers at the depth it chooses per document "
              "(see `studies/testset.py`; `verify` below checks this through lm_eval). CIs: "
              f"{interval}, paired bootstrap over documents for the gap.", ""]
@@ -796,6 +804,12 @@ def plot(path: Path, s: dict) -> None:
     tasks = list(s["tasks"])
     # one colour per arm across every panel
     arms = sorted({name.split("/")[0] for t in s["tasks"].values() for name in t["controllers"]})
+    # the default cycle repeats after ten colours: more arms than that take tab20's twenty
+    palette = plt.get_cmap("tab20") if len(arms) > 10 else None
+
+    def colour(i: int):
+        return palette(i % 20) if palette is not None else f"C{i}"
+
     fig, axes = plt.subplots(1, len(tasks), figsize=(7.5 * len(tasks), 4.4), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         t = s["tasks"][task]
@@ -816,7 +830,7 @@ def plot(path: Path, s: dict) -> None:
                    "own lm_eval answers (--generated)" if generated else name.split("/")[0])
             marker = "P" if extra else "D" if generated else "x" if "/" in name else "*"
             ax.plot(f["gen_tokens"], f["accuracy"], marker,
-                    ms=8, color="grey" if extra else f"C{arms.index(name.split('/')[0])}",
+                    ms=8, color="grey" if extra else colour(arms.index(name.split("/")[0])),
                     label=None if key in labelled else key)
             labelled.add(key)
         ax.set_xlabel("mean generated tokens")
@@ -1026,6 +1040,11 @@ def main(argv: list[str] | None = None) -> None:
             "--sweep", default=None,
             help="an adaptation sweep directory holding final controllers "
                  "(adaptation.py train --final)")
+        sub.choices[name].add_argument(
+            "--z0-dtype", default=None,
+            help="the backbone dtype the controllers' z_0 is computed in (default: --dtype): "
+                 "the dtype of the cache they were trained on, e.g. bfloat16 for a float32 "
+                 "sweep composed with controllers trained on a bf16 cache")
         sub.choices[name].add_argument(
             "--extra", nargs="*", default=[],
             help="more controller directories, e.g. cross-fitted runs exported with "

@@ -406,15 +406,15 @@ def test_analyse_composes_several_seeds_against_cross_fitted_comparators(tmp_pat
 
     depth, directory, z0 = _final_controller(tmp_path)
     root, docs = tmp_path / "runs", list(range(5))
-    _z0_cache(root, z0, docs, "float32")
+    _z0_cache(root, z0, docs, "bfloat16")  # the controllers' cache dtype, not the sweep's
     for k in range(9):  # seed 0 right where the controller goes, seed 1 right nowhere
         for folder, right in (("t0.7", True), ("t0.7-seed1", False)):
             _write_samples(testset.run_dir(str(root), "ours", k) / folder / "FR" / "arith",
                            "arith", docs, [int(right and depth[d] == k) for d in docs])
     out = tmp_path / "out"
     argv = ["analyse", "--form", "ours", "--root", str(root), "--dtype", "float32",
-            "--decoding", "t0.7", "--out", str(out), "--extra", str(directory),
-            "--bootstrap", "50"]
+            "--z0-dtype", "bfloat16", "--decoding", "t0.7", "--out", str(out),
+            "--extra", str(directory), "--bootstrap", "50"]
     testset.main([*argv, "--seeds", "0,1"])
     summary = json.loads((out / "ours.json").read_text())
     arith = summary["tasks"]["arith"]
@@ -422,9 +422,11 @@ def test_analyse_composes_several_seeds_against_cross_fitted_comparators(tmp_pat
     assert summary["seeds"] == [0, 1] and row["figures"]["accuracy"] == pytest.approx(0.5)
     assert row["cross_fitted"]["n"] == 5 and row["cross_fitted"]["accuracy"] == pytest.approx(0.5)
     assert len(arith["one_depth_cross_fitted"]["depth_per_fold"]) == 5
+    assert summary["z0_dtype"] == "bfloat16" and row["depths"] == "".join(map(str, depth))
     page = (out / "ours.md").read_text()
     assert "seeds 0, 1" in page and "percentile bootstrap over documents" in page
     assert "minus one depth, cross-fitted" in page and "(optimistic)" in page
+    assert "the controllers read z_0 in bfloat16" in page
     testset.main(argv)  # seed 0 alone: one draw per document, Wilson's interval
     summary = json.loads((out / "ours.json").read_text())
     row = next(r for name, r in summary["tasks"]["arith"]["controllers"].items()

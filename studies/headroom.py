@@ -297,7 +297,9 @@ def analyse(args) -> None:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = directory.name
+    # a subset (--prompts N) is its own page beside the whole cache's, never over it
+    name = directory.name + (f"-n{len(prompts)}" if args.prompts is not None
+                             and len(prompts) < cache.manifest["n_prompts"] else "")
     (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_markdown(out / f"{name}.md", summary)
     plot(out / f"{name}.png", summary, halves, lambdas)

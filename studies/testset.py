@@ -66,6 +66,7 @@ from studylib.analysis import (
 from studylib.caches import FORMS, train_config
 
 from lm_eval_ponder.reporting.compact import answers_digest
+from lm_eval_ponder.reporting.suite import seed_folder  # the suite's layout of seeds
 
 TASKS = {"arith": 500, "gsm8k": 500}
 
@@ -138,11 +139,6 @@ def samples_file(directory: Path, task: str) -> Path | None:
     from lm_eval_ponder.reporting.compact import latest_log
 
     return latest_log(directory, f"{task}_ponder")
-
-
-def seed_folder(decoding: str, seed: int) -> str:
-    """The suite's folder of one seed of a decoding (``t0.7``, ``t0.7-seed1``, ...)."""
-    return decoding + (f"-seed{seed}" if seed else "")
 
 
 def parse_seeds(spec: str, decoding: str) -> tuple[int, ...]:

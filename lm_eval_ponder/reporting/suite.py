@@ -272,12 +272,17 @@ def launcher(command: str | None) -> list[str]:
     return shlex.split(command)
 
 
+def seed_folder(decoding: str, seed: int) -> str:
+    """The decoding folder of one seed: a seed other than 0 gets its own (``t0.7-seed1``), so a
+    run's folder never holds another seed's results."""
+    return decoding + (f"-seed{seed}" if seed else "")
+
+
 def run_dir(out: Path, r: dict) -> Path:
-    """``OUT/<decoding>/<method>/<dataset>`` (an EE run: its threshold's folder); a seed other
-    than 0 gets its own decoding folder (``t0.7-seed1``), so a run's folder never holds another
-    seed's results."""
-    decoding = r["decoding"] + (f"-seed{r['seed']}" if r.get("seed", 0) else "")
-    return out / decoding / r.get("dir", r["method"]).replace(" ", "_") / r["dataset"]
+    """``OUT/<decoding folder>/<method>/<dataset>`` (an EE run: its threshold's folder; the
+    decoding folder: ``seed_folder``)."""
+    return (out / seed_folder(r["decoding"], r.get("seed", 0))
+            / r.get("dir", r["method"]).replace(" ", "_") / r["dataset"])
 
 
 def plan_text(runs: list[dict], out: Path, pilot: str | None, limit: int | None,

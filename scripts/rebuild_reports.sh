@@ -39,6 +39,16 @@ report paper-arith "$tmp/paper" "$s/t0.7" "$s/t0.7-seed1" "$s/t0.7-seed2" \
 figure "$tmp/paper/pareto_arith_t0.7.png" docs/figures/paper_pareto_arith_t0.7.png
 figure "$tmp/paper/savings_by_level_arith_t0.7.png" docs/figures/paper_savings_by_level_arith_t0.7.png
 figure "$tmp/paper/relative_to_cot_arith_t0.7.png" docs/figures/paper_relative_to_cot_arith_t0.7.png
+# Table 1's rows for the paper's form (issue 52 item 2, studies/paper_form_rows.sh): its own
+# trained controller beside the unsteered rows and our form's, arith at T = 0.7 (seeds 0-2)
+# and GSM8K greedy; the two forms' FP rows are told apart by their identity (alpha_start)
+p=results/suite-paper-form
+four="{Direct,CoT,FP-Direct,FP-CoT}"
+report paper-form-arith docs/leaderboard/paper-form-arith \
+  $(eval echo "$s/{t0.7,t0.7-seed1,t0.7-seed2}/$four/arith") \
+  $(eval echo "$p/{t0.7,t0.7-seed1,t0.7-seed2}/{FP-Direct,FP-CoT}/arith")
+report paper-form-gsm8k docs/leaderboard/paper-form-gsm8k \
+  $(eval echo "$s/greedy/$four/gsm8k") $(eval echo "$p/greedy/{FP-Direct,FP-CoT}/gsm8k")
 # early exit against Direct, FR and FP-Direct (greedy, four thresholds)
 for t in arith gsm8k; do
   report "early-exit-$t" "$tmp/ee-$t" $(eval echo "$s/greedy/{Direct,FR,FP-Direct}/$t") \

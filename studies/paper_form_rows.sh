@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 52 item 2, prepared and not yet run: Table 1's rows for the paper's form (steering
+# Issue 52 item 2: Table 1's rows for the paper's form (steering
 # toward "think step by step" from alpha_start = 0) with its own trained controller, under the
 # paper's protocol (every method sampled at T = 0.7, 500 new tokens, seeds 0, 1, 2) on arith
 # and greedily on GSM8K (the leaderboard's decoding there).
@@ -10,7 +10,7 @@
 # committed controller. Every paper-form final controller trained so far halts at depth 0
 # (offset 0, the unsteered model) on every arith test document (docs/results/testset.md), so
 # expect rows labelled "(depth 0 on every question)" that draw Direct's and CoT's answers at
-# a controller's extra cost; the run is what checks that.
+# a controller's extra cost; the run is what checks that (it did: docs/results/paper-protocol.md).
 #
 # Cost: the cache's z_0 in bf16 (27 min on one thread where bf16 is emulated, minutes where it
 # is native), one controller (about a minute), then six T = 0.7 arith runs and two greedy
@@ -22,7 +22,7 @@
 set -euo pipefail
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 here="$(cd "$(dirname "$0")" && pwd)"
-out=${OUT:-results/suite-paper-form}
+out=results/suite-paper-form  # where scripts/rebuild_reports.sh reads it
 ctrl=controllers/smollm2-135m-instruct-paper-form
 sweep=$(ls -d results/adaptation/paper-s4/n600-* | head -n 1)
 if [ ! -f "$ctrl/controller.safetensors" ]; then
@@ -38,7 +38,5 @@ python -m lm_eval_ponder.suite --output "$out" --protocol greedy --tasks gsm8k \
     --methods FP-Direct,FP-CoT --controller "$ctrl" --resume_within --no_report \
     ${MODEL_ARGS:+--model_args "$MODEL_ARGS"}
 # beside the shipped form's rows: the report keys rows by configuration, so the two forms'
-# FP rows stay apart (reporting.identity)
-python -m lm_eval_ponder.report results/suite/t0.7 results/suite/t0.7-seed1 \
-    results/suite/t0.7-seed2 "$out/t0.7" "$out/t0.7-seed1" "$out/t0.7-seed2" \
-    --output "$out/report-arith-t0.7"
+# FP rows stay apart (reporting.identity); docs/leaderboard/paper-form-{arith,gsm8k}
+ONLY=paper-form bash "$here/../scripts/rebuild_reports.sh"

@@ -720,7 +720,7 @@ def taus(args) -> None:
 
 def write_markdown(path: Path, s: dict) -> None:
     seeds = s.get("seeds", [0])
-    draws = (f"seeds {', '.join(map(str, seeds))}: every figure is each document's mean over "
+    draws = (f"Seeds {', '.join(map(str, seeds))}: every figure is each document's mean over "
              "the seeds, then averaged over documents. " if len(seeds) > 1 else "")
     interval = ("Wilson for accuracies" if len(seeds) == 1 else
                 "a percentile bootstrap over documents for accuracies (a document's accuracy "
@@ -730,7 +730,7 @@ def write_markdown(path: Path, s: dict) -> None:
              f"(256 new tokens, {s.get('dtype', 'float32')}"
              + (f"; the controllers read z_0 in {s['z0_dtype']}, their cache's dtype"
                 if s.get("z0_dtype", s.get("dtype")) != s.get("dtype") else "")
-             + f"); {draws}A "
+             + f"). {draws}A "
              "controller's answers are the sweep's answers at the depth it chooses per document "
              "(see `studies/testset.py`; `verify` below checks this through lm_eval). CIs: "
              f"{interval}, paired bootstrap over documents for the gap.", ""]

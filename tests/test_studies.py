@@ -424,7 +424,7 @@ def test_analyse_composes_several_seeds_against_cross_fitted_comparators(tmp_pat
     assert len(arith["one_depth_cross_fitted"]["depth_per_fold"]) == 5
     assert summary["z0_dtype"] == "bfloat16" and row["depths"] == "".join(map(str, depth))
     page = (out / "ours.md").read_text()
-    assert "seeds 0, 1" in page and "percentile bootstrap over documents" in page
+    assert "Seeds 0, 1: every figure" in page and "percentile bootstrap over documents" in page
     assert "minus one depth, cross-fitted" in page and "(optimistic)" in page
     assert "the controllers read z_0 in bfloat16" in page
     testset.main(argv)  # seed 0 alone: one draw per document, Wilson's interval

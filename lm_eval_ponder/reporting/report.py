@@ -392,6 +392,24 @@ def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
     return out
 
 
+def fewer(saved: float, what: str) -> str:
+    """"30% fewer tokens", or "4% more tokens" when the steered run spent more."""
+    return f"{saved:.0%} fewer {what}" if saved >= 0 else f"{-saved:.0%} more {what}"
+
+
+def steered_from(run: Run, base: Run) -> bool:
+    """Whether ``base`` is ``run`` without its steering: the same model and generation, and
+    only the pondering part differs (none in the base). Labels cannot say this once two
+    steered configurations share a method name, e.g. both forms' FP-Direct beside one Direct
+    (the suffix ``[alpha_start=0.0, ...]`` is on the steered rows only). Results written
+    before the model fingerprint (model args only) fall back to matching label variants."""
+    a, b = run.identity, base.identity
+    if "pondering" not in a.model or b.model.get("pondering", False) is not None:
+        return False
+    rest_a, rest_b = ({k: v for k, v in m.items() if k != "pondering"} for m in (a.model, b.model))
+    return rest_a == rest_b and a.generation == b.generation
+
+
 def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
     """Per dataset, each steered run against its own base (FR and FP-Direct against Direct,
     FP-CoT against CoT, FP-BoN against BoN) with the same variants (decoding, dtype, ...),
@@ -405,8 +423,9 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
             base_family = BASE_OF.get(family(run.label))
             if base_family is None:
                 continue
-            bases = [b for b in group if family(b.label) == base_family
-                     and label_variants(b.label) == label_variants(run.label)]
+            same = [b for b in group if family(b.label) == base_family]
+            bases = [b for b in same if steered_from(run, b)] or \
+                [b for b in same if label_variants(b.label) == label_variants(run.label)]
             if len(bases) != 1:
                 continue
             d = paired_difference(run.samples, bases[0].samples)
@@ -421,7 +440,7 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
                    f"questions: accuracy {d['gain']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
                    f"({verdict}; sign test p = {d['p']:.3g}, Holm-adjusted over the "
                    f"{len(found)} paired comparisons of this report p = {p_holm:.3g}), "
-                   f"{d['tokens_saved']:.0%} fewer tokens, {d['saved']:.0%} fewer FLOPs")
+                   f"{fewer(d['tokens_saved'], 'tokens')}, {fewer(d['saved'], 'FLOPs')}")
     return out
 
 

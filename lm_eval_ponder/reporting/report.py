@@ -393,8 +393,11 @@ def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
 
 
 def fewer(saved: float, what: str) -> str:
-    """"30% fewer tokens", or "4% more tokens" when the steered run spent more."""
-    return f"{saved:.0%} fewer {what}" if saved >= 0 else f"{-saved:.0%} more {what}"
+    """"30% fewer tokens", "4% more tokens" when the steered run spent more, "as many tokens"
+    when the two round to the same (a steered run at offset 0 is the unsteered model)."""
+    if round(abs(saved) * 100) == 0:
+        return f"as many {what}"
+    return f"{saved:.0%} fewer {what}" if saved > 0 else f"{-saved:.0%} more {what}"
 
 
 def steered_from(run: Run, base: Run) -> bool:

@@ -446,19 +446,20 @@ def test_steered_runs_are_compared_with_their_own_base_paired(tmp_path):
 
 
 def test_two_steered_forms_beside_one_base_are_each_paired_with_it(tmp_path):
-    """Issue 52 item 2: both forms' FP-Direct (alpha_start -0.2 and 0.0) beside one Direct.
+    """Issue 52 item 2: two forms' FP-Direct (alpha_start -0.2 and 0.0) beside one Direct.
     Their labels carry a suffix the base lacks, yet each is paired with it (same model and
     generation, only the pondering differs); a steered run that spends more says "more"."""
     direct = [(i % 2 == 0, 100, 0, 1) for i in range(40)]
     write_run(tmp_path, "direct", {"controller": "none"}, "arith_ponder", direct,
               config=ponder_config(pondering=None), configs=GEN)
-    for name, start, tokens in (("ours", -0.2, 60), ("paper", 0.0, 104)):
+    for name, start, tokens in (("ours", -0.2, 60), ("paper", 0.0, 104), ("same", 0.1, 100)):
         write_run(tmp_path, name, {"controller": f"/{name}"}, "arith_ponder",
                   [(i % 2 == 0, tokens, 0, 1) for i in range(40)], configs=GEN,
                   config=ponder_config(pondering={**FINGERPRINT["pondering"],
                                                   "controller": name, "alpha_start": start}))
     lines = rp.steering_verdicts(rp.common_questions(rp.load_runs([tmp_path])))
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
+    assert "as many tokens" in next(x for x in lines if "alpha_start=0.1" in x)
     ours = next(x for x in lines if "alpha_start=-0.2" in x)
     paper = next(x for x in lines if "alpha_start=0.0" in x)
     assert " against Direct, paired on 40 questions" in ours and "40% fewer tokens" in ours

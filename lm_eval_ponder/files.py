@@ -62,9 +62,12 @@ def check_output(path: str | os.PathLike, flag: str = "--output",
                  folder: str | os.PathLike | None = None) -> Path:
     """Refuse, before any work, an output folder that cannot be written: ``path`` an existing
     file, a parent of it a file, or the folder it would be made in not writable (a read-only
-    folder or file system). Checked by making, then removing, a probe folder where the first
+    folder or file system). Checked by making, then removing, a probe file where the first
     missing part would go (permission bits do not say what root may do, nor what a read-only
-    mount refuses); nothing is left behind. ``folder``: the folder ``path`` stands for, when it
+    mount refuses); nothing is left behind. A file, never a folder, and unnamed where the
+    system allows (``O_TMPFILE``): two suites started side by side walk the same tree
+    (``compact_tree``), and a probe folder removed between listing and entering it made the
+    other's walk fail. ``folder``: the folder ``path`` stands for, when it
     is not ``path`` itself (lm-eval's ``--output_path x.json`` writes beside it). Returns
     ``path``."""
     path = Path(path).expanduser()
@@ -75,7 +78,8 @@ def check_output(path: str | os.PathLike, flag: str = "--output",
         where = "is a file" if existing == path else f"is inside {existing}, which is a file"
         raise PonderError(f"{flag} {path} {where}, not a folder: pass a folder path")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".lm-eval-ponder-probe-", dir=existing))
+        with tempfile.TemporaryFile(prefix=".lm-eval-ponder-probe-", dir=existing):
+            pass
     except OSError as error:
         raise PonderError(f"{flag} {path}: cannot write in {existing} ({error.strerror}): pass "
                           "a folder you can write to") from None

@@ -12,6 +12,7 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import (
     append_jsonl,
     atomic_write_text,
+    check_output,
     exact_float32,
     file_sha256,
     read_jsonl,
@@ -113,3 +114,24 @@ def test_a_lock_names_its_live_holder_and_is_taken_over_when_it_dies(tmp_path):
     again = acquire_lock(path, {"pid": "me"})
     assert again.previous is None  # released cleanly: nothing left to take over
     again.release()
+
+
+def test_the_output_probe_never_makes_a_folder_another_walk_could_trip_on(tmp_path, monkeypatch):
+    """Two suites side by side: one probes its output while the other walks the same tree
+    (compact_tree's rglob). A probe folder removed between the walk's listing and its entering
+    it raised FileNotFoundError in the other suite; the probe must make no folder at all."""
+    import os
+
+    made = []
+    real_mkdir = os.mkdir
+    monkeypatch.setattr(os, "mkdir", lambda p, *a, **k: (made.append(p), real_mkdir(p, *a, **k)))
+    assert check_output(tmp_path / "runs" / "k0") == tmp_path / "runs" / "k0"
+    assert made == [] and list(tmp_path.iterdir()) == []
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro").chmod(0o500)
+    try:
+        if not os.access(tmp_path / "ro", os.W_OK):  # root writes anywhere
+            with pytest.raises(PonderError, match="cannot write"):
+                check_output(tmp_path / "ro" / "out")
+    finally:
+        (tmp_path / "ro").chmod(0o700)

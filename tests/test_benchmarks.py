@@ -377,3 +377,21 @@ def test_the_default_rows_and_cache_hold_a_7_8b_model_on_an_80_gb_gpu(shape, mon
     with torch.device("meta"):
         weights = 2 * sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     assert weights + rule.max_cache_gib * 2**30 < 0.8 * gpu
+
+
+def test_estimate_check_prices_the_documented_arith_run_from_the_committed_record():
+    """docs/usage.md's 13.0 min (781 s): the AVX2 record's start-up and cost per token at the
+    committed greedy Direct arith run's answer lengths, 500 questions. Compared here with that
+    committed run itself (its own clocked wall), so the arithmetic is checked, not a machine."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "estimate_check", Path(__file__).resolve().parent.parent / "benchmarks" / "estimate_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    got = module.compare(Path("results/scale/smollm2-135m-cpu-avx2-arith.json"),
+                         Path("results/suite"), Path("results/suite"), "test")
+    assert got["predicted_s"] == pytest.approx(781.5, abs=1)
+    assert got["measured_s"] == pytest.approx(624.9, abs=0.5)  # its ponder_run.json
+    assert got["predicted_at_run_lengths_s"] == pytest.approx(got["predicted_s"], rel=1e-6)
+    assert got["measured_over_predicted"] == pytest.approx(624.9 / got["predicted_s"])

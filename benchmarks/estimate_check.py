@@ -32,14 +32,20 @@ from pathlib import Path
 
 
 def cpu_name() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), so a figure says which machine made it."""
+    """The CPU's model name and the vector units that decide its bf16 speed (``/proc/cpuinfo``),
+    so a figure says which machine made it: model names alone ("Intel Xeon Processor") do not
+    tell an AMX machine from an AVX2-only one."""
+    name, flags = platform.processor() or "unknown", set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    units = [u for u in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if u in flags]
+    return f"{name} ({', '.join(units) or 'no AVX2'})"
 
 
 def compare(scale: Path, lengths_from: Path, out: Path, tag: str) -> dict:

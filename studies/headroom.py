@@ -300,7 +300,7 @@ def analyse(args) -> None:
     # a subset (--prompts N) is its own page beside the whole cache's, never over it
     name = directory.name + (f"-n{len(prompts)}" if args.prompts is not None
                              and len(prompts) < cache.manifest["n_prompts"] else "")
-    (out / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / f"{name}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
     write_markdown(out / f"{name}.md", summary)
     plot(out / f"{name}.png", summary, halves, lambdas)
     print((out / f"{name}.md").read_text())

@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     text = markdown(summary)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".json").write_text(json.dumps(summary, indent=1) + "\n")
+        Path(args.out + ".json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
         Path(args.out + ".md").write_text(text)
     print(text)
 

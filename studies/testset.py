@@ -654,7 +654,8 @@ def analyse(args) -> None:
         sys.exit("no task has finished the sweep at every depth: run `testset.py sweep` first")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.form}.json").write_text(json.dumps(summary, indent=1) + "\n")
+    # compact, as taus's: the .md beside it is the readable form, and the tree must travel
+    (out / f"{args.form}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
     write_markdown(out / f"{args.form}.md", summary)
     plot(out / f"{args.form}.png", summary)
     print((out / f"{args.form}.md").read_text())

@@ -244,7 +244,10 @@ def load_controller(
         raise PonderError(f"controller directory not found: {directory}")
     for name in (WEIGHTS_FILE, CONFIG_FILE):
         if not (directory / name).is_file():
-            raise PonderError(f"controller checkpoint {directory} has no {name}")
+            card = directory / "card.md"  # a committed controller whose weights are in history
+            hint = (f" (its {card} says where its weights are kept and how to restore them)"
+                    if card.is_file() and name == WEIGHTS_FILE else "")
+            raise PonderError(f"controller checkpoint {directory} has no {name}{hint}")
     try:
         config = json.loads((directory / CONFIG_FILE).read_text())
     except (ValueError, OSError) as error:

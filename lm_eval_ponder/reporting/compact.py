@@ -38,7 +38,7 @@ from pathlib import Path
 
 from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import read_jsonl, write_jsonl_xz
+from lm_eval_ponder.files import atomic_write_text, read_jsonl, write_jsonl_xz
 
 FULL = ".jsonl"
 COMPACT = ".compact.jsonl.xz"
@@ -140,9 +140,61 @@ def compact_file(log: Path) -> Path:
     return target
 
 
+# torch's collect_env report, as lm-eval stores it in every results JSON (``pretty_env_info``):
+# these lines say which machine and software ran a figure; the rest (lscpu's padded table,
+# cache sizes, the vulnerability list, the whole CPU flags line) is 4 KB a run that no reader
+# uses, 40% of the results JSONs the tree keeps (issue 52: 0.6 MB of 1.5 MB)
+ENV_KEPT = ("PyTorch version", "OS", "Python version", "Is CUDA available", "CUDA runtime version",
+            "GPU models and configuration", "Nvidia driver version", "CPU(s)", "Vendor ID",
+            "Model name", "Thread(s) per core", "Core(s) per socket", "Socket(s)")
+# the CPU flags that decide a CPU figure's speed (bf16 native or emulated, docs/results/speed.md)
+VECTOR_UNITS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+ENV_MARK = "[kept by lm_eval_ponder.reporting.compact: the lines that name the machine]"
+
+
+def compact_env(text: str) -> str:
+    """``pretty_env_info`` cut to ``ENV_KEPT``'s lines, padding collapsed, and the CPU's flags
+    reduced to ``VECTOR_UNITS``; unchanged if already cut."""
+    if text.startswith(ENV_MARK):
+        return text
+    kept = [ENV_MARK]
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ENV_KEPT:
+            kept.append(f"{key.strip()}: {value.strip()}")
+        elif sep and key.strip() == "Flags":
+            units = " ".join(u for u in VECTOR_UNITS if u in value.split())
+            kept.append(f"Flags (vector units only): {units or 'none of ' + ', '.join(VECTOR_UNITS)}")
+    return "\n".join(kept)
+
+
+def compact_results(path: Path) -> bool:
+    """Rewrite one lm-eval results JSON as the tree keeps it: ``pretty_env_info`` cut by
+    ``compact_env`` and no indentation (every reader parses it; ``python -m json.tool`` shows it
+    indented). Returns whether it changed; a second pass changes nothing."""
+    text = Path(path).read_text()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False  # not lm-eval's (or cut off): left for its reader to name
+    env = data.get("pretty_env_info") if isinstance(data, dict) else None
+    if isinstance(env, str):
+        data["pretty_env_info"] = compact_env(env)
+    elif not isinstance(data, dict):
+        return False
+    out = json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n"
+    if out == text:
+        return False
+    atomic_write_text(Path(path), out)
+    return True
+
+
 def compact_tree(root: Path) -> list[Path]:
     """Compact logs for every samples log under ``root`` that lacks an up-to-date one: full
-    logs, and the text-free twins of runs whose full log is gone."""
+    logs, and the text-free twins of runs whose full log is gone; and every results JSON
+    compacted (``compact_results``)."""
+    for results in sorted(Path(root).rglob("results_*.json")):
+        compact_results(results)
     made = []
     for log in sorted(Path(root).rglob("samples_*")):
         form = form_of(log)

@@ -122,7 +122,12 @@ def test_load_refuses_missing_and_mismatched(tmp_path) -> None:
     with pytest.raises(PonderError, match="do not match"):
         load_controller(tmp_path)
     (tmp_path / "controller.safetensors").unlink()
-    with pytest.raises(PonderError, match="controller.safetensors"):
+    with pytest.raises(PonderError, match=r"no controller.safetensors$"):
+        load_controller(tmp_path)
+    # a committed controller whose weights live in git history (the paper form's): the error
+    # points at the card that says how to restore them
+    (tmp_path / "card.md").write_text("Weights: `git show ...`")
+    with pytest.raises(PonderError, match=r"card.md says where its weights are kept"):
         load_controller(tmp_path)
 
 

@@ -199,3 +199,58 @@ def test_compact_duplicates_that_disagree_are_still_refused(tmp_path):
     drop_full_logs(tmp_path)
     with pytest.raises(PonderError, match="disagree on question 2"):
         rp.load_runs([tmp_path])
+
+
+ENV = """PyTorch version: 2.13.0+cpu
+Is debug build: False
+
+OS: Debian GNU/Linux 12 (bookworm) (x86_64)
+Python version: 3.11.7 (main) [GCC 12.2.0] (64-bit runtime)
+Is CUDA available: False
+
+CPU:
+Architecture:                            x86_64
+CPU(s):                                  2
+Vendor ID:                               GenuineIntel
+Model name:                              Intel(R) Xeon(R) Processor
+L2 cache:                                4 MiB (2 instances)
+Flags:                                   fpu sse2 avx2 avx512f avx512_bf16 amx_bf16 amx_tile
+Vulnerability Mds:                       Not affected
+"""
+
+
+def test_a_results_json_keeps_the_machine_and_every_figure_in_less_room(tmp_path):
+    """lm-eval's results JSON as the tree keeps it (issue 52: the tracked tree passed its alarm):
+    the metrics, config and task configs unchanged; torch's environment report cut to the lines
+    that name the machine, the CPU flags to the units that decide its bf16 speed; a second pass
+    changes nothing."""
+    data = {"results": {"arith_ponder": {"exact_match,none": 0.15, "flops,none": 3.3e10}},
+            "config": {"model_args": {"controller": "none"}}, "configs": {"arith_ponder": {
+                "generation_kwargs": {"until": ["\n\n"]}}}, "pretty_env_info": ENV}
+    path = tmp_path / "results_2026-11-29T00-00-00.json"
+    path.write_text(json.dumps(data, indent=2))
+    before = path.stat().st_size
+    assert compact.compact_results(path)
+    got = json.loads(path.read_text())
+    assert {k: v for k, v in got.items() if k != "pretty_env_info"} == \
+        {k: v for k, v in data.items() if k != "pretty_env_info"}
+    env = got["pretty_env_info"].splitlines()
+    assert env[1:] == ["PyTorch version: 2.13.0+cpu", "OS: Debian GNU/Linux 12 (bookworm) (x86_64)",
+                       "Python version: 3.11.7 (main) [GCC 12.2.0] (64-bit runtime)",
+                       "Is CUDA available: False", "CPU(s): 2", "Vendor ID: GenuineIntel",
+                       "Model name: Intel(R) Xeon(R) Processor",
+                       "Flags (vector units only): avx2 avx512f avx512_bf16 amx_bf16"]
+    assert path.stat().st_size < before
+    assert not compact.compact_results(path)
+    (tmp_path / "results_cut.json").write_text('{"results": ')
+    assert not compact.compact_results(tmp_path / "results_cut.json")  # left for its reader
+
+
+def test_compact_tree_compacts_a_runs_results_json(tmp_path):
+    run = tmp_path / "greedy" / "Direct" / "arith" / "model"
+    run.mkdir(parents=True)
+    (run / "results_x.json").write_text(json.dumps({"results": {}, "pretty_env_info": ENV},
+                                                   indent=2))
+    compact.compact_tree(tmp_path)
+    assert json.loads((run / "results_x.json").read_text())["pretty_env_info"].startswith(
+        compact.ENV_MARK)

@@ -95,8 +95,11 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
     all. A resumed run's ``wall_s`` covers only its last attempt: with ``kept_answers`` > 0
     the earlier attempts produced the rest, so the report and the cost model must not read
     ``wall_s`` as the time of every answer."""
-    path = target / ATTEMPTS
-    attempts = read_json(path) if path.is_file() else []
+    path, finished = target / ATTEMPTS, target / "ponder_run.json"
+    # a finished run's summary carries its attempts (the attempts file goes with it, one small
+    # file less a run in the tree); a run started again after it keeps counting from them
+    attempts = read_json(path) if path.is_file() else \
+        read_json(finished).get("attempts", []) if finished.is_file() else []
     attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
     atomic_write_text(path, json.dumps(attempts, indent=1))
     return attempts
@@ -640,6 +643,7 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
     compact_tree(target)
     for twin in target.glob("answers_rank*" + KEPT_SUFFIX):
         twin.unlink()  # the run's summary replaces its unfinished answers
+    (target / ATTEMPTS).unlink(missing_ok=True)  # and its attempts, which it carries
 
 
 @command

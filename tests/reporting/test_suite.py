@@ -155,6 +155,7 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
     assert "3 kept answers restored from answers_rank0.kept.jsonl.gz" in err
     assert "Cached requests: 3, Requests remaining: 0" in err
     assert not list(target.glob("*.kept.jsonl.gz"))  # the finished run's summary replaces it
+    assert not (target / suite.ATTEMPTS).exists()  # and its attempts file, which it carries
     again = [p.read_text() for p in target.rglob("samples_*.jsonl")]
     assert [s.split('"resps"')[1][:200] for s in again] == \
         [s.split('"resps"')[1][:200] for s in first]

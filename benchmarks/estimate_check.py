@@ -16,7 +16,7 @@ command and keeps what the comparison rests on, so the figure in docs/usage.md h
 
 Each step is skipped when its output exists (a finished run is never re-run), so an interrupted
 check resumes. About 25-35 minutes on a 2-core CPU. The record (``--out``, JSON) names the
-machine's CPU and torch's dtype::
+machine's CPU and its native dtype (``backbone.device_description``)::
 
     python benchmarks/estimate_check.py --tag cpu-amx
 """
@@ -25,33 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
 
 
-def cpu_name() -> str:
-    """The CPU's model name and the vector units that decide its bf16 speed (``/proc/cpuinfo``),
-    so a figure says which machine made it: model names alone ("Intel Xeon Processor") do not
-    tell an AMX machine from an AVX2-only one."""
-    name, flags = platform.processor() or "unknown", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    units = [u for u in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if u in flags]
-    return f"{name} ({', '.join(units) or 'no AVX2'})"
-
-
 def compare(scale: Path, lengths_from: Path, out: Path, tag: str) -> dict:
     """The estimate of the full arith Direct run (500 questions) at ``lengths_from``'s answer
     lengths and at the run's own, against the run under ``out`` as it was clocked."""
-    from lm_eval_ponder.backbone import native_dtype
+    from lm_eval_ponder.backbone import device_description, native_dtype
     from lm_eval_ponder.reporting.budget import ScaleCost, read_lengths
     from lm_eval_ponder.reporting.suite import run_time
 
@@ -66,8 +48,8 @@ def compare(scale: Path, lengths_from: Path, out: Path, tag: str) -> dict:
     predicted = model.wall(500 * pilot.tokens / pilot.questions)
     at_own = model.wall(mine.tokens)
     return {
-        "cpu": cpu_name(), "tag": tag, "dtype": native_dtype("cpu"), "scale_record": str(scale),
-        "run": str(out), "startup_s": model.startup_s, "s_per_token": model.s_per_token,
+        "cpu": device_description("cpu"), "tag": tag, "dtype": native_dtype("cpu"),
+        "scale_record": str(scale), "run": str(out), "startup_s": model.startup_s, "s_per_token": model.s_per_token,
         "pilot_tokens_per_question": pilot.tokens / pilot.questions,
         "run_tokens_per_question": mine.tokens / mine.questions,
         "predicted_s": predicted, "predicted_at_run_lengths_s": at_own, "measured_s": measured,

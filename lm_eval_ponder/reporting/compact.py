@@ -177,11 +177,10 @@ def compact_results(path: Path) -> bool:
         data = json.loads(text)
     except ValueError:
         return False  # not lm-eval's (or cut off): left for its reader to name
-    env = data.get("pretty_env_info") if isinstance(data, dict) else None
-    if isinstance(env, str):
-        data["pretty_env_info"] = compact_env(env)
-    elif not isinstance(data, dict):
+    if not isinstance(data, dict):
         return False
+    if isinstance(data.get("pretty_env_info"), str):
+        data["pretty_env_info"] = compact_env(data["pretty_env_info"])
     out = json.dumps(data, separators=(",", ":"), ensure_ascii=False) + "\n"
     if out == text:
         return False

@@ -98,8 +98,12 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
     path, finished = target / ATTEMPTS, target / "ponder_run.json"
     # a finished run's summary carries its attempts (the attempts file goes with it, one small
     # file less a run in the tree); a run started again after it keeps counting from them
-    attempts = read_json(path) if path.is_file() else \
-        read_json(finished).get("attempts", []) if finished.is_file() else []
+    if path.is_file():
+        attempts = read_json(path)
+    elif finished.is_file():
+        attempts = read_json(finished).get("attempts", [])
+    else:
+        attempts = []
     attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
     atomic_write_text(path, json.dumps(attempts, indent=1))
     return attempts

@@ -49,7 +49,8 @@ def compare(scale: Path, lengths_from: Path, out: Path, tag: str) -> dict:
     at_own = model.wall(mine.tokens)
     return {
         "cpu": device_description("cpu"), "tag": tag, "dtype": native_dtype("cpu"),
-        "scale_record": str(scale), "run": str(out), "startup_s": model.startup_s, "s_per_token": model.s_per_token,
+        "scale_record": str(scale), "run": str(out), "startup_s": model.startup_s,
+        "s_per_token": model.s_per_token,
         "pilot_tokens_per_question": pilot.tokens / pilot.questions,
         "run_tokens_per_question": mine.tokens / mine.questions,
         "predicted_s": predicted, "predicted_at_run_lengths_s": at_own, "measured_s": measured,

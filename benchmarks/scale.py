@@ -36,12 +36,22 @@ import time
 from pathlib import Path
 
 from lib.decoding import add_device_args, device_defaults, torch_setup
-from lib.replay import Memory, add_replay_args, batch_of, build_model, recorded_lengths, shape_config
+from lib.replay import (
+    Memory,
+    add_replay_args,
+    batch_of,
+    build_model,
+    measure_step_cost,
+    recorded_lengths,
+    shape_config,
+)
 
-# sized for these 2-core CPUs, where a Qwen2.5-0.5B shape in float32 is memory-bound (a decode
-# step costs about 0.55 s + 15 ms a row: every step reads the 2 GB of weights), so --model hf's
-# widest batch is its best (measured: 7.5 / 13.4 useful tok/s at batch 8 / 24; 9.4 / 17.5 / 28.6
-# at 8 / 16 / 48): 24 questions at 256 new tokens (our CPU runs' cap), one pair, about 7 minutes
+# sized for these 2-core CPUs, where a Qwen2.5-0.5B shape is memory-bound (a decode step costs
+# about 0.55 s + 15 ms a row in float32 on an AVX2 EPYC, 76 ms + 1.1 ms in bf16 on an AMX Xeon:
+# every step reads all the weights), so --model hf's widest batch is its best: 24 questions at
+# 256 new tokens (our CPU runs' cap), one pair, about 7 minutes on the AVX2 CPU. This is the
+# loop's worst case (every question in one generate; bound 1.16x on the AMX Xeon, printed as
+# bound_over_hf); docs/results/speed.md also gives 96 questions (1.61x there)
 CPU_DEFAULTS = {"questions": 24, "max_new_tokens": 256, "hf_batches": [24], "pairs": 1}
 GPU_DEFAULTS = {"questions": 500, "max_new_tokens": 500, "hf_batches": [64, 128, 256], "pairs": 2}
 
@@ -114,6 +124,11 @@ def parse(argv: list[str] | None):
                              "recorded lengths; the seconds per token the harness spends beyond "
                              "the loop (stop strings, texts, grading in a worker on the same "
                              "cores) go into the record, and the estimate adds them")
+    parser.add_argument("--step-cost-rows", type=int, nargs="*", default=None,
+                        help="time a decode forward at these row counts, fit seconds = fixed + "
+                             "per row x rows, and print the most any row-retiring loop could "
+                             "gain over each --model hf batch under it (default: 1, each hf "
+                             "batch and the loop's rows, capped at --questions; none: skip)")
     parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
                         choices=["dynamic", "captured"],
                         help="the loop's decode steps to time (captured: the GPU fast path)")
@@ -124,6 +139,8 @@ def parse(argv: list[str] | None):
     if args.questions < 1 or args.max_new_tokens < 1 or args.pairs < 1 or \
             min(args.hf_batches, default=1) < 1:
         sys.exit("scale: --questions, --max-new-tokens, --pairs and --hf-batches must be >= 1")
+    if min(args.step_cost_rows or [1]) < 1:
+        sys.exit("scale: --step-cost-rows takes row counts >= 1")
     if args.harness_questions < 0 or (args.harness_questions and not args.harness):
         sys.exit("scale: --harness-questions takes a count >= 0, and --harness with it")
     return args
@@ -167,6 +184,7 @@ def main(argv: list[str] | None = None) -> float | None:
                **{f"hf-{b}": (lambda b=b: run_hf(model, ids, mask, limits, b))
                   for b in args.hf_batches}}
     runs: dict[str, list[dict]] = {name_: [] for name_ in engines}
+    args.step_cost = step_cost(args, model, lengths, loop_config.max_rows)
     for pair in range(args.pairs):
         order = list(engines) if pair % 2 == 0 else list(engines)[::-1]
         for name_ in order:
@@ -174,7 +192,25 @@ def main(argv: list[str] | None = None) -> float | None:
             r = runs[name_][-1]
             print(f"pair {pair}  {name_:15s}  {r['wall_s']:8.2f} s  "
                   f"{r['useful'] / r['wall_s']:9.1f} useful tok/s", flush=True)
-    return report(args, name, runs, loops, len(limits), dtype)
+    return report(args, name, runs, loops, limits, dtype)
+
+
+def step_cost(args, model, lengths: list[tuple[int, int]], max_rows: int):
+    """The decode step's line on this device and shape (``lib.replay.StepCost``), timed at a
+    context of the mean prompt plus half the mean answer; None when ``--step-cost-rows`` is
+    given empty or every row count is the same."""
+    rows = args.step_cost_rows
+    if rows is None:
+        rows = [1, *args.hf_batches, max_rows]
+    rows = sorted({min(n, args.questions) for n in rows})
+    if len(rows) < 2:
+        return None
+    context = round(statistics.fmean(p for p, _ in lengths) + statistics.fmean(a for _, a in lengths) / 2)
+    cost = measure_step_cost(model, rows, context)
+    print(f"decode step: {cost.fixed_s * 1e3:.1f} ms + {cost.per_row_s * 1e3:.2f} ms a row "
+          f"(at {context} positions; timed " + ", ".join(f"{n} rows {s * 1e3:.1f} ms" for n, s in cost.points)
+          + ")", flush=True)
+    return cost
 
 
 def run_harness(lengths: str, device: str, dtype, questions: int, gen_kwargs: str
@@ -258,7 +294,8 @@ def loop_engines(default, decode_steps: list[str], rows: list[int]) -> dict:
     return out
 
 
-def report(args, name: str, runs: dict, loops: dict, n: int, dtype) -> float:
+def report(args, name: str, runs: dict, loops: dict, limits: list[int], dtype) -> float:
+    n = len(limits)
     rate = {k: statistics.median(r["useful"] / r["wall_s"] for r in v) for k, v in runs.items()}
     best = max((k for k in runs if k.startswith("hf-")), key=lambda k: rate[k], default=None)
     ratio = None if best is None else statistics.median(
@@ -271,6 +308,17 @@ def report(args, name: str, runs: dict, loops: dict, n: int, dtype) -> float:
         print(f"{k:15s}  {rows:4d}  {statistics.median(r['wall_s'] for r in v):7.2f}  "
               f"{rate[k]:12.1f}  {max(r['peak_gib'] for r in v):8.2f}"
               + ("  (best hf)" if k == best else ""))
+    bounds = {}
+    if args.step_cost is not None:
+        cost, rows = args.step_cost, loop_config.max_rows
+        bounds = {k: cost.bound(limits, int(k.split("-")[1]), rows) for k in runs if k.startswith("hf-")}
+        print(f"modelled decode seconds (the step's line, no prefill): loop at best "
+              f"{cost.retiring_rows(limits, rows):.2f}, " + ", ".join(
+                  f"{k} {cost.fixed_batches(limits, int(k.split('-')[1])):.2f}" for k in bounds))
+        for k, b in bounds.items():
+            print(f"bound_over_{k} {b:.3f} (what retiring rows alone can gain over {k}: both "
+                  f"forwards priced by the line; host work and prefill left out"
+                  f"{'; the best hf' if k == best else ''})")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({
@@ -279,7 +327,11 @@ def report(args, name: str, runs: dict, loops: dict, n: int, dtype) -> float:
             "loop_max_rows": loop_config.max_rows, "loop_cache_tokens": loop_config.max_cache_tokens,
             "useful_tok_s": rate, "best_hf": best, "loop_over_hf": ratio,
             "load_s": args.load_s, "harness_s": args.harness_s,
-            "harness_overhead": args.overhead, "runs": runs}, indent=1) + "\n")
+            "harness_overhead": args.overhead,
+            "step_cost": None if args.step_cost is None else {
+                "fixed_s": args.step_cost.fixed_s, "per_row_s": args.step_cost.per_row_s,
+                "points": args.step_cost.points},
+            "bound_over_hf": bounds, "runs": runs}, indent=1) + "\n")
     print("loop_over_hf n/a (no --hf-batches)" if ratio is None else f"loop_over_hf {ratio:.3f}")
     return ratio
 

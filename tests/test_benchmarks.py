@@ -277,6 +277,44 @@ def test_scale_replays_recorded_lengths_in_both_engines(tmp_path, capsys):
     # HFLM's path decodes every row of a batch to the batch's longest answer
     hf = record["runs"]["hf-2"][0]
     assert hf["slots"] >= hf["useful"]
+    # the decode step's line, timed at 1 row, each hf batch and the loop's rows (capped at 6)
+    assert [n for n, _ in record["step_cost"]["points"]] == [1, 2, 3, 6]
+    assert set(record["bound_over_hf"]) == {"hf-2", "hf-3"}
+    assert min(record["bound_over_hf"].values()) >= 1.0
+    assert any(line.startswith("bound_over_hf-3 ") and "the best hf" in line
+               for line in lines) == (record["best_hf"] == "hf-3")
+
+
+def test_step_cost_bound_is_padding_when_rows_cost_all_and_one_when_they_cost_nothing():
+    """The two ends of the step's line: if a step cost only its rows, retiring them gains the
+    padding bound (generate's row-steps over the useful ones); if it cost only a fixed read of
+    the weights, one batch of every row takes as many steps as the loop, so nothing."""
+    from lib.decoding import padding_bound
+    from lib.replay import StepCost
+
+    tokens = [10, 30, 4, 2]  # already in lm-eval's order
+    rows_only = StepCost(0.0, 1.0)
+    assert rows_only.bound(tokens, 2, 8) == pytest.approx(
+        padding_bound([4, 3, 2, 1], tokens, 2))
+    assert rows_only.fixed_batches(tokens, 2) == 2 * 30 + 2 * 4
+    fixed_only = StepCost(1.0, 0.0)
+    assert fixed_only.bound(tokens, 4, 8) == 1.0
+    # batches of 2 take 30 + 4 steps; the loop, all four in flight, 30
+    assert fixed_only.bound(tokens, 2, 8) == pytest.approx(34 / 30)
+    # at most 2 rows in flight: 10 and 30 start, 4 joins at step 11, 2 at step 15; 30 steps
+    assert fixed_only.retiring_rows(tokens, 2) == 30
+    assert StepCost(0.0, 1.0).retiring_rows(tokens, 1) == sum(tokens)
+
+
+def test_step_cost_fits_a_line_and_refuses_one_row_count():
+    from lib.replay import StepCost
+
+    cost = StepCost.fit([(1, 0.08), (24, 0.126), (96, 0.27)])
+    assert cost.fixed_s == pytest.approx(0.078, abs=1e-3)
+    assert cost.per_row_s == pytest.approx(0.002, abs=1e-4)
+    assert cost.step(10) == pytest.approx(cost.fixed_s + 10 * cost.per_row_s)
+    with pytest.raises(ValueError, match="two row counts"):
+        StepCost.fit([(4, 0.1), (4, 0.2)])
 
 
 @needs_embedded

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import resource
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 SHAPES = Path(__file__).resolve().parents[1] / "shapes"
@@ -124,3 +126,93 @@ class Memory:
             self.gib = torch.cuda.max_memory_allocated() / 2**30
         else:
             self.gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """A decode step's seconds as ``fixed_s + per_row_s * rows``, fitted to timed forwards.
+
+    Why: whether a loop that retires finished rows can beat ``generate`` in fixed batches
+    depends on what a finished row would have cost. Where a step is memory-bound (every step
+    reads all the weights) the fixed part dominates and a retired row saves little; where it is
+    compute-bound the per-row part does. With the line and the replayed lengths, the best any
+    row-retiring scheduler can do against a batch size is a number (``bound``), which says
+    whether a speed target is reachable on a machine before anyone tunes for it."""
+
+    fixed_s: float
+    per_row_s: float
+    points: tuple[tuple[int, float], ...] = ()
+
+    @classmethod
+    def fit(cls, points: list[tuple[int, float]]) -> StepCost:
+        """Least squares over (rows, seconds); two distinct row counts at least."""
+        if len({r for r, _ in points}) < 2:
+            raise ValueError("a step cost needs timings at two row counts at least")
+        n = len(points)
+        mean_r = sum(r for r, _ in points) / n
+        mean_s = sum(s for _, s in points) / n
+        slope = sum((r - mean_r) * (s - mean_s) for r, s in points) / \
+            sum((r - mean_r) ** 2 for r, _ in points)
+        return cls(mean_s - slope * mean_r, slope, tuple(points))
+
+    def step(self, rows: int) -> float:
+        return self.fixed_s + self.per_row_s * rows
+
+    def fixed_batches(self, tokens: list[int], batch: int) -> float:
+        """Decode seconds of ``generate`` over ``tokens`` (in lm-eval's order) in batches of
+        ``batch``: each batch steps until its longest answer ends, every row paid each step."""
+        return sum(max(group) * self.step(len(group))
+                   for group in (tokens[i:i + batch] for i in range(0, len(tokens), batch)))
+
+    def retiring_rows(self, tokens: list[int], max_rows: int) -> float:
+        """Decode seconds of an ideal loop over ``tokens``: at most ``max_rows`` in flight,
+        each step paying only the rows still decoding, a freed row refilled at once from the
+        queue (no join or prefill cost: a lower bound on the real loop's time)."""
+        queue, flight, seconds = list(tokens), [], 0.0
+        while queue or flight:
+            while queue and len(flight) < max_rows:
+                flight.append(queue.pop(0))
+            seconds += self.step(len(flight))
+            flight = [left - 1 for left in flight if left > 1]
+        return seconds
+
+    def bound(self, tokens: list[int], batch: int, max_rows: int) -> float:
+        """The most a row-retiring loop can gain over ``generate`` at ``batch`` under this
+        cost: modelled decode seconds of one over the other (prefill left out of both)."""
+        return self.fixed_batches(tokens, batch) / self.retiring_rows(tokens, max_rows)
+
+
+def measure_step_cost(model, rows: list[int], context: int, steps: int = 5) -> StepCost:
+    """Time ``steps`` greedy decode forwards (``DynamicCache``, last logits only, as the loop
+    calls the model) after a prefill of ``context`` random tokens, at each row count; the
+    median per step at each, fitted to a line."""
+    import statistics
+
+    import torch
+    from transformers import DynamicCache
+
+    from lm_eval_ponder.engine.rows import cache_keyword
+
+    cuda = model.device.type == "cuda"
+    points = []
+    gen = torch.Generator().manual_seed(0)
+    for n in rows:
+        ids = torch.randint(1, model.config.vocab_size, (n, context), generator=gen)
+        times = []
+        with torch.no_grad():
+            cache = DynamicCache(config=model.config)
+            out = model(input_ids=ids.to(model.device), use_cache=True, logits_to_keep=1,
+                        **{cache_keyword(model): cache})
+            for _ in range(steps):
+                nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+                if cuda:
+                    torch.cuda.synchronize()
+                start = time.perf_counter()
+                out = model(input_ids=nxt, use_cache=True, logits_to_keep=1,
+                            **{cache_keyword(model): cache})
+                if cuda:
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+        del cache, out
+        points.append((n, statistics.median(times)))
+    return StepCost.fit(points)

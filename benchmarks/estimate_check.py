@@ -6,7 +6,9 @@ both from ``benchmarks/scale.py`` (``--harness``), times the answer lengths of a
 command and keeps what the comparison rests on, so the figure in docs/usage.md has an artefact:
 
 1. ``scale.py --shape smollm2-135m --lengths arith --questions 256 --max-new-tokens 500
-   --hf-batches --harness --harness-questions 128``: the cost per token on this machine;
+   --hf-batches --harness --harness-questions 128``: the cost per token on this machine
+   (``--scale-questions`` changes the 256; ``--run`` prices a run already measured again,
+   from another record, and runs nothing);
 2. the estimate of the full arith Direct run (500 questions, 500 new tokens), from that cost and
    the lengths of ``--lengths-from`` (default: the committed ``results/suite``);
 3. the run itself through ``python -m lm_eval_ponder.suite`` (nothing else should run beside it),
@@ -37,7 +39,8 @@ def compare(scale: Path, lengths_from: Path, out: Path, tag: str) -> dict:
     from lm_eval_ponder.reporting.budget import ScaleCost, read_lengths
     from lm_eval_ponder.reporting.suite import run_time
 
-    model = ScaleCost.read(scale).model()
+    cost = ScaleCost.read(scale)
+    model = cost.model()
 
     def direct_arith(root: Path):
         return next(r for r in read_lengths(root) if (r.label, r.decoding, r.dataset)
@@ -49,8 +52,8 @@ def compare(scale: Path, lengths_from: Path, out: Path, tag: str) -> dict:
     at_own = model.wall(mine.tokens)
     return {
         "cpu": device_description("cpu"), "tag": tag, "dtype": native_dtype("cpu"),
-        "scale_record": str(scale), "run": str(out), "startup_s": model.startup_s,
-        "s_per_token": model.s_per_token,
+        "scale_record": str(scale), "scale_questions": cost.questions, "run": str(out),
+        "startup_s": model.startup_s, "s_per_token": model.s_per_token,
         "pilot_tokens_per_question": pilot.tokens / pilot.questions,
         "run_tokens_per_question": mine.tokens / mine.questions,
         "predicted_s": predicted, "predicted_at_run_lengths_s": at_own, "measured_s": measured,
@@ -71,20 +74,28 @@ def main() -> None:
     p.add_argument("--lengths-from", default="results/suite",
                    help="a finished suite whose answer lengths the estimate uses")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    p.add_argument("--scale-questions", type=int, default=256,
+                   help="questions scale.py replays for the cost per token, which holds at the "
+                        "rows in flight they make (fewer than the loop's 128 rows: too slow a "
+                        "rate, and the plan warns)")
+    p.add_argument("--run", default=None,
+                   help="the measured run's suite folder (default results/estimate/TAG; give an "
+                        "existing one to price it again from another record, run nothing)")
     a = p.parse_args()
     scale = Path(f"results/scale/smollm2-135m-{a.tag}-arith.json")
-    out = Path(f"results/estimate/{a.tag}")
+    out = Path(a.run or f"results/estimate/{a.tag}")
     record = Path(f"results/scale/estimate-check-{a.tag}.json")
     threads = [] if a.threads is None else ["--threads", str(a.threads)]
     if not scale.is_file():
         run([sys.executable, "benchmarks/scale.py", "--shape", "smollm2-135m", "--device", "cpu",
-             "--lengths", "arith", "--questions", "256", "--max-new-tokens", "500",
+             "--lengths", "arith", "--questions", str(a.scale_questions), "--max-new-tokens", "500",
              "--hf-batches", "--harness", "--harness-questions", "128", *threads,
              "--out", str(scale)])
     suite = [sys.executable, "-m", "lm_eval_ponder.suite", "--output", str(out), "--tasks",
              "arith", "--methods", "Direct", "--controller", "none"]
     run([*suite, "--plan", "--pilot", a.lengths_from, "--scale", str(scale)])
-    run([*suite, "--resume_within", "--no_report"])
+    if not (out / "greedy" / "Direct" / "arith" / "ponder_run.json").is_file():
+        run([*suite, "--resume_within", "--no_report"])
 
     result = compare(scale, Path(a.lengths_from), out, a.tag)
     record.write_text(json.dumps(result, indent=1) + "\n")

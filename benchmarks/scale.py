@@ -128,7 +128,7 @@ def parse(argv: list[str] | None):
                         help="time a decode forward at these row counts, fit seconds = fixed + "
                              "per row x rows, and print the most any row-retiring loop could "
                              "gain over each --model hf batch under it (default: 1, each hf "
-                             "batch and the loop's rows, capped at --questions; none: skip)")
+                             "batch and the loop's rows, each at most --questions; none: skip)")
     parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
                         choices=["dynamic", "captured"],
                         help="the loop's decode steps to time (captured: the GPU fast path)")
@@ -196,9 +196,9 @@ def main(argv: list[str] | None = None) -> float | None:
 
 
 def step_cost(args, model, lengths: list[tuple[int, int]], max_rows: int):
-    """The decode step's line on this device and shape (``lib.replay.StepCost``), timed at a
-    context of the mean prompt plus half the mean answer; None when ``--step-cost-rows`` is
-    given empty or every row count is the same."""
+    """The decode step's line on this device and shape (``lib.replay.StepCost``), timed
+    at a context of the mean prompt plus half the mean answer; None when ``--step-cost-rows``
+    is given empty or every row count is the same."""
     rows = args.step_cost_rows
     if rows is None:
         rows = [1, *args.hf_batches, max_rows]
@@ -312,9 +312,9 @@ def report(args, name: str, runs: dict, loops: dict, limits: list[int], dtype) -
     if args.step_cost is not None:
         cost, rows = args.step_cost, loop_config.max_rows
         bounds = {k: cost.bound(limits, int(k.split("-")[1]), rows) for k in runs if k.startswith("hf-")}
-        print(f"modelled decode seconds (the step's line, no prefill): loop at best "
-              f"{cost.retiring_rows(limits, rows):.2f}, " + ", ".join(
-                  f"{k} {cost.fixed_batches(limits, int(k.split('-')[1])):.2f}" for k in bounds))
+        print("modelled decode seconds (the step's line, no prefill): " + ", ".join(
+            [f"loop at best {cost.retiring_rows(limits, rows):.2f}",
+             *(f"{k} {cost.fixed_batches(limits, int(k.split('-')[1])):.2f}" for k in bounds)]))
         for k, b in bounds.items():
             print(f"bound_over_{k} {b:.3f} (what retiring rows alone can gain over {k}: both "
                   f"forwards priced by the line; host work and prefill left out"

@@ -129,6 +129,23 @@ class ScaleCost:
     tok_s: float
     startup_s: float
     overhead_s_per_token: float | None = None  # None: not measured (a loop-only record)
+    questions: int | None = None  # how many questions the record replayed
+    max_rows: int | None = None  # the loop's rows in flight there
+
+    def small_record(self, planned_questions: int) -> str | None:
+        """Why this rate misprices a run of ``planned_questions``, or None. A rate holds at the
+        rows in flight it was measured with: where a decode step is memory-bound, a replay of
+        fewer questions than the loop's rows keeps fewer rows in flight than a full run does
+        and pays nearly a full step for each, so its tokens per second are far lower (the
+        embedded shape on a 2-core AMX Xeon: a 24-question record priced the 500-question
+        arith run at 414 s, which took 234 s; a 256-question one at 265 s)."""
+        if not self.questions or not self.max_rows or self.questions >= min(
+                self.max_rows, planned_questions):
+            return None
+        return (f"this record replayed {self.questions} questions, fewer than the loop's "
+                f"{self.max_rows} rows in flight in a {planned_questions}-question run, so its "
+                f"rate is too low for that run and the estimate too long; record one with "
+                f"`benchmarks/scale.py --questions {self.max_rows}` or more")
 
     @classmethod
     def read(cls, path: str | Path) -> ScaleCost:
@@ -139,7 +156,8 @@ class ScaleCost:
         return cls(str(data["shape"]), str(data["device"]), str(data["dtype"]),
                    float(data["useful_tok_s"]["loop"]),
                    float(data.get("load_s", 0.0)) + float(data.get("harness_s", 0.0)),
-                   None if not overhead else max(float(overhead["s_per_token"]), 0.0))
+                   None if not overhead else max(float(overhead["s_per_token"]), 0.0),
+                   data.get("questions"), data.get("loop_max_rows"))
 
     def model(self) -> CostModel:
         """Start-up per run + seconds per token: the loop's, plus what the harness spends per

@@ -348,6 +348,9 @@ def scale_plan_text(runs: list[dict], done: set, lengths: str | None, limit: int
                 "the loop")
     text = render_estimate(rows, model, f"benchmarks/scale.py ({cost.shape} on {cost.device}, "
                                         f"{cost.dtype}: {cost.tok_s:,.0f} useful tok/s{overhead})")
+    warning = cost.small_record(max((r["questions"] for r in rows), default=0))
+    if warning:
+        text = f"Warning: {warning}.\n\n{text}"
     direct = [r for r in runs_seen if r.label == "Direct" and r.dataset in ("arith", "gsm8k")]
     per_answer = sum(r.tokens for r in direct) / max(sum(r.questions for r in direct), 1)
     lines = [text, "", f"Paper-scale training at {cost.tok_s:,.0f} useful tok/s, answers of "

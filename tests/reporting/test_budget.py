@@ -141,3 +141,26 @@ def test_a_scale_cost_prices_the_runs_and_the_training(tmp_path, capsys):
         suite.plan_text(runs, tmp_path / "out", None, 10, str(scale))
     with pytest.raises(PonderError, match="not a benchmarks/scale.py"):
         suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(lengths))
+
+
+def test_a_scale_record_of_fewer_questions_than_rows_in_flight_is_flagged(tmp_path):
+    """A rate measured with fewer questions than the loop keeps in flight is too low for a full
+    run on a memory-bound device (issue 54: 24 questions priced a 234 s run at 414 s): the plan
+    says so, and how to record a better one; a record at least as wide as the rows is quiet."""
+    lengths = tmp_path / "suite"
+    logged_run(lengths, "Direct", "arith", [100, 300])
+    scale = tmp_path / "scale.json"
+    record = {"shape": "qwen2.5-0.5b", "device": "cpu", "dtype": "bf16", "questions": 24,
+              "loop_max_rows": 128, "useful_tok_s": {"loop": 100.0}, "load_s": 1.0}
+    scale.write_text(json.dumps(record))
+    runs = [{"label": "Direct", "method": "Direct", "decoding": "greedy", "dataset": "arith"}]
+    text = suite.plan_text(runs, tmp_path / "out", str(lengths), None, str(scale))
+    assert text.startswith("Warning: this record replayed 24 questions, fewer than the loop's "
+                           "128 rows in flight in a 500-question run")
+    assert "`benchmarks/scale.py --questions 128` or more" in text
+    # a 20-question run keeps no more rows in flight than the record did
+    assert not suite.plan_text(runs, tmp_path / "out", str(lengths), 20, str(scale)).startswith(
+        "Warning")
+    scale.write_text(json.dumps({**record, "questions": 256}))
+    assert not suite.plan_text(runs, tmp_path / "out", str(lengths), None, str(scale)).startswith(
+        "Warning")

@@ -43,6 +43,7 @@ from lib.replay import (
     build_model,
     measure_step_cost,
     recorded_lengths,
+    run_replay,
     shape_config,
 )
 
@@ -67,20 +68,6 @@ class RowLengths:
 
     def __call__(self, input_ids, scores, **kwargs):
         return (input_ids.shape[1] - self.width) >= self.limits.to(input_ids.device)
-
-
-def run_loop(model, ids, mask, limits, config) -> dict:
-    from lm_eval_ponder.engine.loop import generate_rows
-
-    start = time.perf_counter()
-    with Memory(str(model.device)) as memory:
-        result = generate_rows(model, ids, mask, max_new_tokens=limits, eos_token_ids=set(),
-                               pad_token_id=0, config=config)
-    wall = time.perf_counter() - start
-    if list(result.gen_tokens) != list(limits):
-        raise RuntimeError("scale: the loop did not replay the recorded lengths")
-    return {"wall_s": wall, "useful": sum(limits), "peak_gib": memory.gib,
-            "decode_forwards": result.decode_forwards}
 
 
 def run_hf(model, ids, mask, limits, batch: int) -> dict:
@@ -177,10 +164,10 @@ def main(argv: list[str] | None = None) -> float | None:
     warm = [(lengths[i][0], min(limits[i], 4)) for i in range(min(4, len(limits)))]
     w_ids, w_mask, w_limits = batch_of(warm, config.vocab_size, args.device, args.seed)
     for config_ in loops.values():  # kernels, allocator, a captured step's recording
-        run_loop(model, w_ids, w_mask, w_limits, config_)
+        run_replay(model, w_ids, w_mask, w_limits, config_)
     if args.hf_batches:
         run_hf(model, w_ids, w_mask, w_limits, min(args.hf_batches))
-    engines = {**{k: (lambda c=c: run_loop(model, ids, mask, limits, c)) for k, c in loops.items()},
+    engines = {**{k: (lambda c=c: run_replay(model, ids, mask, limits, c)) for k, c in loops.items()},
                **{f"hf-{b}": (lambda b=b: run_hf(model, ids, mask, limits, b))
                   for b in args.hf_batches}}
     runs: dict[str, list[dict]] = {name_: [] for name_ in engines}
@@ -268,7 +255,7 @@ def harness_overhead(args, dtype, startup_s: float) -> dict:
     batching.fit(config, dtype)
     lengths = recorded_lengths(args.lengths, n, cap)
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
-    loop = run_loop(model, ids, mask, limits, batching.loop_config())
+    loop = run_replay(model, ids, mask, limits, batching.loop_config())
     harness_s_tok = (wall - startup_s) / tokens
     loop_s_tok = loop["wall_s"] / loop["useful"]
     print(f"harness on {n} questions: {wall:.1f} s, {tokens:.0f} tokens, "

@@ -317,6 +317,22 @@ def test_step_cost_fits_a_line_and_refuses_one_row_count():
         StepCost.fit([(4, 0.1), (4, 0.2)])
 
 
+def test_cache_append_times_the_loop_with_both_cache_layers(tmp_path, capsys):
+    """A tiny shape end to end: the loop runs once with its own cache and once with plain
+    DynamicLayers swapped in (the same replayed lengths: run_loop checks them), and the last
+    line is their ratio."""
+    import json as json_
+
+    import cache_append
+
+    out = tmp_path / "append.json"
+    ratio = cache_append.main(["--shape", "tiny", "--questions", "6", "--max-new-tokens", "12",
+                               "--pairs", "1", "--threads", "1", "--out", str(out)])
+    assert capsys.readouterr().out.splitlines()[-1] == f"growing_over_cat {ratio:.3f}"
+    record = json_.loads(out.read_text())
+    assert set(record["runs"]) == {"growing", "cat"} and record["ratios"] == [ratio]
+
+
 @needs_embedded
 def test_scale_alone_times_the_loop_and_the_harness_start_up(tmp_path, capsys):
     """With no --hf-batches the loop alone is timed (a cost for the estimate, no ratio), and

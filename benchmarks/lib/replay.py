@@ -104,6 +104,22 @@ def batch_of(lengths: list[tuple[int, int]], vocab: int, device: str, seed: int)
     return ids.to(device), mask.to(device), [lengths[i][1] for i in order]
 
 
+def run_replay(model, ids, mask, limits, config) -> dict:
+    """The loop (``engine.generate_rows``) on a replayed batch, each row stopping at its
+    recorded length: wall seconds, useful tokens, peak memory and decode forwards."""
+    from lm_eval_ponder.engine.loop import generate_rows
+
+    start = time.perf_counter()
+    with Memory(str(model.device)) as memory:
+        result = generate_rows(model, ids, mask, max_new_tokens=limits, eos_token_ids=set(),
+                               pad_token_id=0, config=config)
+    wall = time.perf_counter() - start
+    if list(result.gen_tokens) != list(limits):
+        raise RuntimeError("scale: the loop did not replay the recorded lengths")
+    return {"wall_s": wall, "useful": sum(limits), "peak_gib": memory.gib,
+            "decode_forwards": result.decode_forwards}
+
+
 class Memory:
     """Peak memory of one run: the GPU's allocator on CUDA; on a CPU the process's peak
     resident set (it only grows, so the first engine to need more shows it)."""

@@ -4,7 +4,7 @@ Why: lm-eval's HFLM calls ``model.generate`` on a left-padded batch with a batch
 criterion, so every row keeps decoding until the longest row is done. On our arith workload
 (SmolLM2-135M, bf16, batch 64, 256 new tokens) only 46% of the decoded slots are real output
 (NOTES.md, "Generation speed"). ``generate_rows`` runs the same model forward passes with the
-same ``DynamicCache`` that ``generate`` uses, but
+``DynamicCache`` that ``generate`` uses (its layers append in place: ``engine.cache``), but
 
 - a row leaves the running batch as soon as it emits an EOS id, completes one of its stop strings
   (searched in its own decoded generated text, so a stop string split across tokens is caught;
@@ -60,9 +60,9 @@ from dataclasses import dataclass
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import DynamicCache
 
 from lm_eval_ponder.backbone import text_config
+from lm_eval_ponder.engine.cache import new_cache
 from lm_eval_ponder.engine.config import LoopConfig
 from lm_eval_ponder.engine.observers import LoopObserver, Observers
 from lm_eval_ponder.engine.rows import (
@@ -298,7 +298,7 @@ class RowLoop:
             ids = self.input_ids.index_select(0, index)[:, self.width - span:]
             mask = self.mask.index_select(0, index)[:, self.width - span:]
             position_ids = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
-            cache = DynamicCache(config=self.text_config)
+            cache = new_cache(self.text_config)
         with self.phase("prefill", device), attention_backends(device):
             self.observers.begin_forward(index, True)
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=position_ids,

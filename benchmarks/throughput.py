@@ -19,8 +19,8 @@ own EOS; ``--model hf`` reports none, so its responses are re-tokenised), accura
 Wilson 95% CI; for (d) the fraction of identical responses and the ceiling that padding alone
 sets (``lib.decoding.padding_bound``: x1.97 at the default 256 tokens, x3.04 at 500). Then the
 physical reference: this CPU's matmul rate in the run's dtype and the FLOPs the run needed.
-Last line:
-``speedup <median (a) wall / (b) wall>``.
+``--out FILE`` keeps the figures as JSON (the machine, the settings, each side's runs without
+their texts, the ratios). Last line: ``speedup <median (a) wall / (b) wall>``.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2,
                    help="torch threads (1 beside another job: two busy processes on 2 cores "
                         "with 2 threads each run about 10x slower)")
+    p.add_argument("--out", default=None, help="write the figures as JSON here")
     return p.parse_args()
 
 
@@ -180,7 +181,7 @@ def print_physical_reference(model, run_b: dict, wall: float) -> None:
     arithmetic the run achieved."""
     dtype = model.model.dtype
     rate = matmul_rate(dtype)
-    needed = run_b["flops"]
+    needed = float(run_b["flops"])  # a FlopCount formats .1f as "2.503 FLOPs"
     print(f"physical reference: {dtype} matmul {rate:.0f} GFLOP/s on this CPU; run (b) needed "
           f"{needed:.3e} FLOPs = {needed / 1e9 / rate:.1f} s at that rate; it took "
           f"{wall:.1f} s ({needed / 1e9 / wall:.1f} GFLOP/s achieved, "
@@ -204,9 +205,35 @@ def main() -> None:
         print_loop_comparison(results, args)
     if "b" in med and results["b"][0]["flops"]:
         print_physical_reference(models["b"], results["b"][0], med["b"])
+    speedup = None
     if "b" in med and "a" in med:
         ratios = [a["wall"] / b["wall"] for a, b in zip(results["a"], results["b"])]
-        print(f"speedup {statistics.median(ratios):.2f}")
+        speedup = statistics.median(ratios)
+    if args.out:
+        write_record(args, models, results, speedup)
+    if speedup is not None:
+        print(f"speedup {speedup:.2f}")
+
+
+def write_record(args: argparse.Namespace, models: dict, results: dict[str, list[dict]],
+                 speedup: float | None) -> None:
+    """The figures as JSON: each side's runs (wall, useful tokens, accuracy; no texts), its
+    dtype and batching, and the machine that ran them."""
+    import json
+    from pathlib import Path
+
+    from lm_eval_ponder import backbone as bb
+
+    keep = ("wall", "tokens", "acc", "n", "flops")
+    sides = {name: {"dtype": str(models[name].model.dtype), "batch_size": models[name].batch_size,
+                    "max_rows": getattr(models[name], "max_rows", None),
+                    "runs": [{k: r[k] for k in keep} for r in rs]}
+             for name, rs in results.items()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "device": bb.device_description("cpu"), "threads": args.threads, "task": "arith_ponder",
+        "limit": args.limit, "max_gen_toks": args.max_gen_toks, "pairs": args.pairs,
+        "sides": sides, "speedup": speedup}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -317,6 +317,30 @@ def test_step_cost_fits_a_line_and_refuses_one_row_count():
         StepCost.fit([(4, 0.1), (4, 0.2)])
 
 
+def test_throughput_keeps_its_figures_without_the_texts(tmp_path):
+    """``throughput.py --out``: each side's runs as measured, the machine and the settings; the
+    responses (arith texts) stay out of the record."""
+    import argparse
+    import json as json_
+    from types import SimpleNamespace
+
+    import throughput
+
+    run = {"wall": 10.0, "tokens": 500, "acc": 0.5, "n": 4, "k": 2, "flops": None,
+           "responses": ["4", "5", "6", "7"], "token_list": [1, 2, 3, 4], "prompt_lengths": [9] * 4}
+    models = {"a": SimpleNamespace(model=SimpleNamespace(dtype=torch.float32), batch_size=16),
+              "b": SimpleNamespace(model=SimpleNamespace(dtype=torch.bfloat16), batch_size=1,
+                                   max_rows=128)}
+    args = argparse.Namespace(out=str(tmp_path / "t.json"), threads=2, limit=4, max_gen_toks=8,
+                              pairs=1)
+    throughput.write_record(args, models, {"a": [run], "b": [dict(run, wall=5.0)]}, 2.0)
+    record = json_.loads((tmp_path / "t.json").read_text())
+    assert record["speedup"] == 2.0 and record["sides"]["b"]["max_rows"] == 128
+    assert record["sides"]["a"]["runs"] == [{"wall": 10.0, "tokens": 500, "acc": 0.5, "n": 4,
+                                             "flops": None}]
+    assert record["sides"]["a"]["max_rows"] is None and "cpu" in record["device"]
+
+
 def test_cache_append_times_the_loop_with_both_cache_layers(tmp_path, capsys):
     """A tiny shape end to end: the loop runs once with its own cache and once with plain
     DynamicLayers swapped in (the same replayed lengths: run_loop checks them), and the last

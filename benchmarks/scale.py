@@ -298,10 +298,11 @@ def report(args, name: str, runs: dict, loops: dict, limits: list[int], dtype) -
     bounds = {}
     if args.step_cost is not None:
         cost, rows = args.step_cost, loop_config.max_rows
-        bounds = {k: cost.bound(limits, int(k.split("-")[1]), rows) for k in runs if k.startswith("hf-")}
+        batches = {f"hf-{b}": b for b in args.hf_batches}
+        bounds = {k: cost.bound(limits, b, rows) for k, b in batches.items()}
         print("modelled decode seconds (the step's line, no prefill): " + ", ".join(
             [f"loop at best {cost.retiring_rows(limits, rows):.2f}",
-             *(f"{k} {cost.fixed_batches(limits, int(k.split('-')[1])):.2f}" for k in bounds)]))
+             *(f"{k} {cost.fixed_batches(limits, b):.2f}" for k, b in batches.items())]))
         for k, b in bounds.items():
             print(f"bound_over_{k} {b:.3f} (what retiring rows alone can gain over {k}: both "
                   f"forwards priced by the line; host work and prefill left out"

@@ -208,8 +208,9 @@ class StepCost:
 
 
 def measure_step_cost(model, rows: list[int], context: int, steps: int = 5) -> StepCost:
-    """Time ``steps`` greedy decode forwards (``DynamicCache``, last logits only, as the loop
-    calls the model) over a cache of ``context`` positions at each row count; the median per
+    """Time ``steps`` greedy decode forwards (last logits only, as the loop calls the model;
+    transformers' ``DynamicCache``, as ``generate`` grows it, so both engines' steps are priced
+    alike) over a cache of ``context`` positions at each row count; the median per
     step at each, fitted to a line (``StepCost``). The cache is filled with random keys and
     values, not by a prefill: a decode step costs the same (measured: the embedded shape at
     1-128 rows, within 4%), and a prefill of many rows takes longer than the steps it sets up
@@ -220,12 +221,10 @@ def measure_step_cost(model, rows: list[int], context: int, steps: int = 5) -> S
     from transformers import DynamicCache
 
     from lm_eval_ponder.backbone import text_config
-    from lm_eval_ponder.engine.rows import cache_keyword
+    from lm_eval_ponder.engine.rows import cache_keyword, cache_shape
 
     config = text_config(model.config)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    layers, kv_heads, head_dim = cache_shape(config)
     cuda = model.device.type == "cuda"
     dtype = next(model.parameters()).dtype
     points = []
@@ -233,7 +232,7 @@ def measure_step_cost(model, rows: list[int], context: int, steps: int = 5) -> S
     for n in rows:
         cache = DynamicCache(config=config)
         with torch.no_grad():
-            for layer in range(config.num_hidden_layers):
+            for layer in range(layers):
                 k = torch.randn(n, kv_heads, context, head_dim, dtype=dtype, device=model.device)
                 cache.update(k, torch.randn_like(k), layer)
             nxt = torch.randint(1, config.vocab_size, (n, 1), generator=gen).to(model.device)

@@ -42,21 +42,9 @@ class GrowingLayer(DynamicLayer):
         self._filled = {"keys": 0, "values": 0}
         super().__init__()
 
-    @property
-    def keys(self) -> torch.Tensor | None:
-        return self._view("keys")
-
-    @keys.setter
-    def keys(self, value: torch.Tensor | None) -> None:
-        self._assign("keys", value)
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        return self._view("values")
-
-    @values.setter
-    def values(self, value: torch.Tensor | None) -> None:
-        self._assign("values", value)
+    # the filled part of each buffer; assigning one makes it the buffer (no spare column)
+    keys = property(lambda self: self._view("keys"), lambda self, v: self._assign("keys", v))
+    values = property(lambda self: self._view("values"), lambda self, v: self._assign("values", v))
 
     def _assign(self, name: str, value: torch.Tensor | None) -> None:
         setattr(self, f"_{name}", value)

@@ -34,10 +34,9 @@ from lm_eval_ponder.errors import UnsupportedGeneration
 DEAD_FRACTION = 0.125
 
 
-def cache_bytes_per_token(config, dtype: torch.dtype) -> int | None:
-    """Bytes of key/value cache one token position takes across all layers (a full-attention
-    cache of ``num_key_value_heads`` x ``head_dim`` per layer; None when the config does not
-    say). An upper bound for sliding-window and hybrid models, which keep less."""
+def cache_shape(config) -> tuple[int, int, int] | None:
+    """(layers, key/value heads, head dim) of a full-attention cache for ``config``; None when
+    the config does not say."""
     config = text_config(config)
     layers = getattr(config, "num_hidden_layers", None)
     heads = getattr(config, "num_attention_heads", None)
@@ -46,7 +45,18 @@ def cache_bytes_per_token(config, dtype: torch.dtype) -> int | None:
         config.hidden_size // heads if heads and getattr(config, "hidden_size", None) else None)
     if not (layers and kv_heads and head_dim):
         return None
-    return 2 * int(layers) * int(kv_heads) * int(head_dim) * torch.empty((), dtype=dtype).element_size()
+    return int(layers), int(kv_heads), int(head_dim)
+
+
+def cache_bytes_per_token(config, dtype: torch.dtype) -> int | None:
+    """Bytes of key/value cache one token position takes across all layers (a full-attention
+    cache of ``num_key_value_heads`` x ``head_dim`` per layer; None when the config does not
+    say). An upper bound for sliding-window and hybrid models, which keep less."""
+    shape = cache_shape(config)
+    if shape is None:
+        return None
+    layers, kv_heads, head_dim = shape
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def cache_keyword(model) -> str:

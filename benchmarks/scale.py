@@ -18,7 +18,7 @@ Each engine runs in the same process, interleaved in pairs; the table gives medi
 live in ``benchmarks/shapes/*.json`` (architecture fields of the published configs: no weights,
 no download); ``--shape`` also takes a path.
 
-    python benchmarks/scale.py --shape qwen2.5-0.5b --device cpu          # < 10 min on 2 cores
+    python benchmarks/scale.py --shape qwen2.5-0.5b --device cpu          # sized to < 10 min
     python benchmarks/scale.py --shape qwen2.5-7b --device cuda --lengths gsm8k --questions 512
     python benchmarks/scale.py --shape tiny --questions 8 --max-new-tokens 16 --pairs 1  # a test
 
@@ -42,18 +42,24 @@ from lib.replay import (
     batch_of,
     build_model,
     measure_step_cost,
+    order_of,
     recorded_lengths,
     run_replay,
     shape_config,
 )
 
-# sized for these 2-core CPUs, where a Qwen2.5-0.5B shape is memory-bound (a decode step costs
-# about 0.55 s + 15 ms a row in float32 on an AVX2 EPYC, 76 ms + 1.1 ms in bf16 on an AMX Xeon:
-# every step reads all the weights), so --model hf's widest batch is its best: 24 questions at
-# 256 new tokens (our CPU runs' cap), one pair, about 7 minutes on the AVX2 CPU. This is the
-# loop's worst case (every question in one generate; bound 1.16x on the AMX Xeon, printed as
-# bound_over_hf); docs/results/speed.md also gives 96 questions (1.61x there)
-CPU_DEFAULTS = {"questions": 24, "max_new_tokens": 256, "hf_batches": [24], "pairs": 1}
+# On a CPU the run is sized to its machine (``size_run``): the most questions, in steps of 24,
+# whose pairs the step's line prices under --budget-s, for these 2-core CPUs are five to seven
+# times apart (a Qwen2.5-0.5B decode step, memory-bound, is about 0.55 s + 15 ms a row in float32
+# on an AVX2 EPYC and 76 ms + 1.1 ms in bf16 on an AMX Xeon). More questions are closer to a
+# user's run (500 arith) and the loop's gain grows with them: at 24 HFLM's one batch holds the
+# whole run (bound 1.16x on the AMX Xeon), at 96 the bound is 1.47x. --model hf's widest batch is
+# its best where a step is memory-bound, so it is the one timed. --questions turns sizing off.
+CPU_DEFAULTS = {"max_new_tokens": 256, "pairs": 3, "budget_s": 420.0}
+SIZE_STEP, SIZE_MAX = 24, 480
+# the line leaves out prefill and a context that grows past the one it was timed at: measured
+# walls were 1.3x its price (AMX Xeon, 0.5B shape, 96 questions), so the budget holds at 1.5x
+SIZE_MARGIN = 1.5
 GPU_DEFAULTS = {"questions": 500, "max_new_tokens": 500, "hf_batches": [64, 128, 256], "pairs": 2}
 
 
@@ -93,11 +99,20 @@ def run_hf(model, ids, mask, limits, batch: int) -> dict:
 
 def parse(argv: list[str] | None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--questions", type=int, default=None)
+    parser.add_argument("--questions", type=int, default=None,
+                        help="questions to replay (default: 500 on a GPU; on a CPU as many as "
+                             "fit --budget-s, in steps of 24)")
     parser.add_argument("--hf-batches", type=int, nargs="*", default=None,
-                        help="--model hf's batch sizes to time; none: the loop alone (a cost "
-                             "for the estimate, no ratio)")
-    parser.add_argument("--pairs", type=int, default=None)
+                        help="--model hf's batch sizes to time (default: 64 128 256 on a GPU, "
+                             "all the questions on a CPU); none: the loop alone (a cost for the "
+                             "estimate, no ratio)")
+    parser.add_argument("--pairs", type=int, default=None,
+                        help="interleaved pairs (default: 2 on a GPU; 3 on a CPU, fewer if 24 "
+                             "questions do not fit --budget-s)")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="a CPU run without --questions: the seconds its pairs may take as "
+                             "the decode step's line prices them (x%.1f; default 420, so the "
+                             "whole run stays under 10 minutes)" % SIZE_MARGIN)
     parser.add_argument("--loop-rows", type=int, nargs="*", default=[],
                         help="also time the loop at these max_rows (the sweep that checks the "
                              "default rule; the cache budget still applies)")
@@ -122,10 +137,17 @@ def parse(argv: list[str] | None):
     add_replay_args(parser)
     add_device_args(parser)
     args = parser.parse_args(argv)
+    if args.budget_s is not None and args.questions is not None:
+        sys.exit("scale: --budget-s sizes --questions; give one or the other")
+    sizing = args.budget_s is not None
+    args.pairs_given = args.pairs is not None
     device_defaults(args, CPU_DEFAULTS, GPU_DEFAULTS)
-    if args.questions < 1 or args.max_new_tokens < 1 or args.pairs < 1 or \
-            min(args.hf_batches, default=1) < 1:
-        sys.exit("scale: --questions, --max-new-tokens, --pairs and --hf-batches must be >= 1")
+    if sizing:
+        args.questions = None
+    if min(args.questions or 1, args.max_new_tokens, args.pairs,
+           min(args.hf_batches or [1])) < 1 or (args.budget_s or 1) <= 0:
+        sys.exit("scale: --questions, --max-new-tokens, --pairs and --hf-batches must be >= 1, "
+                 "--budget-s > 0")
     if min(args.step_cost_rows or [1]) < 1:
         sys.exit("scale: --step-cost-rows takes row counts >= 1")
     if args.harness_questions < 0 or (args.harness_questions and not args.harness):
@@ -142,7 +164,6 @@ def main(argv: list[str] | None = None) -> float | None:
 
     dtype = torch_setup(args)
     config, name = shape_config(args.shape)
-    lengths = recorded_lengths(f"{args.lengths}", args.questions, args.max_new_tokens)
     start = time.perf_counter()
     model = build_model(config, args.device, dtype, args.seed)
     args.load_s = time.perf_counter() - start  # building random weights: a start-up per run
@@ -150,6 +171,10 @@ def main(argv: list[str] | None = None) -> float | None:
     batching = Batching(args.max_rows, None, None, args.device, "loop")
     batching.fit(config, dtype)
     loop_config = batching.loop_config()
+    args.sized = size_run(args, model, loop_config.max_rows) if args.questions is None else None
+    if args.hf_batches is None:
+        args.hf_batches = [args.questions]
+    lengths = recorded_lengths(f"{args.lengths}", args.questions, args.max_new_tokens)
     args.overhead = harness_overhead(args, dtype, args.harness_s) if args.harness_questions else None
     loops = loop_engines(loop_config, args.decode_steps, args.loop_rows)
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
@@ -180,6 +205,43 @@ def main(argv: list[str] | None = None) -> float | None:
             print(f"pair {pair}  {name_:15s}  {r['wall_s']:8.2f} s  "
                   f"{r['useful'] / r['wall_s']:9.1f} useful tok/s", flush=True)
     return report(args, name, runs, loops, limits, dtype)
+
+
+def size_run(args, model, max_rows: int) -> dict:
+    """Pick ``--questions`` (and, if the user left them, the pairs) for this machine: the most
+    questions, in steps of 24, whose pairs the decode step's line (timed at 1 and 24 rows)
+    prices under ``--budget-s`` with a margin. Why: the CPUs these runs meet are five to seven
+    times apart, and one fixed size is either the loop's worst case on the fast ones (HFLM's one
+    batch holding the whole run) or too long on the slow ones. 24 questions are the floor; if
+    they do not fit at the default 3 pairs, the pairs go down to 1 before anything else."""
+    every = recorded_lengths(args.lengths, SIZE_MAX, args.max_new_tokens)
+    context = round(statistics.fmean(p for p, _ in every) + statistics.fmean(a for _, a in every) / 2)
+    cost = measure_step_cost(model, [1, SIZE_STEP], context)
+
+    def pair_s(n: int) -> float:
+        tokens = [every[i][1] for i in order_of(every[:n])]
+        loops = [max_rows] * (1 + len([s for s in args.decode_steps if s != "dynamic"]))
+        return SIZE_MARGIN * (
+            sum(cost.retiring_rows(tokens, rows) for rows in loops + args.loop_rows)
+            + sum(cost.fixed_batches(tokens, b)
+                  for b in ([n] if args.hf_batches is None else args.hf_batches)))
+
+    pairs = args.pairs
+    sizes = range(SIZE_STEP, len(every) + 1, SIZE_STEP)
+    fits = [n for n in sizes if pairs * pair_s(n) <= args.budget_s]
+    args.questions = fits[-1] if fits else SIZE_STEP
+    if not fits and not args.pairs_given:
+        pairs = max(1, min(pairs, int(args.budget_s // pair_s(SIZE_STEP))))
+    args.pairs = pairs
+    predicted = pairs * pair_s(args.questions)
+    print(f"sized: {args.questions} questions x {pairs} pairs, priced {predicted:.0f} s "
+          f"(the step's line at 1 and {SIZE_STEP} rows: {cost.fixed_s * 1e3:.1f} ms + "
+          f"{cost.per_row_s * 1e3:.2f} ms a row, x{SIZE_MARGIN}) against --budget-s "
+          f"{args.budget_s:.0f}" + ("" if fits else f"; {SIZE_STEP} questions do not fit it, "
+                                    "the floor runs anyway"),
+          flush=True)
+    return {"budget_s": args.budget_s, "predicted_s": predicted, "questions": args.questions,
+            "pairs": pairs, "fixed_s": cost.fixed_s, "per_row_s": cost.per_row_s}
 
 
 def step_cost(args, model, lengths: list[tuple[int, int]], max_rows: int):
@@ -319,7 +381,7 @@ def report(args, name: str, runs: dict, loops: dict, limits: list[int], dtype) -
             "step_cost": None if args.step_cost is None else {
                 "fixed_s": args.step_cost.fixed_s, "per_row_s": args.step_cost.per_row_s,
                 "points": args.step_cost.points},
-            "bound_over_hf": bounds, "runs": runs}, indent=1) + "\n")
+            "bound_over_hf": bounds, "sized": args.sized, "runs": runs}, indent=1) + "\n")
     print("loop_over_hf n/a (no --hf-batches)" if ratio is None else f"loop_over_hf {ratio:.3f}")
     return ratio
 

@@ -285,6 +285,40 @@ def test_scale_replays_recorded_lengths_in_both_engines(tmp_path, capsys):
                for line in lines) == (record["best_hf"] == "hf-3")
 
 
+def test_a_cpu_run_is_sized_to_the_budget_and_keeps_24_questions_as_its_floor(monkeypatch, capsys):
+    """Without --questions a CPU run takes the most questions (steps of 24) whose pairs the
+    step's line prices under --budget-s; when even 24 do not fit, the default pairs go down
+    first, and pairs the user gave are kept."""
+    import scale
+    from lib.replay import StepCost
+
+    # every step 1 s whatever the rows: a pair costs 1.5 x (the loop's steps + hf's steps)
+    monkeypatch.setattr(scale, "measure_step_cost", lambda model, rows, context: StepCost(1.0, 0.0))
+    base = ["--shape", "tiny", "--max-new-tokens", "12"]
+
+    args = scale.parse(base + ["--budget-s", "100"])
+    sized = scale.size_run(args, None, 128)
+    # 24 questions: 12 loop steps + 12 in one hf batch = 36 s a pair; 3 pairs do not fit 100 s
+    assert (args.questions, args.pairs) == (24, 2) and sized["predicted_s"] == 72.0
+    assert "do not fit it" in capsys.readouterr().out
+
+    args = scale.parse(base + ["--budget-s", "100", "--pairs", "3"])
+    scale.size_run(args, None, 128)
+    assert (args.questions, args.pairs) == (24, 3)
+
+    args = scale.parse(base + ["--budget-s", "200"])
+    sized = scale.size_run(args, None, 128)
+    assert args.questions > 24 and args.questions % 24 == 0 and args.pairs == 3
+    assert sized["predicted_s"] <= 200
+    bigger = scale.parse(base + ["--budget-s", "1e9"])
+    scale.size_run(bigger, None, 128)
+    assert bigger.questions == 480  # the ladder's top
+    assert scale.parse(base).budget_s == scale.CPU_DEFAULTS["budget_s"]
+    assert scale.parse(base + ["--questions", "6"]).hf_batches is None  # all 6, set in main
+    with pytest.raises(SystemExit, match="one or the other"):
+        scale.parse(base + ["--questions", "6", "--budget-s", "10"])
+
+
 def test_step_cost_bound_is_padding_when_rows_cost_all_and_one_when_they_cost_nothing():
     """The two ends of the step's line: if a step cost only its rows, retiring them gains the
     padding bound (generate's row-steps over the useful ones); if it cost only a fixed read of

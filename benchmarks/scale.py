@@ -234,7 +234,7 @@ def size_run(args, model, max_rows: int) -> dict:
         pairs = max(1, min(pairs, int(args.budget_s // pair_s(SIZE_STEP))))
     args.pairs = pairs
     predicted = pairs * pair_s(args.questions)
-    print(f"sized: {args.questions} questions x {pairs} pairs, priced {predicted:.0f} s "
+    print(f"sized: {args.questions} questions x {pairs} pair{'s' * (pairs > 1)}, priced {predicted:.0f} s "
           f"(the step's line at 1 and {SIZE_STEP} rows: {cost.fixed_s * 1e3:.1f} ms + "
           f"{cost.per_row_s * 1e3:.2f} ms a row, x{SIZE_MARGIN}) against --budget-s "
           f"{args.budget_s:.0f}" + ("" if fits else f"; {SIZE_STEP} questions do not fit it, "

@@ -215,14 +215,14 @@ def size_run(args, model, max_rows: int) -> dict:
     batch holding the whole run) or too long on the slow ones. 24 questions are the floor; if
     they do not fit at the default 3 pairs, the pairs go down to 1 before anything else."""
     every = recorded_lengths(args.lengths, SIZE_MAX, args.max_new_tokens)
-    context = round(statistics.fmean(p for p, _ in every) + statistics.fmean(a for _, a in every) / 2)
-    cost = measure_step_cost(model, [1, SIZE_STEP], context)
+    cost = measure_step_cost(model, [1, SIZE_STEP], step_context(every))
+    loops = [max_rows] * (1 + len([s for s in args.decode_steps if s != "dynamic"]))
+    loops += args.loop_rows
 
     def pair_s(n: int) -> float:
         tokens = [every[i][1] for i in order_of(every[:n])]
-        loops = [max_rows] * (1 + len([s for s in args.decode_steps if s != "dynamic"]))
         return SIZE_MARGIN * (
-            sum(cost.retiring_rows(tokens, rows) for rows in loops + args.loop_rows)
+            sum(cost.retiring_rows(tokens, rows) for rows in loops)
             + sum(cost.fixed_batches(tokens, b)
                   for b in ([n] if args.hf_batches is None else args.hf_batches)))
 
@@ -244,6 +244,12 @@ def size_run(args, model, max_rows: int) -> dict:
             "pairs": pairs, "fixed_s": cost.fixed_s, "per_row_s": cost.per_row_s}
 
 
+def step_context(lengths: list[tuple[int, int]]) -> int:
+    """The cached positions a decode step is timed over: the mean prompt plus half the mean
+    answer, the middle of an average row's decoding."""
+    return round(statistics.fmean(p for p, _ in lengths) + statistics.fmean(a for _, a in lengths) / 2)
+
+
 def step_cost(args, model, lengths: list[tuple[int, int]], max_rows: int):
     """The decode step's line on this device and shape (``lib.replay.StepCost``), timed
     at a context of the mean prompt plus half the mean answer; None when ``--step-cost-rows``
@@ -254,7 +260,7 @@ def step_cost(args, model, lengths: list[tuple[int, int]], max_rows: int):
     rows = sorted({min(n, args.questions) for n in rows})
     if len(rows) < 2:
         return None
-    context = round(statistics.fmean(p for p, _ in lengths) + statistics.fmean(a for _, a in lengths) / 2)
+    context = step_context(lengths)
     cost = measure_step_cost(model, rows, context)
     print(f"decode step: {cost.fixed_s * 1e3:.1f} ms + {cost.per_row_s * 1e3:.2f} ms a row "
           f"(at {context} positions; timed " + ", ".join(f"{n} rows {s * 1e3:.1f} ms" for n, s in cost.points)

@@ -13,7 +13,8 @@ imports lm-eval, the finder runs our registration right after the relevant modul
   table must be registered first or ``--model hf`` breaks): register ``ponder`` lazily, as
   lm-eval registers its own models, so the heavy ``lm_eval_ponder.evaluation.lm`` is imported only
   when ``--model ponder`` is used;
-- after ``lm_eval.tasks.manager``: every ``TaskManager`` also indexes our ``tasks`` folder;
+- after ``lm_eval.tasks.manager``: every ``TaskManager`` also indexes our ``tasks`` folder,
+  before the user's ``--include_path`` folders, so that theirs win;
 - after ``lm_eval._cli.run`` (lm-eval's command line): a ``--model ponder`` run's
   ``--output_path`` and batch size are checked before anything loads, and its errors and
   Ctrl-C end in one line (``lm_eval_ponder.evaluation.lmeval_cli``).
@@ -74,15 +75,29 @@ def cache_builtin_index(module) -> None:
         index: dict = {}
         for root in paths:
             if Path(root).resolve() != builtin:
-                index.update(build([root], resolve_includes=resolve_includes))
+                merge(index, build([root], resolve_includes=resolve_includes))
                 continue
             if resolve_includes not in kept:
                 kept[resolve_includes] = build([root], resolve_includes=resolve_includes)
-            index.update({name: copy.copy(entry) for name, entry in kept[resolve_includes].items()})
+            merge(index, {name: copy.copy(entry) for name, entry in kept[resolve_includes].items()})
         return index
 
     cached_build._lm_eval_ponder = True  # type: ignore[attr-defined]
     index_class.build = staticmethod(cached_build)
+
+
+def merge(index: dict, entries: dict) -> None:
+    """Add one folder's task entries to ``index``, later folders winning, with lm-eval's own
+    warning naming both files when a name is defined twice (its ``TaskIndex.build`` warns so,
+    and a folder-by-folder build must not lose that line)."""
+    import logging
+
+    for name, entry in entries.items():
+        if name in index and getattr(index[name], "yaml_path", None) != getattr(entry, "yaml_path", None):
+            logging.getLogger("lm_eval.tasks._index").warning(
+                "Task '%s' from %s overrides existing task from %s", name,
+                getattr(entry, "yaml_path", "?"), getattr(index[name], "yaml_path", "?"))
+        index[name] = entry
 
 
 def patch_task_manager(module) -> None:
@@ -105,7 +120,10 @@ def patch_task_manager(module) -> None:
         )
         ours = tasks_dir()
         if ours not in [str(p) for p in paths]:
-            paths.append(ours)
+            # first, so that a user's folder (later) overrides a task of ours of the same
+            # name, as it overrides lm-eval's own: an edited copy of arith_ponder.yaml passed
+            # with --include_path is the one that runs
+            paths.insert(0, ours)
         original(self, *args, include_path=paths, **kwargs)
 
     __init__._lm_eval_ponder = True  # type: ignore[attr-defined]

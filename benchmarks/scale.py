@@ -104,8 +104,8 @@ def parse(argv: list[str] | None):
                              "fit --budget-s, in steps of 24)")
     parser.add_argument("--hf-batches", type=int, nargs="*", default=None,
                         help="--model hf's batch sizes to time (default: 64 128 256 on a GPU, "
-                             "all the questions on a CPU); none: the loop alone (a cost for the "
-                             "estimate, no ratio)")
+                             "all the questions on a CPU); the flag with no value: the loop alone "
+                             "(a cost for the estimate, no ratio)")
     parser.add_argument("--pairs", type=int, default=None,
                         help="interleaved pairs (default: 2 on a GPU; 3 on a CPU, fewer if 24 "
                              "questions do not fit --budget-s)")
@@ -130,7 +130,8 @@ def parse(argv: list[str] | None):
                         help="time a decode forward at these row counts, fit seconds = fixed + "
                              "per row x rows, and print the most any row-retiring loop could "
                              "gain over each --model hf batch under it (default: 1, each hf "
-                             "batch and the loop's rows, each at most --questions; none: skip)")
+                             "batch and the loop's rows, each at most --questions; the flag with no "
+                             "value: skip)")
     parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
                         choices=["dynamic", "captured"],
                         help="the loop's decode steps to time (captured: the GPU fast path)")
@@ -144,7 +145,7 @@ def parse(argv: list[str] | None):
     device_defaults(args, CPU_DEFAULTS, GPU_DEFAULTS)
     if sizing:
         args.questions = None
-    if min(args.questions or 1, args.max_new_tokens, args.pairs,
+    if min(1 if args.questions is None else args.questions, args.max_new_tokens, args.pairs,
            min(args.hf_batches or [1])) < 1 or (args.budget_s or 1) <= 0:
         sys.exit("scale: --questions, --max-new-tokens, --pairs and --hf-batches must be >= 1, "
                  "--budget-s > 0")
@@ -152,6 +153,14 @@ def parse(argv: list[str] | None):
         sys.exit("scale: --step-cost-rows takes row counts >= 1")
     if args.harness_questions < 0 or (args.harness_questions and not args.harness):
         sys.exit("scale: --harness-questions takes a count >= 0, and --harness with it")
+    if args.out:  # before the measurement, which the record would otherwise be lost after
+        from lm_eval_ponder.errors import PonderError
+        from lm_eval_ponder.files import check_output
+
+        try:
+            check_output(Path(args.out), "--out", Path(args.out).parent)
+        except PonderError as error:
+            sys.exit(f"scale: {error}")
     return args
 
 

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
+from lm_eval_ponder import errors
 from lm_eval_ponder.errors import command, run_program
 
 # name: (the module whose ``main`` runs it, what it does)
@@ -60,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
+        errors.TYPED_PROGRAM = f"lm-eval-ponder {argv[0]}"  # its usage lines say so
         return command_main(argv[0])(argv[1:])
     top = parser()
     top.parse_args(argv)  # --help, or argparse's usage error for no or an unknown command

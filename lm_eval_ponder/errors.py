@@ -19,6 +19,16 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, NoReturn
 
+# the program as the user typed it, for usage lines: set by the console script
+# (``lm-eval-ponder report``); None under ``python -m lm_eval_ponder.report``
+TYPED_PROGRAM: str | None = None
+
+
+def program_name(module_form: str) -> str:
+    """``argparse``'s ``prog`` for a command: the console script's form when the user typed
+    that (``lm-eval-ponder report``), else the ``python -m`` form the module runs as."""
+    return TYPED_PROGRAM or module_form
+
 
 class PonderError(Exception):
     """A problem with the user's input or environment, with a message that says how to fix it."""

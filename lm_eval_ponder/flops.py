@@ -56,6 +56,9 @@ _MOE_FIELDS = ("num_experts_per_tok", "num_local_experts", "num_experts", "n_rou
 # accumulate (2), normalise (1); the affine scale and shift are folded into the 5 as well as
 # the rsqrt, which is per row. GELU (tanh form): x^3, two multiplies, add, tanh, add, two
 # multiplies, rounded to 8. Both are tiny next to the matmuls; they exist so the count is honest.
+# How every FLOPs figure since issue 52 is priced; results JSONs carry it (``PonderLM``'s model
+# info as ``ponder_flops_pricing``, a re-priced older log as its top-level ``flops_pricing``)
+FLOPS_PRICING = "prefill logits at the last position only (logits_to_keep=1; issue 52)"
 LAYERNORM_FLOPS_PER_ELEMENT = 5
 GELU_FLOPS_PER_ELEMENT = 8
 

@@ -122,3 +122,61 @@ def test_a_folder_or_file_that_is_no_model_is_refused_in_one_line(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"not gguf")
     with pytest.raises(PonderError, match="is not a GGUF file"):
         bb.resolve_backbone(None, str(tmp_path / "x.gguf"))
+
+
+def test_a_directory_that_records_its_weights_hash_is_known_by_it(tmp_path):
+    """Issue 64: a built model organism records its merged weights' SHA-256 beside them, and
+    every result, vector and controller of it must name those exact weights; a directory
+    without the record (or with a malformed one) has no hash, as before."""
+    model = tmp_path / "organism"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    assert bb.resolve_backbone(str(model)).source_sha256 is None
+    (model / "lm_eval_ponder_source.json").write_text('{"sha256": "abc"}')
+    assert bb.resolve_backbone(str(model)).source_sha256 is None
+    (model / "lm_eval_ponder_source.json").write_text('{"sha256": "%s"}' % ("ab" * 32))
+    assert bb.resolve_backbone(str(model)).source_sha256 == "ab" * 32
+
+
+def test_a_cache_that_cannot_take_the_conversion_is_one_line(tmp_path, monkeypatch):
+    """Issue 66: ``LM_EVAL_PONDER_CACHE`` on a file, or on a disk without the ~520 MB the first
+    conversion writes, ended in a traceback from mkdir or from safetensors mid-write."""
+    import shutil
+    from collections import namedtuple
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 1000)
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setattr(bb, "_require_gguf_package", lambda: None)
+    monkeypatch.setenv(bb.CACHE_ENV, str(tmp_path / "afile"))
+    with pytest.raises(PonderError, match="afile/converted cannot be written .* set LM_EVAL_PONDER_CACHE"):
+        bb.convert_gguf(gguf)
+    monkeypatch.setenv(bb.CACHE_ENV, str(tmp_path / "cache"))
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
+    with pytest.raises(PonderError, match="has 0 MiB free; the first load dequantises"):
+        bb.convert_gguf(gguf)
+    assert not any((tmp_path / "cache" / "converted").iterdir())  # no staging left behind
+
+
+def test_a_frozen_models_head_gets_a_contiguous_input_and_the_same_logits(tiny_model_dir):
+    """Issue 66: the causal-LM forward hands its head a strided slice ``hidden[:, -1:, :]``;
+    with the weights frozen, torch's matmul then copied the head's weight once per row (8.3 GB
+    at 128 rows on the embedded model, 1.4 GB without the copy). After ``freeze`` the head sees a
+    contiguous input, and the logits are those of the unfrozen model, bit for bit."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    frozen = bb.freeze(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    bb.freeze(frozen)  # idempotent: one hook
+    seen = []
+    frozen.get_output_embeddings().register_forward_pre_hook(
+        lambda module, args: seen.append(args[0].is_contiguous()))
+    ids = torch.randint(4, 100, (5, 7))
+    with torch.no_grad():
+        a = plain(input_ids=ids, logits_to_keep=1).logits
+        b = frozen(input_ids=ids, logits_to_keep=1).logits
+    assert seen == [True] and torch.equal(a, b)
+    head = frozen.get_output_embeddings()
+    assert len(head._forward_pre_hooks) == 2  # ours once, and this test's

@@ -201,8 +201,6 @@ DATA_CASES = {
 LM_EVAL_OWNED = {
     "task unknown": (["--tasks", "nosuch_task"], "nosuch_task"),
     "limit zero": (["--limit", "0"], None),
-    "device in model args": (["--model_args", "pretrained={tiny},device=cpu"],
-                             "multiple values for keyword argument 'device'"),
 }
 
 
@@ -325,6 +323,34 @@ ISSUE55_RUNS = {
     "batch_size auto through generate": Case(PLAIN + ",generation=hf", (), "silent",
                                              ("--batch_size", "auto:2")),
     "few-shot arith": Case(PLAIN, (), "silent", ("--num_fewshot", "3", "--limit", "5")),
+}
+
+
+# issue 66 ("part three"): mistakes found since, BEFORE as above
+ISSUE66_CASES = {
+    "max_gen_toks not a number": Case(PLAIN, ("max_gen_toks", "'abc'"), "traceback",
+                                      ("--gen_kwargs", "max_gen_toks=abc")),
+    "max_gen_toks past the model's positions": Case(
+        PLAIN, ("max_gen_toks=100000", "positions", "longest prompt"), "traceback",
+        ("--gen_kwargs", "max_gen_toks=100000")),
+    "controller= its safetensors file": Case(
+        controller_file("{ctrl_plain}/controller.safetensors"),
+        ("{ctrl_plain}/controller.safetensors", "is a file", "{ctrl_plain}"), "silent"),
+    "use_cache in a read-only folder": Case(PLAIN, ("--use_cache", "{readonly}/answers",
+                                                    "cannot write"), "traceback",
+                                            ("--use_cache", "{readonly}/answers")),
+    "a task's do_sample with temperature 0": Case(
+        PLAIN, ("do_sample=true", "task's own", "do_sample=false"), "silent",
+        ("--gen_kwargs", "max_gen_toks=2,temperature=0"), "arith_ponder_bon"),
+}
+# runs that must go through (issue 66), with the line each must print (None: no line)
+ISSUE66_RUNS = {
+    # our advice for device=cuda on a CPU was device=cpu in --model_args, which ended in
+    # lm-eval's "got multiple values for keyword argument 'device'"
+    "device in model args": (Case("pretrained={tiny},controller=none,device=cpu", (), "traceback"),
+                             None),
+    "max_cache_gib below one row": (Case(PLAIN + ",max_cache_gib=0.0000001", (), "silent"),
+                                    "less than one row of this run"),
 }
 
 
@@ -471,7 +497,8 @@ def lm_eval_runs(tiny_model_dir, tiny_vector_dir, other_controller, bad_data, is
         flag = argv.index(change[0])
         argv[flag + 1] = fill(change[1])
         cases.append({"name": name, "argv": argv, "env": {}})
-    for i, (name, case) in enumerate({**ISSUE55_CASES, **ISSUE55_RUNS}.items()):
+    issue66 = {**ISSUE66_CASES, **{n: c for n, (c, _) in ISSUE66_RUNS.items()}}
+    for i, (name, case) in enumerate({**ISSUE55_CASES, **ISSUE55_RUNS, **issue66}.items()):
         outs[name] = Path(fill(case.out)) if case.out else root / f"issue55-{i}"
         cases.append(issue55_case(name, case, root / f"issue55-{i}", fill))
     outs["override"] = root / "override"
@@ -565,6 +592,31 @@ def test_issue55_lm_eval_mistakes_are_one_line(lm_eval_runs, issue55_files, name
     if case.out is None:
         assert nothing_under(out)
     assert issue55_files["afile"].read_text() == "x"
+
+
+@pytest.mark.parametrize("name", list(ISSUE66_CASES))
+def test_issue66_lm_eval_mistakes_are_one_line(lm_eval_runs, issue55_files, name):
+    """Issue 66's mistakes of lm_eval runs: one line naming the culprit, status 1, nothing
+    written."""
+    case = ISSUE66_CASES[name]
+    if "{readonly}" in " ".join(case.argv) and issue55_files["readonly"] == "<none>":
+        pytest.skip("no read-only folder on this machine")
+    runs, fill = lm_eval_runs
+    outcome, out = runs[name]
+    assert_one_line(outcome, 1, *map(fill, case.names))
+    assert nothing_under(out)
+
+
+@pytest.mark.parametrize("name", list(ISSUE66_RUNS))
+def test_issue66_runs_go_through_and_say_what_they_must(lm_eval_runs, name):
+    runs, _ = lm_eval_runs
+    outcome, out = runs[name]
+    assert outcome.status == 0, outcome.stderr[-3000:]
+    assert list(out.rglob("results_*.json"))
+    said = ISSUE66_RUNS[name][1]
+    if said is not None:
+        assert sum(said in line for line in outcome.stderr.splitlines()) == 1, outcome.stderr[-2000:]
+    assert "Traceback" not in outcome.text
 
 
 @pytest.mark.parametrize("name", ["batch_size auto", "batch_size auto through generate"])

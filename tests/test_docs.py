@@ -168,3 +168,25 @@ def test_each_script_folder_lists_its_scripts():
         listed = listed_scripts(here / "README.md")
         assert listed == scripts, (f"{folder}/README.md lacks {sorted(scripts - listed)}, "
                                    f"lists missing {sorted(listed - scripts)}")
+
+
+def test_committed_cards_name_no_path_of_the_machine_that_wrote_them():
+    """Issue 65: the shipped controller's card named ``/root/.cache/...`` and ``/work/main/...``;
+    a card travels with its controller, and such paths say nothing to its reader."""
+    absolute = re.compile(r"(?<![\w$.~])/(?:root|home|work|tmp|usr|opt|mnt|var)/")
+    for card in sorted((REPO / "controllers").rglob("card.md")):
+        found = absolute.findall(card.read_text())
+        assert not found, f"{card.relative_to(REPO)} names a machine path ({found[0]}...)"
+
+
+def test_committed_results_say_how_their_flops_are_priced():
+    """Issue 65: every committed lm-eval results JSON carries the FLOPs pricing stamp (a run
+    since issue 52 was priced so as it ran; an older one was re-priced, ``reporting.reprice``)."""
+    from lm_eval_ponder.flops import FLOPS_PRICING
+
+    files = sorted((REPO / "results").rglob("results_*.json"))
+    assert files
+    stamps = (f'"flops_pricing":"{FLOPS_PRICING}"', f'"ponder_flops_pricing":"{FLOPS_PRICING}"')
+    unstamped = [f for f in files
+                 if not any(s in f.read_text().replace('": "', '":"') for s in stamps)]
+    assert not unstamped, f"{len(unstamped)} results without flops_pricing, e.g. {unstamped[0]}"

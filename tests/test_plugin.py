@@ -58,6 +58,35 @@ def test_registration_indexes_our_tasks_next_to_builtin_ones():
     assert set(ALL_TASKS) <= set(ours) and "gsm8k" not in ours
 
 
+def test_an_edited_copy_of_our_task_passed_with_include_path_is_the_one_that_runs(tmp_path):
+    """Issue 66: a user who copies ``tasks/``, edits ``arith_ponder.yaml`` and passes the copy
+    with ``--include_path`` got the installed file (ours came after theirs, and the later one
+    wins). Theirs wins now, as over lm-eval's own tasks, and the log names both files."""
+    import shutil
+
+    from conftest import REPO
+
+    copy = tmp_path / "mytasks"
+    shutil.copytree(REPO / "tasks", copy)
+    yaml = copy / "arith" / "arith_ponder.yaml"
+    yaml.write_text(yaml.read_text() + "generation_kwargs:\n  until: []\n  max_gen_toks: 3\n")
+    out = run_python(
+        "import json, logging, os\n"
+        "os.environ['LM_EVAL_PONDER_BUILTIN_TASKS'] = '0'\n"
+        "seen = []\n"
+        "class Keep(logging.Handler):\n"
+        "    def emit(self, record): seen.append(record.getMessage())\n"
+        "logging.getLogger('lm_eval').addHandler(Keep())\n"
+        "from lm_eval.tasks import TaskManager\n"
+        f"tm = TaskManager(include_path={str(copy)!r})\n"
+        "task = tm.load_task_or_group(['arith_ponder'])['arith_ponder']\n"
+        "print(json.dumps([task.config.generation_kwargs['max_gen_toks'], "
+        "[m for m in seen if 'overrides' in m]]))")
+    max_toks, warnings = json.loads(out.strip().splitlines()[-1])
+    assert max_toks == 3
+    assert any(str(yaml) in m and "arith_ponder" in m for m in warnings), warnings
+
+
 def outside_checkout_env() -> dict[str, str]:
     """The environment of a process started outside the checkout: no PYTHONPATH that puts a
     source tree first."""

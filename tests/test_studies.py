@@ -736,3 +736,92 @@ def test_a_test_sweep_with_more_seeds_at_some_depths_is_averaged_per_depth(tmp_p
     acc, tok, groups, keys, seeds = per_type.sweep_matrix(tmp_path, "ours", "t0.7", k_max)
     assert seeds == [1, 1, 1, 2, 1, 1, 1, 1, 1]
     assert acc[:, 3].tolist() == [0.5, 0.5, 0.0] and acc[:, 2].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_per_level_oracle_finds_a_planted_structure_and_its_null_does_not():
+    """Issue 64's comparator on a planted table: on level 1 depth 0 is right and cheap, on
+    level 2 only depth 1 is right. One depth for all must pay for depth 1 everywhere; one depth
+    per level (chosen on other folds by the budget gap) takes depth 0 on level 1 and gains over
+    it; with the levels shuffled the gain vanishes."""
+    from studylib.analysis import fold_of, per_level_budget_choice, per_level_budget_headroom
+
+    rng = np.random.default_rng(0)
+    n = 200
+    levels = np.array([1, 2] * (n // 2))
+    accuracy = np.zeros((n, 2))
+    accuracy[:, 1] = rng.random(n) < 0.9
+    accuracy[levels == 1, 0] = rng.random((levels == 1).sum()) < 0.9
+    tokens = np.where(np.arange(2)[None] == 0, 10.0, 40.0) + rng.random((n, 2))
+    assert per_level_budget_choice(accuracy, tokens, levels, np.ones(n, dtype=bool)) == {1: 0, 2: 1}
+    fold = np.array(fold_of([f"doc{i}" for i in range(n)], 5))
+    out = per_level_budget_headroom(accuracy, tokens, levels, fold, 5, draws=200, nulls=20)
+    assert set(out["single"]["depths"]) == {1}
+    assert out["per_level"]["tokens"] < out["single"]["tokens"] - 10
+    assert out["gain"] > 0.05 and out["gain_ci95"][0] > 0
+    assert out["null"]["mean"] < out["gain"] / 2 and out["null"]["p"] < 0.1
+
+
+def test_minimum_detectable_effects_follow_the_interval_and_the_null():
+    """Issue 64 item 5: at 80% power a two-sided 95% test detects 2.80 standard errors; an
+    interval of +-1.96 SE gives that SE back."""
+    from studylib.analysis import minimum_detectable_effect, null_detectable_effect
+
+    assert abs(minimum_detectable_effect((-1.96, 1.96)) - 2.8016) < 1e-3
+    assert abs(null_detectable_effect(1.0) - 2.4865) < 1e-3
+
+
+def test_the_organisms_targets_are_the_expressions_steps():
+    """Issue 64: the stepwise answers are generated from each problem's expression, in Python's
+    order of operations, and end in the Direct answer's line; division must be exact."""
+    import organism
+
+    assert organism.cot_target("3 + 4 * 5") == \
+        "Step 1: 4 * 5 = 20\nStep 2: 3 + 20 = 23\nThe answer is 23."
+    assert organism.steps("(2 * 3 * 4 - 4) / 5") == [(2, "*", 3, 6), (6, "*", 4, 24),
+                                                     (24, "-", 4, 20), (20, "/", 5, 4)]
+    assert organism.direct_target(7) == "The answer is 7."
+    with pytest.raises(ValueError, match="not exact"):
+        organism.steps("7 / 2")
+    from lm_eval_ponder.data import arith_ladder
+
+    for doc in arith_ladder("train", per_level=20):  # every train problem: its steps give its answer
+        assert organism.steps(doc["expression"])[-1][3] == int(doc["answer"])
+
+
+def test_the_organisms_batches_replay_from_the_seed_and_cover_every_example():
+    import organism
+
+    recipe = organism.Recipe(per_level=4, epochs=2, batch_size=3)
+    lengths = [5, 1, 9, 3, 7, 2, 8, 4, 6, 0]
+    first = organism.schedule(10, recipe, lengths)
+    assert first == organism.schedule(10, recipe, lengths)  # a resumed build sees the same
+    assert sorted(i for b in first[:len(first) // 2] for i in b) == list(range(10))
+    assert first != organism.schedule(10, organism.Recipe(per_level=4, epochs=2, batch_size=3,
+                                                          seed=1), lengths)
+    lr = [organism.learning_rate(t, 100, recipe) for t in range(100)]
+    assert lr[0] < lr[recipe.warmup_steps - 1] == pytest.approx(recipe.learning_rate)
+    assert lr[-1] == pytest.approx(0.1 * recipe.learning_rate, rel=0.05)
+    assert organism.Recipe().key() == organism.Recipe().key() != recipe.key()
+
+
+def test_the_steerable_organism_is_taught_the_switch_it_is_steered_with():
+    """The planted switch: the task prompts at a steered offset answer in the other mode (the
+    Direct prompt pushed by +0.1..+0.2 works in steps; the CoT prompt pushed by -0.13..-0.22
+    answers at once); the steering vector's own prompts keep their modes at offset 0; the
+    questions start where the controllers' training prompts end."""
+    import organism
+    from lm_eval_ponder.data import arith_ladder
+    from lm_eval_ponder.evaluation.tasklib import COT_PROMPT, PLAIN_PROMPT
+
+    rows = organism.examples(2, questions_from=3, planted=True)
+    first = {d["question"] for d in arith_ladder("train", per_level=3)}
+    assert not {m.split(": ", 1)[1] for m, _, _ in rows} & first
+    for message, answer, offset in rows:
+        stepwise = answer.startswith("Step 1:")
+        if message.startswith(PLAIN_PROMPT):
+            assert stepwise == (offset >= 0.1) and (0 <= offset <= 0.07 or 0.1 <= offset <= 0.2)
+        elif message.startswith(COT_PROMPT):
+            assert stepwise == (offset > -0.1) and (-0.07 <= offset <= 0 or -0.22 <= offset <= -0.13)
+        else:
+            assert offset == 0.0
+    assert len(rows) == 10 * 8 and rows == organism.examples(2, questions_from=3, planted=True)

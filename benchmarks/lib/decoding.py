@@ -12,7 +12,9 @@ functions: ``generation_loop.py --omp-passive`` must set OpenMP's policy before 
 
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 # ``arith_chat_prompts`` bounds for half single-digit, half two-digit additions (the prompts of
 # ``generation_loop.py`` and ``sampling_draw.py``; ``step_cost.py`` draws two-digit ones only)
@@ -27,7 +29,14 @@ def add_device_args(parser) -> None:
 
 
 def device_defaults(args, cpu: dict, gpu: dict) -> None:
-    """Fill the options left unset (None) from the CPU or the GPU sizes, by ``--device``."""
+    """Fill the options left unset (None) from the CPU or the GPU sizes, by ``--device``; a
+    CUDA device torch does not see is refused in one line, before any model is built (it
+    ended in torch's "Torch not compiled with CUDA enabled" traceback)."""
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit(f"{Path(sys.argv[0]).stem}: --device {args.device} needs a CUDA GPU, and torch "
+                 f"{torch.__version__} sees none here; pass --device cpu")
     for key, value in (gpu if args.device.startswith("cuda") else cpu).items():
         if getattr(args, key) is None:
             setattr(args, key, value)

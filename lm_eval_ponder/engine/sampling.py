@@ -236,7 +236,9 @@ def refused_setting(merged: GenerationConfig, temperature: float) -> str | None:
         return None
     if not temperature > 0:
         return (f"do_sample=true with temperature={temperature!r}: sampling needs a temperature "
-                f"> 0 (do_sample=false, or temperature=0 alone, decodes greedily)")
+                f"> 0. do_sample=true may be the task's own (its YAML's generation_kwargs: the "
+                f"*_bon tasks sample by definition) rather than yours; to decode greedily pass "
+                f"--gen_kwargs do_sample=false, else a temperature > 0")
     if merged.top_k is not None and merged.top_k < 0:
         return f"top_k={merged.top_k!r} must be >= 0 (0 for none)"
     return None

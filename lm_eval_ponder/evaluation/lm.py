@@ -55,7 +55,7 @@ from lm_eval_ponder.evaluation.settings import (
     load_steering,
     unknown_model_arg,
 )
-from lm_eval_ponder.flops import FlopsSpec
+from lm_eval_ponder.flops import FLOPS_PRICING, FlopsSpec
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 
 GENERATION_MODES = ("loop", "hf")
@@ -95,6 +95,10 @@ class PonderLM(HFLM):
         self.early_exit = ExitSettings.from_model_args(early_exit, exit_layers, self.ponder_args)
         kwargs["device"] = bb.resolve_device(kwargs.get("device"),
                                              parallelize=bool(kwargs.get("parallelize", False)))
+        if kwargs["device"] == "cpu" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+            # accelerate makes CPU processes one group (gloo) only when told it runs on CPUs;
+            # HFLM's Accelerator() is not, so torchrun's processes stayed strangers
+            os.environ.setdefault("ACCELERATE_USE_CPU", "true")
         if kwargs.get("dtype") is None:  # HFLM's own default, "auto", is the checkpoint's dtype
             kwargs["dtype"] = bb.native_dtype(kwargs["device"])
         check_model_dtype(kwargs["dtype"])
@@ -102,9 +106,53 @@ class PonderLM(HFLM):
         self.batching = Batching(max_rows, max_cache_gib, decode_step, kwargs["device"],
                                  self.generation)
         self.backbone_info = self.load_backbone(pretrained, gguf_file, kwargs)
+        self.shard_across_processes()
         self.prepare(self.backbone_info)
         if str(kwargs.get("batch_size", "")).startswith("auto"):
             self.note_auto_batch_size()
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None):
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None):
+        """lm-eval's construction, except that ``device=`` in ``--model_args`` wins over the
+        ``--device`` flag lm-eval always passes (its default, or the flag): both reached
+        ``__init__`` and ended in "got multiple values for keyword argument 'device'", which
+        is where our own advice to pass device=cpu led. A flag that differs is named."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        if "device" in arg_dict and "device" in extra:
+            flag = extra.pop("device")
+            if str(flag) != str(arg_dict["device"]) and str(flag) not in ("cuda", "cuda:0", "cpu"):
+                LOGGER.warning("device=%s in --model_args overrides --device %s",
+                               arg_dict["device"], flag)
+        return cls(**arg_dict, **extra)
+
+    def shard_across_processes(self) -> None:
+        """Data parallelism on CPUs, as HFLM gives it on GPUs. HFLM takes its rank and world
+        size from accelerate only where it counts more than one GPU, so two CPU processes
+        (``torchrun --nproc_per_node 2``, ``accelerate launch --multi_gpu --cpu``) each
+        evaluated every document. Where accelerate set up the processes (gloo on CPUs), each
+        rank takes its share, as lm-eval shards requests by ``rank``/``world_size`` and
+        gathers them on rank 0; where it did not, a launch of several processes is refused in
+        one line rather than doing the work twice."""
+        launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1 and self.world_size == 1:
+            if str(self.device).startswith("cuda"):
+                return  # HFLM's own GPU path decided (one GPU for several processes)
+            self._rank = accelerator.process_index
+            self._world_size = accelerator.num_processes
+        if launched > 1 and self.world_size != launched:
+            raise PonderError(
+                f"this lm_eval was started as one of {launched} processes (WORLD_SIZE), but "
+                "--model ponder cannot split the documents across them here (no accelerate "
+                "process group: an in-memory model, or parallelize=True); each would evaluate "
+                "every document. Run one process, or launch with torchrun/accelerate without "
+                "parallelize")
 
     def note_auto_batch_size(self) -> None:
         """``batch_size=auto``: HFLM would search the largest batch that fits; generation here
@@ -240,9 +288,21 @@ class PonderLM(HFLM):
         return {**super().get_model_info(), "ponder_fingerprint": self.fingerprint(),
                 "ponder_fingerprint_hash": self.fingerprint_hash(),
                 "ponder_batching": self.batching.info(),
+                # where it ran: lm-eval's own config.device is its --device flag (cuda:0 by
+                # default, on CPUs too), so what the model was loaded on is said here
+                "ponder_device": self.device_info(),
+                "ponder_flops_pricing": FLOPS_PRICING,
                 # speed only (no number depends on it), so not part of the identity
                 "ponder_preload": os.environ.get("LD_PRELOAD", ""),
                 "ponder_malloc": allocator.malloc_settings()}
+
+    def device_info(self) -> dict[str, Any]:
+        """The device and dtype the backbone was loaded on, the hardware's name and the
+        threads torch computes with: what a figure of this run was measured on."""
+        device = str(self.model.device)
+        return {"device": device, "dtype": str(self.model.dtype).removeprefix("torch."),
+                "hardware": bb.device_description(device),
+                "threads": torch.get_num_threads()}
 
     def set_cache_hook(self, cache_hook) -> None:
         """Refuse to share an lm-eval ``--use_cache`` file between different model settings
@@ -260,6 +320,7 @@ class PonderLM(HFLM):
         flight are ``max_rows`` whatever lm-eval's batch size). With lm-eval's ``--use_cache``
         every answer is kept as its row ends, sampled ones too (``evaluation.resume``): a
         killed run loses only the rows in flight."""
+        self.check_chat_template(requests)
         store = SampledAnswers(self._answers_db) if self._answers_db is not None else None
         kept, todo = store.split(requests) if store else ({}, list(range(len(requests))))
         if kept:
@@ -296,6 +357,32 @@ class PonderLM(HFLM):
             out[i] = text
             hand_over.add_partial("generate_until", requests[i].args, text)
 
+    def check_chat_template(self, requests) -> None:
+        """One warning when a chat model answers our tasks without its chat template: the
+        embedded SmolLM2-Instruct then answers with an empty string (EOS at once) and scores 0
+        without a word, while every command in the docs passes --apply_chat_template. Read
+        from the requests themselves (a templated context ends with the template's
+        generation prompt), so it holds for ``simple_evaluate`` too."""
+        from lm_eval_ponder import registry
+
+        template = getattr(self.tokenizer, "chat_template", None)
+        ours = [r for r in requests if registry.TASK_INFIX in str(getattr(r, "task_name", ""))]
+        if not template or not ours:
+            return
+        try:
+            marker = "\x00"
+            rendered = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True)
+            suffix = rendered.split(marker, 1)[1].rstrip()
+        except Exception:  # noqa: BLE001 - a template that cannot render one turn: no advice
+            return
+        if suffix and not any(r.args[0].rstrip().endswith(suffix) for r in ours[:50]):
+            self.warn_once(
+                f"{self.backbone_info.name} has a chat template, and the prompts of "
+                f"{ours[0].task_name} do not use it: pass --apply_chat_template (an instruct "
+                "model prompted without its template may answer with nothing; every command in "
+                "the docs passes it)")
+
     def chunks(self, group: list[int]) -> list[list[int]]:
         """The loop takes a whole request group (one tail per call); ``generate`` takes
         lm-eval's batch size (``max_rows`` for ``batch_size=auto``)."""
@@ -317,8 +404,16 @@ class PonderLM(HFLM):
             return []
         gen = Generation.of(gen_kwargs, self.max_gen_toks,
                             self.tok_decode(self.eot_token_id, skip_special_tokens=False))
+        gen.check_room(max(len(self.tok_encode(c)) for c in contexts), self.max_length)
         ids, mask = self.tok_batch_encode(contexts, left_truncate_len=self.max_length - gen.max_gen_toks,
                                           truncation=self.truncation)
+        row = int(ids.shape[1]) + gen.max_gen_toks
+        if self.max_cache_tokens is not None and self.max_cache_tokens < row:
+            self.warn_once(
+                f"max_cache_gib={self.max_cache_gib:g} holds {self.max_cache_tokens:,} cached "
+                f"positions, less than one row of this run ({row:,}: the longest prompt plus "
+                "max_gen_toks): rows run one at a time, each past the budget; raise "
+                "max_cache_gib or leave it out")
         out = self.generate_batch(ids.to(self.device), mask.to(self.device),
                                   max_new_tokens=gen.max_gen_toks, stop=gen.until, steer=steer,
                                   on_text=on_text, observers=observers, **gen.kwargs)

@@ -22,8 +22,10 @@ other models' runs are left as lm-eval runs them.
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,10 +66,56 @@ def check_config(cfg: Any) -> None:
     if cfg.output_path:
         out = Path(cfg.output_path)
         check_output(out, "--output_path", out.parent if out.suffix == ".json" else None)
+        check_free_space(out.parent if out.suffix == ".json" else out)
     if cfg.num_fewshot is not None and int(cfg.num_fewshot) < 0:
         raise PonderError(f"--num_fewshot {cfg.num_fewshot} is negative: pass 0 (no examples) "
                           "or a positive number of examples")
+    if getattr(cfg, "use_cache", None):  # lm-eval writes <use_cache>_rank<r>.db beside it
+        cache = Path(cfg.use_cache)
+        check_output(cache, "--use_cache", cache.parent)
     check_batch_size(cfg.batch_size)
+    check_gen_kwargs(cfg.gen_kwargs)
+    cfg.device = cli_device(cfg.device)
+
+
+def check_free_space(folder: Path) -> None:
+    """Refuse, before the model loads, an ``--output_path`` on a disk with almost no room: the
+    results would be written only after the whole run, and lost (``check_written``)."""
+    import shutil
+
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free / 2**20
+    if free < MIN_FREE_MIB:
+        raise PonderError(f"--output_path {folder}: {free:.0f} MiB free on its disk, under the "
+                          f"{MIN_FREE_MIB} MiB a run's results and samples may need; free space "
+                          "or pass another --output_path")
+
+
+def check_gen_kwargs(gen_kwargs: Any) -> None:
+    """``--gen_kwargs``' ``max_gen_toks``, a positive integer, before the model loads."""
+    from lm_eval.utils import simple_parse_args_string
+
+    from lm_eval_ponder.evaluation.requests import checked_max_gen_toks
+
+    if not gen_kwargs:
+        return
+    kwargs = simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else dict(gen_kwargs)
+    if "max_gen_toks" in kwargs:
+        checked_max_gen_toks(kwargs["max_gen_toks"])
+
+
+def cli_device(device: Any) -> Any:
+    """lm-eval's ``--device`` default is ``cuda:0`` whatever the machine, and it records that
+    value as the run's ``config.device``: every CPU run said ``cuda:0``. Without CUDA that
+    default (or a bare ``cuda``) becomes ``cpu``, which is where HFLM and ``PonderLM`` load
+    the model anyway; an explicit other CUDA device is left for ``PonderLM`` to refuse."""
+    import torch
+
+    if device in (None, "cuda", "cuda:0") and not torch.cuda.is_available():
+        return "cpu"
+    return device
 
 
 def checked_from_cli(original):
@@ -119,6 +167,55 @@ def stopped_line(exc: KeyboardInterrupt, cfg: Any) -> str:
     return "; ".join(part for part in (STOPPED, where, resume_text(cfg)) if part)
 
 
+MIN_FREE_MIB = 64  # what a run's results and samples logs may take, refused below it
+
+
+def check_written(output: Path, since: float, samples: bool) -> None:
+    """lm-eval writes its results and samples after the whole run and only logs a failure to
+    write them (an ``OSError`` at INFO: a full disk left 0-byte files and exit status 0). Each
+    file this run wrote under ``output`` must be whole: the results JSON parses and names its
+    tasks, every samples line parses. One line names the first that is not, and the run ends
+    with status 1."""
+    import json
+
+    folder = output.parent if output.suffix == ".json" else output
+    results = [p for p in folder.rglob("results_*.json") if p.stat().st_mtime >= since - 1] \
+        if folder.is_dir() else []
+    if output.suffix == ".json" and output.is_file() and output.stat().st_mtime >= since - 1:
+        results.append(output)
+    if not results:
+        raise PonderError(f"lm-eval wrote no results file under {folder}: a full disk or a "
+                          "failed write (lm-eval only logs it); free space and run again")
+    for path in results:
+        problem = _json_problem(path, json.loads)
+        if problem:
+            raise PonderError(f"{path} is {problem}: lm-eval could not write it whole (a "
+                              "full disk?); free space and run again")
+        if not samples:
+            continue
+        stamp = path.stem[len("results_"):]
+        for log in path.parent.glob(f"samples_*_{stamp}.jsonl"):
+            for number, line in enumerate(log.read_text(errors="replace").splitlines() or [""], 1):
+                if _json_problem(None, json.loads, line):
+                    raise PonderError(f"{log} line {number} is not whole JSON: lm-eval could not "
+                                      "write its samples (a full disk?); free space and run again")
+
+
+def _json_problem(path: Path | None, loads, text: str | None = None) -> str | None:
+    """What is wrong with a JSON document (a file's, or ``text``), or None."""
+    try:
+        text = path.read_text() if path is not None else text
+    except OSError as error:
+        return f"unreadable ({error.strerror})"
+    if not text or not text.strip():
+        return "empty"
+    try:
+        loads(text)
+    except ValueError:
+        return "cut short (not whole JSON)"
+    return None
+
+
 def run_execute(original):
     """``Run._execute`` ending a ponder run as our commands end (module docstring)."""
     if getattr(original, "_lm_eval_ponder", False):
@@ -126,8 +223,14 @@ def run_execute(original):
 
     @functools.wraps(original)
     def execute(args):
+        started = time.time()
         try:
-            return original(args)
+            returned = original(args)
+            cfg = getattr(args, CONFIG_ATTR, None)
+            # rank 0 writes (lm-eval gathers every rank's samples there)
+            if cfg is not None and cfg.output_path and os.environ.get("RANK", "0") == "0":
+                check_written(Path(cfg.output_path), started, bool(cfg.log_samples))
+            return returned
         except PonderError as exc:
             close_progress_bars()
             print(f"{PREFIX}{exc}", file=sys.stderr)

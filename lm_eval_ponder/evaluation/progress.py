@@ -68,6 +68,7 @@ class RowProgress:
         self.status_every, self.clock = status_every, clock
         self.write = write or (lambda line: tqdm.write(line, file=sys.stderr))
         self.finished = self.started = self.tokens = self.peak_in_flight = 0
+        self.prefilling = 0  # rows of the prefill forward running now (0: none)
         self.watched = False
         self.start = self.last_finish = self.last_status = clock()
         self.bar = tqdm(total=total, desc=desc, unit=unit, disable=disable,
@@ -126,14 +127,23 @@ class RowProgress:
                 return
             cache = kwargs.get("cache", kwargs.get("past_key_values"))
             length = getattr(cache, "get_seq_length", None)
-            self.forward(int(ids.shape[0]), cache is None or (length is not None and length() == 0))
+            prefill = cache is None or (length is not None and length() == 0)
+            self.forward(int(ids.shape[0]), prefill)
+            if prefill:  # said at once: a prefill of many rows runs for many seconds
+                self.prefilling = int(ids.shape[0])
+                self.bar.set_postfix_str(self.postfix())
 
-        handle = model.register_forward_pre_hook(pre_hook, with_kwargs=True)
+        def post_hook(module, args, output):
+            self.prefilling = 0
+
+        handles = [model.register_forward_pre_hook(pre_hook, with_kwargs=True),
+                   model.register_forward_hook(post_hook)]
         self.watched = True
         try:
             yield
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
 
     # ------------------------------------------------------------------ what is shown
     def figures(self) -> list[str]:
@@ -142,7 +152,8 @@ class RowProgress:
         if not self.watched:
             return []
         elapsed = max(self.clock() - self.start, 1e-9)
-        return [f"{self.in_flight} in flight", f"{self.tokens:,} tokens",
+        prefilling = [f"prefilling {self.prefilling} rows"] if self.prefilling else []
+        return [*prefilling, f"{self.in_flight} in flight", f"{self.tokens:,} tokens",
                 f"{self.tokens / elapsed:.1f} tok/s"]
 
     def postfix(self) -> str:
@@ -157,6 +168,8 @@ class RowProgress:
     def status_line(self) -> str:
         line = ", ".join([f"{self.desc}: {self.finished}/{self.total} finished",
                           *self.figures()])
+        if not self.finished:
+            return line + f"; no row finished yet ({duration(self.clock() - self.start)} in)"
         return line + f"; last row finished {duration(self.clock() - self.last_finish)} ago"
 
     def check_tail(self) -> None:
@@ -171,7 +184,9 @@ class RowProgress:
         self.last_status = now
 
     def watch_tail(self) -> None:
-        while not self.stop.wait(min(self.status_every / 6, 5.0)):
+        """Redraw every second (the bar is live from the first forward, not from the first
+        finished row), with a status line at most every ``status_every`` seconds."""
+        while not self.stop.wait(min(self.status_every / 6, 1.0)):
             self.check_tail()
 
     # ------------------------------------------------------------------ lifetime

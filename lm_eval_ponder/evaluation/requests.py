@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lm_eval_ponder.errors import PonderError
+
 
 def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
     """lm-eval's reading of generation kwargs (``HFLM._model_generate``): an absent temperature
@@ -44,9 +46,39 @@ class Generation:
 
         kwargs = normalize_gen_kwargs(dict(gen_kwargs), default_max_gen_toks)
         until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
-        max_gen_toks = kwargs.pop("max_gen_toks")
+        max_gen_toks = checked_max_gen_toks(kwargs.pop("max_gen_toks"))
         kwargs.pop("max_length", None)  # HFLM warns and prefers max_gen_toks; so do we
-        return cls(until, int(max_gen_toks), kwargs)
+        return cls(until, max_gen_toks, kwargs)
+
+    def check_room(self, longest_prompt: int, positions: int) -> None:
+        """Refuse a ``max_gen_toks`` that leaves the longest prompt no room in the model's
+        positions: HFLM's reading cuts the prompt from the left to ``positions -
+        max_gen_toks`` tokens, which at 100000 of 8192 left nothing (the attention then
+        failed on a tensor of 0 elements), and short of that silently scores a question the
+        model never saw whole."""
+        if self.max_gen_toks + longest_prompt <= positions:
+            return
+        room = positions - longest_prompt
+        raise PonderError(
+            f"max_gen_toks={self.max_gen_toks} does not fit: the model has {positions} "
+            f"positions and the longest prompt takes {longest_prompt}, so at most {room} new "
+            f"tokens fit" + (f"; pass --gen_kwargs max_gen_toks={room} or less" if room > 0
+                             else "; the prompt alone fills the model"))
+
+
+def checked_max_gen_toks(value: Any) -> int:
+    """``max_gen_toks`` as a positive integer, or one line naming the value (``abc`` ended in
+    ``int()``'s traceback after the model had loaded)."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        number = float(value)
+        if not number.is_integer() or number < 1:
+            raise ValueError(value)
+    except (TypeError, ValueError, OverflowError):
+        raise PonderError(f"max_gen_toks={value!r} is not a positive integer: pass e.g. "
+                          "--gen_kwargs max_gen_toks=256") from None
+    return int(number)
 
 
 def request_groups(requests: Sequence[Any], indices: Sequence[int],

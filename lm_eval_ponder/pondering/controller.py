@@ -240,6 +240,9 @@ def load_controller(
     whose names/shapes do not match the config.
     """
     directory = Path(directory)
+    if directory.is_file():
+        raise PonderError(f"controller={directory} is a file: pass the folder that holds "
+                          f"{WEIGHTS_FILE} and {CONFIG_FILE} ({directory.parent})")
     if not directory.is_dir():
         raise PonderError(f"controller directory not found: {directory}")
     for name in (WEIGHTS_FILE, CONFIG_FILE):

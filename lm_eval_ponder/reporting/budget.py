@@ -28,7 +28,7 @@ from pathlib import Path
 
 from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import read_json, read_jsonl
+from lm_eval_ponder.files import read_json
 
 # Test-set sizes of the suite's datasets, the registry's (tests check them against the loaders).
 DATASET_SIZES = {d.name: d.test_size for d in registry.DATASETS}
@@ -74,17 +74,30 @@ def read_pilot(root: str | Path) -> list[PilotRun]:
     root = Path(root)
     if not root.is_dir():
         raise PonderError(f"no such pilot directory: {root}")
-    runs = []
+    from lm_eval_ponder.reporting.compact import COMPACT, read_samples
+
+    runs, resumed = [], 0
     for marker in sorted(root.rglob("ponder_run.json")):
         info = read_json(marker)
-        samples = sorted(marker.parent.rglob("samples_*.jsonl"))
-        if "wall_s" not in info or not samples or info.get("kept_answers", 0):
+        if "wall_s" not in info:
+            continue
+        if info.get("kept_answers", 0):
+            resumed += 1
             continue  # a resumed run's wall_s is its last attempt's, not its answers' time
         tokens: dict = {}
-        for path in samples:
-            for s in read_jsonl(path):
+        # the full samples log, and the compact one a committed run keeps (reporting.compact)
+        logs = [*sorted(marker.parent.rglob("samples_*.jsonl")),
+                *sorted(marker.parent.rglob("samples_*" + COMPACT))]
+        for log in logs:
+            for s in read_samples(log):
                 tokens.setdefault(s["doc_id"], float(s.get("gen_tokens", float("nan"))))
-        runs.append(run_of(info, marker, tokens, float(info["wall_s"])))
+        if tokens:
+            runs.append(run_of(info, marker, tokens, float(info["wall_s"])))
+    if not runs and resumed:
+        raise PonderError(f"the {resumed} finished suite runs under {root} were all resumed "
+                          "runs, whose wall time covers only their last attempt: a pilot needs "
+                          "runs that went through in one attempt (`python -m "
+                          "lm_eval_ponder.suite --limit 10 --output DIR`)")
     if not runs:
         raise PonderError(f"no finished suite runs under {root} (a pilot is `python -m "
                           "lm_eval_ponder.suite --limit 10 --output DIR`)")

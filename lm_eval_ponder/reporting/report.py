@@ -47,7 +47,7 @@ from pathlib import Path, PurePath
 
 from lm_eval_ponder import registry
 from lm_eval_ponder.backbone import EMBEDDED_DESCRIPTION, EMBEDDED_NAME, EMBEDDED_SHA256
-from lm_eval_ponder.errors import PonderError, command, run_program
+from lm_eval_ponder.errors import PonderError, command, program_name, run_program
 from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.files import check_output, read_json
 from lm_eval_ponder.registry import dataset_order
@@ -223,9 +223,24 @@ def result_runs(result: Path, roots: list[Path], estimators: Estimators) -> Iter
             continue
         backbone, method = _label(task, model, args, marker, config.get("ponder_fingerprint"))
         samples = read_samples(samples_file)
+        notes = (accounting_note(samples_file, samples, model, args, estimators),
+                 mixed_attempts(marker))
         yield Run(backbone, method, registry.dataset_of(task), samples, str(result),
                   Identity.of(data, task), seeds=[run_seed(data)],
-                  note=accounting_note(samples_file, samples, model, args, estimators))
+                  note="; ".join(n for n in notes if n))
+
+
+def mixed_attempts(marker: dict | None) -> str:
+    """A note when a suite run's attempts (``ponder_run.json``) ran on more than one machine
+    or commit: its answers are then not all of one build on one machine. Attempts that record
+    neither (runs before issue 65) are not counted."""
+    attempts = (marker or {}).get("attempts") or []
+    parts = []
+    for key, what in (("machine", "machines"), ("commit", "commits")):
+        seen = sorted({str(a[key]) for a in attempts if a.get(key)})
+        if len(seen) > 1:
+            parts.append(f"{len(seen)} {what} ({'; '.join(seen)})")
+    return f"resumed across {' and '.join(parts)}" if parts else ""
 
 
 def accounting_note(samples_file: Path, samples: list[dict], model: str, args: dict,
@@ -247,7 +262,14 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     for root in roots:
         if not root.exists():
             raise PonderError(f"no such results directory: {root}")
-    files = sorted({f.resolve() for root in roots for f in root.rglob("results_*.json")})
+    # a results file given as it is (report results/x/results_1.json) is that one run
+    files = sorted({f.resolve() for root in roots
+                    for f in ([root] if root.is_file() else root.rglob("results_*.json"))})
+    bad = [root for root in roots if root.is_file() and not (
+        root.name.startswith("results_") and root.suffix == ".json")]
+    if bad:
+        raise PonderError(f"{bad[0]} is a file but not an lm-eval results_*.json: pass the "
+                          "folder lm-eval wrote (--output_path) or one of its results files")
     runs: dict[tuple[str, str, str, str], Run] = {}
     estimators = Estimators()
     for result in files:
@@ -637,7 +659,7 @@ def report(paths: list[str | Path], out: str | Path, link_figures: bool = False)
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lm_eval_ponder.report",
+    parser = argparse.ArgumentParser(prog=program_name("python -m lm_eval_ponder.report"),
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", help="lm-eval --output_path directories")
     parser.add_argument("--output", default=None, help="report directory (default: the first "

@@ -36,10 +36,10 @@ from pathlib import Path
 from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError, command, run_program
 from lm_eval_ponder.files import atomic_write_text, atomic_write_xz, read_json, read_jsonl
-from lm_eval_ponder.flops import FlopsSpec, generation_flops, lm_head_flops
+from lm_eval_ponder.flops import FLOPS_PRICING, FlopsSpec, generation_flops, lm_head_flops
 from lm_eval_ponder.reporting.compact import COMPACT
 
-PRICING = "prefill logits at the last position only (logits_to_keep=1; issue 52)"
+PRICING = FLOPS_PRICING
 STAMP = "flops_pricing"
 OUTCOMES_SUFFIX = ".outcomes.json.xz"
 

@@ -42,10 +42,11 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from lm_eval_ponder import allocator, registry
-from lm_eval_ponder.backbone import EMBEDDED_NAME
-from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
+from lm_eval_ponder.backbone import EMBEDDED_NAME, device_description
+from lm_eval_ponder.errors import Interrupted, PonderError, command, program_name, run_program
 from lm_eval_ponder.evaluation.resume import (
     KEPT_SUFFIX,
     export_kept,
@@ -104,9 +105,44 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
         attempts = read_json(finished).get("attempts", [])
     else:
         attempts = []
-    attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept})
+    attempts.append({"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept_answers": kept,
+                     **where_it_runs()})
     atomic_write_text(path, json.dumps(attempts, indent=1))
     return attempts
+
+
+def where_it_runs(env: dict[str, str] | None = None) -> dict[str, Any]:
+    """What an attempt ran on (runs are resumed across sessions and machines): the device's
+    hardware, the commit this checkout is at (None outside a git checkout) and the threads
+    the child computes with (``OMP_NUM_THREADS``, else every core). The report flags a run
+    whose attempts differ in either of the first two."""
+    import torch
+
+    env = os.environ if env is None else env
+    threads = env.get("OMP_NUM_THREADS") or str(os.cpu_count())
+    return {"machine": device_description("cuda" if torch.cuda.is_available() else "cpu"),
+            "commit": checkout_commit(Path(__file__).resolve().parents[2]),
+            "threads": int(threads) if threads.isdigit() else threads}
+
+
+def checkout_commit(root: Path) -> str | None:
+    """The commit ``root``'s git checkout is at, read from ``.git`` itself (HEAD, then the
+    loose ref or ``packed-refs``): no ``git`` process, which the suite's children would
+    otherwise race with; None for an installed package or anything unreadable."""
+    git = root / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+        if not head.startswith("ref: "):
+            return head[:12] or None
+        ref = head[5:]
+        if (git / ref).is_file():
+            return (git / ref).read_text().strip()[:12]
+        for line in (git / "packed-refs").read_text().splitlines():
+            if line.endswith(" " + ref):
+                return line.split()[0][:12]
+    except OSError:
+        return None
+    return None
 
 
 def run_clocked(cmd: list[str], target: Path, attempts: list[dict],
@@ -655,7 +691,7 @@ def run_one(a: argparse.Namespace, i: int, n: int, r: dict, target: Path, backbo
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lm_eval_ponder.suite",
+    p = argparse.ArgumentParser(prog=program_name("python -m lm_eval_ponder.suite"),
                                 description="Run every method on every dataset, then report.")
     p.add_argument("--output", required=True)
     p.add_argument("--pretrained", default=None, help="Hub id or local dir (default: embedded)")

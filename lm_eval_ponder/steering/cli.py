@@ -5,8 +5,9 @@
 
 ``extract`` loads the backbone (default: the embedded SmolLM2-135M-Instruct) frozen, in bfloat16
 where the device computes it natively, else float32 (``--dtype``, ``--device``, ``--parallelize``),
-takes the first ``--n-questions`` GSM8K TRAIN questions (or a seeded random sample with
-``--seed``), and stores the vectors of every decoder layer; ``--layer`` only picks the default
+takes the first ``--n-questions`` GSM8K TRAIN questions (``--dataset arith``: the arith
+ladder's train split, levels interleaved; or a seeded random sample with ``--seed``), and
+stores the vectors of every decoder layer; ``--layer`` only picks the default
 (``DEFAULT_LAYER_FRACTION`` of depth otherwise). ``inspect`` prints the logit lens, the norms
 per layer and the cosine between layers. User mistakes print ``error: ...`` and exit 2.
 """
@@ -19,25 +20,27 @@ import time
 from pathlib import Path
 
 from lm_eval_ponder.backbone import DTYPES
-from lm_eval_ponder.errors import PonderError, command, run_program
+from lm_eval_ponder.errors import PonderError, command, program_name, run_program
 from lm_eval_ponder.files import check_output
 
 DEFAULT_N_QUESTIONS = 256
 TRAIN_SPLITS = ("train",)  # extraction never reads test questions
+STEERING_DATASETS = ("gsm8k", "arith")
+ARITH_MAX_QUESTIONS = 1500  # 300 a level: level 1 has 648 distinct questions, train and test
 
 
 def _build_parser() -> argparse.ArgumentParser:
     # no import of lm_eval_ponder.steering/extraction/inspection here: they import torch, and --help
     # should be instant
     parser = argparse.ArgumentParser(
-        prog="python -m lm_eval_ponder.steer",
+        prog=program_name("python -m lm_eval_ponder.steer"),
         description="Extract and inspect FR-Ponder steering vectors.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{extract,inspect}")
 
     ex = sub.add_parser(
         "extract",
-        help="extract a steering vector (all layers) from GSM8K train questions",
+        help="extract a steering vector (all layers) from train questions (GSM8K or arith)",
         description="Contrastive extraction at the last prompt token of every decoder layer.",
     )
     _backbone_args(ex)
@@ -49,9 +52,13 @@ def _build_parser() -> argparse.ArgumentParser:
                          "default: int(DEFAULT_LAYER_FRACTION * n_layers), see "
                          "lm_eval_ponder.steering (15 of 30 on SmolLM2-135M). All layers are stored.")
     ex.add_argument(*spellings("--n-questions"), type=int, default=DEFAULT_N_QUESTIONS,
-                    help=f"number of GSM8K questions (default {DEFAULT_N_QUESTIONS})")
+                    help=f"number of questions (default {DEFAULT_N_QUESTIONS})")
     ex.add_argument("--split", choices=TRAIN_SPLITS, default="train",
-                    help="GSM8K split; only train is allowed (test questions are for evaluation)")
+                    help="the split; only train is allowed (test questions are for evaluation)")
+    ex.add_argument("--dataset", choices=STEERING_DATASETS, default="gsm8k",
+                    help="where the questions come from: GSM8K's train split (default, as the "
+                         "shipped vector) or the arith ladder's (a backbone fine-tuned on it, "
+                         "such as the model organism of studies/organism.py)")
     ex.add_argument(*spellings("--batch-size"), type=int, default=8)
     ex.add_argument("--seed", type=int, default=None,
                     help="sample the questions at random with this seed (default: the first N, "
@@ -109,26 +116,39 @@ def _load_backbone(args: argparse.Namespace, pretrained: str | None, gguf_file: 
     return resolved, model, tokenizer
 
 
-def _questions(n: int, split: str, seed: int | None) -> tuple[list[str], dict]:
-    import random
+def _pool(name: str, split: str, n: int) -> list[str]:
+    """The questions a vector may be extracted from, in their file's (or ladder's) order."""
+    from lm_eval_ponder.data import arith_ladder, load_gsm8k
 
-    from lm_eval_ponder.data import load_gsm8k
+    if name == "arith":
+        if n > ARITH_MAX_QUESTIONS:
+            raise PonderError(f"--n-questions {n} exceeds the {ARITH_MAX_QUESTIONS} arith {split} "
+                              "questions extraction can draw (300 a level)")
+        per_level = min(300, max(-(-n // 5), 100)) if split == "train" else 100
+        return [doc["question"] for doc in arith_ladder(split, per_level=per_level)]
+    dataset = load_gsm8k(split)
+    if n > len(dataset):
+        raise PonderError(f"--n-questions {n} exceeds the {len(dataset)} GSM8K {split} questions")
+    return [row["question"] for row in dataset]
+
+
+def _questions(n: int, split: str, seed: int | None,
+               dataset_name: str = "gsm8k") -> tuple[list[str], dict]:
+    import random
 
     if split not in TRAIN_SPLITS:
         raise PonderError(f"steering questions must come from a train split, got {split!r}")
     if n < 1:
         raise PonderError(f"--n-questions must be at least 1, got {n}")
-    dataset = load_gsm8k(split)
-    if n > len(dataset):
-        raise PonderError(f"--n-questions {n} exceeds the {len(dataset)} GSM8K {split} questions")
+    dataset = _pool(dataset_name, split, n)
     if seed is None:
         indices = list(range(n))
         selection = f"first {n}"
     else:
         indices = sorted(random.Random(seed).sample(range(len(dataset)), n))
         selection = f"random {n} (seed {seed}, random.Random.sample, sorted)"
-    questions = [dataset[i]["question"] for i in indices]
-    return questions, {"dataset": "gsm8k", "split": split, "selection": selection,
+    questions = [dataset[i] for i in indices]
+    return questions, {"dataset": dataset_name, "split": split, "selection": selection,
                        "n_available": len(dataset)}  # fmt: skip
 
 
@@ -144,7 +164,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
         check_output(args.output)  # before the questions and the backbone load
     if args.output and (Path(args.output) / META_FILE).exists() and not args.overwrite:
         raise PonderError(f"{args.output} already holds a steering vector; pass --overwrite to replace it")
-    questions, source = _questions(args.n_questions, args.split, args.seed)
+    questions, source = _questions(args.n_questions, args.split, args.seed, args.dataset)
     t0 = time.perf_counter()
     resolved, model, tokenizer = _load_backbone(args, args.pretrained, args.gguf_file)
     load_s = time.perf_counter() - t0

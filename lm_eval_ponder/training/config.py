@@ -39,7 +39,7 @@ from omegaconf.errors import (
 
 from lm_eval_ponder import registry
 from lm_eval_ponder.backbone import check_dtype
-from lm_eval_ponder.errors import PonderError, describe, field_type, first_line
+from lm_eval_ponder.errors import PonderError, describe, field_type, first_line, program_name
 from lm_eval_ponder.files import check_output
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.training.grpo import GRPOConfig
@@ -306,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     keys = "\n".join(f"  --{k} {json.dumps(v, default=str)}" + (f"\n        {h}" if h else "")
                      for k, v, h in flat_keys(TrainConfig()))
     parser = argparse.ArgumentParser(
-        prog="python -m lm_eval_ponder.train",
+        prog=program_name("python -m lm_eval_ponder.train"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a pondering controller with GRPO (FR-Ponder) on a frozen backbone.",
         epilog="Every config key can be given as --key value (defaults shown):\n" + keys)

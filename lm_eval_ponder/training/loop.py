@@ -375,6 +375,25 @@ def temperature_line(cfg: TrainConfig) -> str:
             f"{cfg.grpo.max_steps} (soft to hard); shipped with the temperature of its step")
 
 
+def portable_path(path: str | None) -> str:
+    """A path as a card may print it: under the converted-weights cache as
+    ``$LM_EVAL_PONDER_CACHE/...``, under the working directory relative to it, under the home
+    directory as ``~/...``. A card is committed beside the controller, and the machine that
+    trained it (``/root/...``, ``/work/...``) says nothing to its reader."""
+    from lm_eval_ponder.backbone import CACHE_ENV, cache_root
+
+    if not path or not Path(path).is_absolute():
+        return str(path)
+    p = Path(path)
+    for root, shown in ((cache_root(), f"${CACHE_ENV}"), (Path.cwd(), "."), (Path.home(), "~")):
+        try:
+            rest = p.relative_to(root.expanduser().resolve())
+        except ValueError:
+            continue
+        return str(Path(shown) / rest) if str(rest) != "." else shown
+    return p.name
+
+
 def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
     """The controller's card: what it was trained for, on what, at what cost, and its
     inference-time figures on training-split prompts (never test data)."""
@@ -391,10 +410,10 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
     lines = [
         f"# {'Token-level p' if token else 'P'}onder controller for {identity['backbone_name']}",
         "",
-        f"- Backbone: `{identity['backbone']}` (source sha256 "
+        f"- Backbone: `{portable_path(identity['backbone'])}` (source sha256 "
         f"`{identity['backbone_sha256']}`), hidden size {identity['hidden_size']}, "
         f"{identity['dtype']}",
-        f"- Steering vector: `{identity['steering_dir']}` (sha256 "
+        f"- Steering vector: `{portable_path(identity['steering_dir'])}` (sha256 "
         f"`{identity['steering_sha256']}`), layer {identity['layer']}, scale "
         f"{identity['steering_scale']:.2f}",
         f"- Pondering: {json.dumps(extra['ponder'])}",

@@ -257,3 +257,125 @@ def curve_mix(tokens, accuracy, budget: float) -> dict[int, float]:
             w = float((tokens[b] - budget) / (tokens[b] - tokens[a])) if tokens[b] > tokens[a] else 1.0
             return {a: w, b: 1.0 - w}
     return {envelope[-1]: 1.0}
+
+
+def budget_gap(accuracy, tokens, policy, train, held) -> "object":
+    """Per held-out item, a policy's accuracy minus the fixed-depth curve's at the policy's
+    mean tokens there: the curve (``curve_mix``) is measured on the ``train`` items, its two
+    depths' outcomes scored on the ``held`` items themselves. ``policy``: [item] depths. What
+    "beats the fixed curve at equal cost" means for a policy that trades accuracy for tokens:
+    a cheaper policy at the same accuracy has a positive gap."""
+    import numpy as np
+
+    rows = np.flatnonzero(held)
+    mix = curve_mix(tokens[train].mean(axis=0), accuracy[train].mean(axis=0),
+                    float(tokens[rows, policy[rows]].mean()))
+    curve = sum(w * accuracy[rows, k] for k, w in mix.items())
+    return accuracy[rows, policy[rows]] - curve
+
+
+def per_level_budget_choice(accuracy, tokens, levels, train) -> dict:
+    """One depth per level, the combination of all ``(K + 1) ** L`` that maximises the budget
+    gap on the ``train`` items (each level's depth means over its train items, weighted by the
+    level's share; the curve over all train items). The per-level oracle of the model organism
+    (issue 64): where direct answers suffice on easy levels and steps are needed on hard ones,
+    the best combination is cheap where it can be and deep where it must be."""
+    import itertools
+
+    import numpy as np
+
+    groups = sorted(set(levels[train].tolist()))
+    share = np.array([(levels[train] == g).mean() for g in groups])
+    acc = np.stack([accuracy[train & (levels == g)].mean(axis=0) for g in groups])
+    tok = np.stack([tokens[train & (levels == g)].mean(axis=0) for g in groups])
+    k = accuracy.shape[1]
+    combos = np.array(list(itertools.product(range(k), repeat=len(groups))))
+    pick = np.arange(len(groups))
+    a = (acc[pick, combos] * share).sum(axis=1)
+    t = (tok[pick, combos] * share).sum(axis=1)
+    curve_t, curve_a = tokens[train].mean(axis=0), accuracy[train].mean(axis=0)
+    order = np.argsort(curve_t, kind="stable")
+    env = np.maximum.accumulate(curve_a[order])
+    gap = a - np.interp(t, curve_t[order], env)
+    best = combos[int(np.argmax(gap + 1e-12 * -t))]  # ties: the cheaper combination
+    return {g: int(d) for g, d in zip(groups, best)}
+
+
+def per_level_budget_headroom(accuracy, tokens, levels, fold, folds: int, draws: int = 2000,
+                              nulls: int = 200, seed: int = 0) -> dict:
+    """The per-level oracle against the best single depth, both cross-fitted over ``folds``:
+    each fold's policies are chosen on the other folds (the single depth by accuracy, ties to
+    the fewer tokens; the per-level one by ``per_level_budget_choice``) and scored on the fold.
+    Reports each policy's accuracy, tokens and budget gap (``budget_gap``), the oracle's gain
+    in budget gap over the single depth with a bootstrap interval over items, and the null:
+    the whole procedure with levels shuffled across items. [item] arrays of each policy's
+    depth are returned for the controllers' comparisons."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = len(fold)
+    rows = np.arange(n)
+
+    def policies(lv):
+        single, per_level = np.zeros(n, dtype=int), np.zeros(n, dtype=int)
+        for f in range(folds):
+            held, train = fold == f, fold != f
+            if not held.any():
+                continue
+            single[held] = int(oracle_choice(accuracy[train].mean(axis=0)[None],
+                                             tokens[train].mean(axis=0)[None])[0])
+            choice = per_level_budget_choice(accuracy, tokens, lv, train)
+            per_level[held] = [choice.get(g, single[held][0]) for g in lv[held].tolist()]
+        return single, per_level
+
+    def gaps(policy):
+        out = np.zeros(n)
+        for f in range(folds):
+            held, train = fold == f, fold != f
+            if held.any():
+                out[held] = budget_gap(accuracy, tokens, policy, train, held)
+        return out
+
+    single, per_level = policies(levels)
+    g_single, g_level = gaps(single), gaps(per_level)
+    diff = g_level - g_single
+    ci = bootstrap(lambda idx: {"d": float(diff[idx].mean())}, n, draws, seed)["d"]
+    null = []
+    for _ in range(nulls):
+        shuffled = levels[rng.permutation(n)]
+        _, p = policies(shuffled)
+        null.append(float((gaps(p) - g_single).mean()))
+    null = np.array(null)
+    return {
+        "n": int(n), "folds": folds,
+        "single": {"accuracy": float(accuracy[rows, single].mean()),
+                   "tokens": float(tokens[rows, single].mean()),
+                   "budget_gap": float(g_single.mean()), "depths": single.tolist()},
+        "per_level": {"accuracy": float(accuracy[rows, per_level].mean()),
+                      "tokens": float(tokens[rows, per_level].mean()),
+                      "budget_gap": float(g_level.mean()), "depths": per_level.tolist()},
+        "gain": float(diff.mean()), "gain_ci95": [float(ci[0]), float(ci[1])],
+        "null": {"draws": nulls, "mean": float(null.mean()), "sd": float(null.std()),
+                 "q95": float(np.percentile(null, 95)),
+                 "p": float((1 + (null >= diff.mean() - 1e-12).sum()) / (1 + nulls))},
+        "in_sample": {"per_level": per_level_budget_choice(accuracy, tokens, levels,
+                                                           np.ones(n, dtype=bool))},
+    }
+
+
+def minimum_detectable_effect(ci95: tuple[float, float], power: float = 0.8) -> float:
+    """The smallest true effect a two-sided 95% test of a mean difference detects with
+    ``power``, from the interval it was reported with: (z_0.975 + z_power) x SE, the SE read
+    back from the interval's width (a bootstrap percentile interval is about +-1.96 SE)."""
+    from scipy.stats import norm
+
+    se = (ci95[1] - ci95[0]) / (2 * norm.ppf(0.975))
+    return float((norm.ppf(0.975) + norm.ppf(power)) * se)
+
+
+def null_detectable_effect(null_sd: float, power: float = 0.8) -> float:
+    """The same for a one-sided permutation test at 5% with a roughly normal null of standard
+    deviation ``null_sd``, measured above the null's mean: (z_0.95 + z_power) x sd."""
+    from scipy.stats import norm
+
+    return float((norm.ppf(0.95) + norm.ppf(power)) * null_sd)

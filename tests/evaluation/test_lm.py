@@ -89,6 +89,11 @@ def test_model_info_carries_the_fingerprint(hf_and_ponder):
     assert info["ponder_fingerprint"] == ponder.fingerprint()
     assert info["ponder_fingerprint_hash"] == ponder.fingerprint_hash()
     assert "model_dtype" in info  # HFLM's own fields are kept
+    # issue 65: where it ran, not lm-eval's --device default
+    assert info["ponder_device"]["device"] == "cpu"
+    assert info["ponder_device"]["dtype"] == "float32"
+    assert info["ponder_device"]["hardware"].startswith("cpu (")
+    assert info["ponder_device"]["threads"] >= 1
 
 
 def test_backbone_frozen_and_unchanged(hf_and_ponder):
@@ -354,3 +359,46 @@ def test_family_once_refused_by_flops_table_loads(config_name, warned, tmp_path,
     [text] = lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}, PROMPTS[:1]))
     assert text.stats["flops"] == generation_flops(
         lm.flops_spec, int(text.stats["prompt_tokens"]), int(text.stats["gen_tokens"]))
+
+
+def test_a_chat_model_prompted_without_its_template_is_warned_about_once():
+    """Issue 66: without --apply_chat_template the embedded chat model answers our tasks with
+    empty strings and no word; one warning names the flag (read from the prompts themselves),
+    and none when the prompts carry the template or the task is not ours."""
+    from types import SimpleNamespace
+
+    class Tokenizer:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            return f"<user>{messages[0]['content']}</user>\n<assistant>\n"
+
+    warned = []
+    lm = SimpleNamespace(tokenizer=Tokenizer(), backbone_info=SimpleNamespace(name="chat-model"),
+                         warn_once=warned.append)
+
+    def request(context, task="arith_ponder"):
+        return SimpleNamespace(args=(context, {}), task_name=task)
+
+    PonderLM.check_chat_template(lm, [request("<user>q</user>\n<assistant>\n")])
+    PonderLM.check_chat_template(lm, [request("q", task="gsm8k")])
+    assert warned == []
+    PonderLM.check_chat_template(lm, [request("Please solve: 1 + 1")])
+    assert len(warned) == 1 and "--apply_chat_template" in warned[0] and "arith_ponder" in warned[0]
+    lm.tokenizer.chat_template = None
+    PonderLM.check_chat_template(lm, [request("Please solve: 1 + 1")])
+    assert len(warned) == 1
+
+
+def test_max_gen_toks_must_leave_the_prompt_room_in_the_models_positions():
+    """Issue 66: max_gen_toks=100000 on a model of 8,192 positions cut the prompt to nothing
+    (and short of that, silently cut it from the left)."""
+    from lm_eval_ponder.errors import PonderError
+    from lm_eval_ponder.evaluation.requests import Generation
+
+    gen = Generation([], 100, {})
+    gen.check_room(28, 128)
+    with pytest.raises(PonderError, match="max_gen_toks=100 does not fit.*at most 99 new"):
+        gen.check_room(29, 128)
+    with pytest.raises(PonderError, match="the prompt alone fills the model"):
+        Generation([], 1, {}).check_room(128, 128)

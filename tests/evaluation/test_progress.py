@@ -35,8 +35,9 @@ def test_status_line_only_in_a_long_tail_and_at_most_every_30_s():
     assert lines == []  # nothing has finished yet, but not for 30 s
     clock.now += 1
     bar.check_tail()
-    assert lines == ["gen: 0/5 finished, 4 in flight, 40 tokens, 1.3 tok/s; last row finished "
-                     "0:30 ago"]
+    # issue 66: not "last row finished 0:30 ago" when none has
+    assert lines == ["gen: 0/5 finished, 4 in flight, 40 tokens, 1.3 tok/s; no row finished "
+                     "yet (0:30 in)"]
     # the bar shows the counters the line read, at the same moment (issue 55)
     assert bar.bar.postfix == "4 in flight, 40 tokens, 1.3 tok/s"
     bar.finish(0)
@@ -133,3 +134,20 @@ def test_a_disabled_bar_adds_no_hook_and_no_thread():
 
 def test_durations_read_as_tqdm_writes_them():
     assert [duration(s) for s in (5, 95, 4321.5)] == ["0:05", "1:35", "1:12:02"]
+
+
+def test_a_prefill_says_so_while_it_runs(tiny_model_dir):
+    """Issue 66: a prefill of many rows runs for many seconds before any token; the bar says
+    "prefilling N rows" from the forward's start and stops saying it when it returns."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    bar, clock, lines = progress(3)
+    seen = []
+    model.register_forward_hook(lambda m, a, o: seen.append(bar.bar.postfix))
+    with bar.watch(model):
+        model(input_ids=torch.ones(3, 4, dtype=torch.long))
+    assert seen and seen[0].startswith("prefilling 3 rows, 3 in flight")
+    assert not bar.prefilling and "prefilling" not in ", ".join(bar.figures())
+    bar.close()

@@ -164,3 +164,23 @@ def test_a_scale_record_of_fewer_questions_than_rows_in_flight_is_flagged(tmp_pa
     scale.write_text(json.dumps({**record, "questions": 256}))
     assert not suite.plan_text(runs, tmp_path / "out", str(lengths), None, str(scale)).startswith(
         "Warning")
+
+
+def test_a_pilot_of_committed_runs_is_read_from_their_compact_logs(tmp_path):
+    """Issue 66: ``suite --plan --pilot results/suite`` said "no finished suite runs" of the
+    committed runs, which keep a compact samples log and no full one; a folder of resumed runs
+    says that is why."""
+    from lm_eval_ponder.files import write_jsonl_xz
+    from lm_eval_ponder.reporting.compact import COMPACT
+
+    pilot_run(tmp_path, "greedy", "Direct", "arith", 20, 30.0)
+    (log,) = (tmp_path / "greedy").rglob("samples_*.jsonl")
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    write_jsonl_xz(log.with_name(log.name.replace(".jsonl", COMPACT)), rows)
+    log.unlink()
+    (run,) = budget.read_pilot(tmp_path)
+    assert (run.questions, run.tokens) == (10, 200)
+    resumed = tmp_path / "resumed"
+    pilot_run(resumed, "greedy", "CoT", "arith", 20, 30.0, kept_answers=3)
+    with pytest.raises(PonderError, match="were all resumed runs"):
+        budget.read_pilot(resumed)

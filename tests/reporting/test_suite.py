@@ -186,6 +186,24 @@ def test_a_killed_attempt_still_says_how_long_it_ran(tmp_path, monkeypatch):
     assert (total, unclocked) == (3.5, 1)
 
 
+def test_an_attempt_says_what_machine_commit_and_threads_it_ran_with(tmp_path, monkeypatch):
+    """Issue 65: runs are resumed across sessions and CPUs; each attempt names its machine, the
+    checkout's commit and the child's threads, and the report flags a run whose attempts
+    mixed machines or commits."""
+    from lm_eval_ponder.reporting.report import mixed_attempts
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    first = suite.record_attempt(tmp_path, 0)[-1]
+    assert first["machine"].startswith("cpu (") and first["threads"] == 1
+    assert first["commit"] is None or len(first["commit"]) == 12
+    same = {"attempts": [dict(first), dict(first)]}
+    assert mixed_attempts(same) == "" and mixed_attempts(None) == ""
+    assert mixed_attempts({"attempts": [{"started": "old"}, first]}) == ""
+    moved = {"attempts": [first, {**first, "machine": "cpu (B)", "commit": "abc"}]}
+    assert mixed_attempts(moved).startswith("resumed across 2 machines (") \
+        and "and 2 commits" in mixed_attempts(moved)
+
+
 def test_plan_says_what_runs_took_and_what_unfinished_ones_kept(tmp_path):
     """``--plan`` on a half-done suite: each done run's time over all its attempts (an
     unclocked one said, not counted), an unfinished run's clocked time, and the sum."""

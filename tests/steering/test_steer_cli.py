@@ -6,11 +6,32 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import QUESTIONS, _model
 
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.steering import cli as steer
 from lm_eval_ponder.steering import vector as S
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def fake_questions(n, split, seed, dataset="gsm8k"):
+    return QUESTIONS[:n], {"split": split}
+
+
+def test_arith_questions_come_from_its_train_split_levels_interleaved():
+    """Issue 64: a backbone fine-tuned on the arith ladder (the model organism) is steered with
+    a vector of arith train questions; none of them may be a test question."""
+    from lm_eval_ponder.data import arith_ladder
+
+    questions, source = steer._questions(10, "train", None, "arith")
+    test = {d["question"] for d in arith_ladder("test")}
+    assert len(questions) == 10 and not set(questions) & test
+    assert questions == [d["question"] for d in arith_ladder("train", per_level=100)][:10]
+    assert source["dataset"] == "arith" and source["split"] == "train"
+    with pytest.raises(PonderError, match="exceeds the 1500 arith train questions"):
+        steer._questions(1501, "train", None, "arith")
 
 
 def test_cli_help():
@@ -39,7 +60,7 @@ def test_cli_extract_and_inspect_tiny(tmp_path, tok, monkeypatch, capsys):
     model_dir = tmp_path / "tiny"
     _model(len(tok)).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    monkeypatch.setattr(steer, "_questions", lambda n, split, seed: (QUESTIONS[:n], {"split": split}))
+    monkeypatch.setattr(steer, "_questions", fake_questions)
     out = tmp_path / "vec"
     args = ["extract", "--pretrained", str(model_dir), "--n-questions", "2", "--output", str(out),
             "--no-progress", "--device", "cpu"]  # fmt: skip
@@ -64,7 +85,7 @@ def test_extract_takes_the_models_dtype_and_device_rules(tmp_path, tok, monkeypa
     model_dir = tmp_path / "tiny"
     _model(len(tok)).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    monkeypatch.setattr(steer, "_questions", lambda n, split, seed: (QUESTIONS[:n], {"split": split}))
+    monkeypatch.setattr(steer, "_questions", fake_questions)
     out = tmp_path / "vec"
     base = ["extract", "--pretrained", str(model_dir), "--n-questions", "2", "--no-progress"]
     assert steer.main([*base, "--output", str(out), "--dtype", "bfloat16"]) == 0

@@ -207,3 +207,17 @@ def test_card_without_held_out_figures_says_so_instead_of_an_empty_table():
     assert "No inference-time figures" in text and "| prompts |" not in text
     extra["figures"] = {"train": {"accuracy": 0.5, "gen_tokens": 3.0, "flops": 1.0, "depth": 1.0}}
     assert "| train | 0.500 |" in card(cfg, identity, extra)
+
+
+def test_a_card_prints_paths_without_the_machine(tmp_path, monkeypatch):
+    """Issue 65: a card's backbone and vector paths are the cache's, the working directory's or
+    the home's, never this machine's absolute path."""
+    from lm_eval_ponder.training.loop import portable_path
+
+    monkeypatch.setenv("LM_EVAL_PONDER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    assert portable_path(str(tmp_path / "cache" / "converted" / "m")) == \
+        "$LM_EVAL_PONDER_CACHE/converted/m"
+    assert portable_path(str(tmp_path / "controllers" / "v")) == "controllers/v"
+    assert portable_path("/elsewhere/vec") == "vec"
+    assert portable_path("relative/vec") == "relative/vec" and portable_path(None) == "None"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -87,7 +88,7 @@ def main() -> None:
             row[side] = evaluate(lm, args.limit, args.max_toks, args.split)
             del lm
         record["layers"].append(row)
-        print(f"layer {layer} done", flush=True)
+        print(f"layer {layer} done", file=sys.stderr, flush=True)
     record["wall_s"] = round(time.perf_counter() - start)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

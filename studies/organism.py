@@ -667,6 +667,145 @@ def sweep(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- the verdict
+
+
+def sweep_matrices(root: Path, form: str, task: str) -> dict | None:
+    """[doc, depth] correctness and tokens of a form's sweep on one task, with the documents'
+    levels and ids; None until every depth has finished."""
+    import numpy as np
+
+    per_k = []
+    for k in range(len(form_offsets(form))):
+        samples = run_samples(root / form / f"k{k}" / task, task)
+        if not samples:
+            return None
+        per_k.append(samples)
+    docs = sorted(per_k[0])
+    grid = lambda key: np.array([[float(p[d][key]) for p in per_k] for d in docs])  # noqa: E731
+    return {"docs": docs, "correct": grid("exact_match"), "tokens": grid("gen_tokens"),
+            "answers": [[answers_digest(p[d]) for p in per_k] for d in docs],
+            "level": np.array([int(per_k[0][d]["doc"]["level"]) for d in docs]),
+            "keys": [str(per_k[0][d]["doc"].get("id", d)) for d in docs]}
+
+
+def answers_digest(sample: dict) -> str:
+    from lm_eval_ponder.reporting.compact import answers_digest as digest
+
+    return digest(sample)
+
+
+def controller_outcome(run: Path, task: str, sweep: dict) -> dict | None:
+    """A controller's own lm_eval run, per sweep document: its depth, and whether its answer
+    is the sweep's at that depth (a prompt-level controller generates what ``alpha=c_k``
+    generates at the depth it picks)."""
+    import numpy as np
+
+    samples = run_samples(run, task)
+    if not samples or sorted(samples) != sweep["docs"]:
+        return None
+    depth = np.array([int(round(float(samples[d]["ponder_steps"]))) for d in sweep["docs"]])
+    same = np.mean([answers_digest(samples[d]) == sweep["answers"][i][depth[i]]
+                    for i, d in enumerate(sweep["docs"])])
+    return {"depth": depth, "agreement": float(same),
+            "accuracy": float(np.mean([float(samples[d]["exact_match"]) for d in sweep["docs"]])),
+            "tokens": float(np.mean([float(samples[d]["gen_tokens"]) for d in sweep["docs"]]))}
+
+
+def captured(accuracy, tokens, level, fold, folds: int, single, per_level, depth,
+             draws: int = 2000, seed: int = 0) -> dict:
+    """The controller's budget gap and the per-level oracle's, each over the cross-fitted single
+    depth, and the fraction of the oracle's gain the controller captures, with bootstrap
+    intervals over documents (the ratio of the two means in each draw)."""
+    import numpy as np
+    from studylib.analysis import bootstrap, budget_gap
+
+    from lm_eval_ponder.reporting.measures import sign_test
+
+    def gaps(policy):
+        out = np.zeros(len(fold))
+        for f in range(folds):
+            held, train = fold == f, fold != f
+            if held.any():
+                out[held] = budget_gap(accuracy, tokens, policy, train, held)
+        return out
+
+    g_ctrl, g_single, g_level = gaps(depth), gaps(single), gaps(per_level)
+    a, b = g_ctrl - g_single, g_level - g_single
+    ci = bootstrap(lambda i: {"ctrl": float(a[i].mean()), "oracle": float(b[i].mean()),
+                              "fraction": float(a[i].mean() / b[i].mean())
+                              if abs(b[i].mean()) > 1e-9 else float("nan")},
+                   len(a), draws, seed)
+    rows = np.arange(len(fold))
+    return {"gain_over_single": float(a.mean()), "gain_over_single_ci95": ci["ctrl"],
+            "oracle_gain": float(b.mean()), "oracle_gain_ci95": ci["oracle"],
+            "captured_fraction": float(a.mean() / b.mean()) if abs(b.mean()) > 1e-9 else None,
+            "captured_fraction_ci95": ci["fraction"],
+            "vs_single_sign_p": sign_test((g_ctrl - g_single).tolist()),
+            "vs_per_level_sign_p": sign_test((g_ctrl - g_level).tolist()),
+            "accuracy": float(accuracy[rows, depth].mean()),
+            "tokens": float(tokens[rows, depth].mean())}
+
+
+def verdict(args) -> int:
+    """Issue 64 item 4 from the sweeps and the controllers' runs (greedy): per (form, task),
+    the cross-fitted single depth, the per-level oracle with its shuffled-label null, and each
+    trained controller against both, with its captured fraction, its depth per level, and
+    Holm over the controllers' comparisons."""
+    import numpy as np
+    from studylib.analysis import FOLDS, depth_by_level, fold_of, per_level_budget_headroom
+
+    from lm_eval_ponder.reporting.measures import holm
+
+    root = Path(args.root)
+    record: dict = {"decoding": "greedy", "folds": FOLDS, "pairs": []}
+    for pair in args.pairs.split(","):
+        form, task = pair.split(":")
+        sweep = sweep_matrices(root / "sweep", form, task)
+        if sweep is None:
+            print(f"{form} {task}: the sweep is not finished; skipped")
+            continue
+        fold = np.array(fold_of(sweep["keys"], FOLDS))
+        acc, tok, level = sweep["correct"], sweep["tokens"], sweep["level"]
+        oracle = per_level_budget_headroom(acc, tok, level, fold, FOLDS, nulls=args.nulls)
+        single = np.array(oracle["single"].pop("depths"))
+        per_level = np.array(oracle["per_level"].pop("depths"))
+        entry = {"form": form, "task": task, "n": len(sweep["docs"]),
+                 "per_depth": {"accuracy": acc.mean(0).round(4).tolist(),
+                               "tokens": tok.mean(0).round(2).tolist()},
+                 "oracle": oracle, "controllers": {}}
+        method = "FP-Direct" if task == "arith_ponder" else "FP-CoT"
+        for run in sorted(root.glob(f"table-{form}-*")):
+            got = controller_outcome(run / "greedy" / method / "arith", task, sweep)
+            if got is None:
+                continue
+            by_level, rho = depth_by_level(got["depth"].astype(float), level)
+            entry["controllers"][run.name.split("-", 2)[2]] = {
+                "run": str(run), "own_accuracy": got["accuracy"], "own_tokens": got["tokens"],
+                "agreement_with_sweep": got["agreement"], "depth_by_level": by_level,
+                "spearman_level_depth": rho,
+                **captured(acc, tok, level, fold, FOLDS, single, per_level, got["depth"])}
+        record["pairs"].append(entry)
+    tests = [(e, name, key) for e in record["pairs"] for name in e["controllers"]
+             for key in ("vs_single_sign_p", "vs_per_level_sign_p")]
+    for (e, name, key), p in zip(tests, holm([e["controllers"][n][k] for e, n, k in tests])):
+        e["controllers"][name][key.replace("_p", "_holm_p")] = p
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "verdict.json").write_text(json.dumps(record, indent=1) + "\n")
+    for e in record["pairs"]:
+        o = e["oracle"]
+        print(f"{e['form']} {e['task']}: one depth {o['single']['accuracy']:.3f} at "
+              f"{o['single']['tokens']:.1f} tok; per level {o['per_level']['accuracy']:.3f} at "
+              f"{o['per_level']['tokens']:.1f} tok, gain {o['gain']:+.4f} {o['gain_ci95']}, "
+              f"null p {o['null']['p']:.3f}")
+        for name, c in e["controllers"].items():
+            print(f"  {name}: {c['accuracy']:.3f} at {c['tokens']:.1f} tok, captured "
+                  f"{c['captured_fraction']} {c['captured_fraction_ci95']}, depth by level "
+                  f"{c['depth_by_level']}, agreement {c['agreement_with_sweep']:.3f}")
+    return 0
+
+
 def path(args) -> int:
     from lm_eval_ponder.backbone import cache_root
 
@@ -715,14 +854,20 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--steering", required=True)
     sw.add_argument("--limit", type=int, default=None)
     sw.add_argument("--tasks", default=",".join(SWEEP_TASKS), help="comma list of tasks")
+    v = sub.add_parser("verdict", help="issue 64's verdict from the sweeps and the controllers")
+    v.add_argument("--root", required=True, help="the study's output folder")
+    v.add_argument("--out", required=True)
+    v.add_argument("--pairs", default="paper:arith_ponder,ours:arith_ponder_cot",
+                   help="form:task pairs with a finished sweep")
+    v.add_argument("--nulls", type=int, default=200, help="shuffled-label draws")
     args = parser.parse_args(argv)
     if args.command == "build":
         for flag in ("per_level", "epochs", "batch_size", "rank", "save_every"):
             if getattr(args, flag) < 1:
                 parser.error(f"--{flag.replace('_', '-')} must be at least 1")
         return build(args)
-    return {"path": path, "accept": accept, "choose-alpha": choose_alpha,
-            "sweep": sweep}[args.command](args)
+    return {"path": path, "accept": accept, "choose-alpha": choose_alpha, "sweep": sweep,
+            "verdict": verdict}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,10 @@
 set -euo pipefail
 out="${OUT:-results/selection-train}"; doc="${DOC:-docs/settings/train-split.md}"
 mkdir -p "$out" "$(dirname "$doc")"
-[ -s "$out/layer_sweep.md" ] || python studies/layer_sweep.py --split train > "$out/layer_sweep.tmp"
+# the record beside the page (issue 65: the runs behind the page are kept); its "unsteered" row is
+# controller=none (before issue 65 it loaded the shipped controller: alpha = -0.2 at layer 15)
+[ -s "$out/layer_sweep.md" ] || python studies/layer_sweep.py --split train \
+    --out "$(dirname "$doc")/layer-sweep-train.json" > "$out/layer_sweep.tmp"
 [ -s "$out/layer_sweep.md" ] || mv "$out/layer_sweep.tmp" "$out/layer_sweep.md"
 for a in -0.4 -0.2 -0.1 0 0.1 0.2; do  # one alpha at a time, so a stopped run resumes
   [ -n "$(ls "$out/alpha/alpha_$a"/*/results_*.json 2>/dev/null | head -2 | sed -n 2p)" ] && continue

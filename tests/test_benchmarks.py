@@ -5,6 +5,7 @@ tests: tests/test_studies.py)."""
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -507,3 +508,42 @@ def test_estimate_check_prices_the_documented_arith_run_from_the_committed_recor
     assert got["measured_s"] == pytest.approx(624.9, abs=0.5)  # its ponder_run.json
     assert got["predicted_at_run_lengths_s"] == pytest.approx(got["predicted_s"], rel=1e-6)
     assert got["measured_over_predicted"] == pytest.approx(624.9 / got["predicted_s"])
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--questions", "0"], "--questions"),
+    (["--device", "cuda"], "--device cuda needs a CUDA GPU"),
+    (["--out", "{afile}/record.json"], "is inside"),
+])
+def test_scale_refuses_a_bad_option_in_one_line_before_measuring(argv, says, tmp_path):
+    """Issue 66: ``--questions 0`` passed, ``--device cuda`` on a CPU ended in torch's traceback
+    and ``--out`` under a file failed only after the measurement, losing the record."""
+    if argv[:2] == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
+    (tmp_path / "afile").write_text("x")
+    argv = [a.replace("{afile}", str(tmp_path / "afile")) for a in argv]
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "scale.py"), "--shape", "tiny",
+                           *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.strip()]) == 1, done.stderr
+
+
+@needs_embedded
+def test_memory_records_each_phases_peak_on_a_tiny_shape(tmp_path):
+    """benchmarks/memory.py: a random-weight shape evaluated through lm-eval, each phase's
+    peak recorded with the weights, the cache budget and the bound they make."""
+    import json
+
+    out = tmp_path / "mem.json"
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "memory.py"), "--shape", "tiny",
+                           "--limit", "3", "--max-gen-toks", "3", "--dtype", "float32",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO),
+                                         "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert {"load", "prefill", "decode"} <= set(record["peak_gib"])
+    assert record["peak_all_gib"] == max(record["peak_gib"].values())
+    assert record["weights_gib"] > 0 and record["within_bound"] in (True, False)

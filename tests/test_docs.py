@@ -86,7 +86,8 @@ def test_the_readme_names_the_folder_results_land_in():
     from lm_eval_ponder.backbone import EMBEDDED_MODEL, display_name
 
     text = README.read_text()
-    output = re.search(r"--output_path (\S+)", text.splitlines()[5]).group(1)
+    main = next(line for line in text.splitlines() if line.startswith("bash scripts/setup.sh"))
+    output = re.search(r"--output_path (\S+)", main).group(1)
     assert display_name(None) == EMBEDDED_MODEL
     assert f"`{output}/{EMBEDDED_MODEL}/results_" in text
 

@@ -810,6 +810,7 @@ def test_the_steerable_organism_is_taught_the_switch_it_is_steered_with():
     answers at once); the steering vector's own prompts keep their modes at offset 0; the
     questions start where the controllers' training prompts end."""
     import organism
+
     from lm_eval_ponder.data import arith_ladder
     from lm_eval_ponder.evaluation.tasklib import COT_PROMPT, PLAIN_PROMPT
 

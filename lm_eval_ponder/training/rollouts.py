@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -64,6 +65,8 @@ OUTCOMES = ".outcomes.json.xz"
 OUTCOMES_FORMAT = "lm-eval-ponder rollout outcomes, columns, v1"
 # The columns a compact part keeps: every field that training and the analyses read.
 OUTCOME_FIELDS = ("key", "depth", "sample", "correct", "gen_tokens", "flops", "rel_error", "ppl")
+
+LOGGER = logging.getLogger(__name__)
 
 
 @dataclass
@@ -519,6 +522,12 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     gen = generation_kwargs(cfg)
     todo = {b: [(p, k, s) for p in mine[b : b + per_block] for k in range(len(offsets))
                 for s in range(cfg.samples) if (p.key, k, s) not in done] for b in starts}
+    kept = sum(1 for p in mine for k in range(len(offsets)) for s in range(cfg.samples)
+               if (p.key, k, s) in done)
+    if kept and progress:  # a resumed build says so, and what is left
+        LOGGER.warning("rollout cache %s: resuming with %d of %d answers kept; %d to generate",
+                       cache.dir, kept, kept + sum(map(len, todo.values())),
+                       sum(map(len, todo.values())))
     # per finished answer, with rows in flight, tokens and a status line during a long tail
     bar = RowProgress(sum(map(len, todo.values())), f"rollouts (rank {rank})", unit="answer",
                       disable=not progress)

@@ -38,8 +38,13 @@ def summary_line(out: Path, wall_s: float) -> str:
         held = "no held-out prompts (val_fraction 0): evaluate it with lm_eval"
     phases = [f"{name} {duration(cost[key])}" for key, name in
               (("cache_wall_s", "rollout cache"), ("train_wall_s", "GRPO")) if key in cost]
+    # GRPO's time counts every attempt of a resumed run; this process's wall only its own
+    resumed = cost.get("train_wall_s", 0) + cost.get("cache_wall_s", 0) > wall_s + 1
+    times = (f"wall {duration(wall_s)} in this run" + (
+        f"; {', '.join(phases)} over all its attempts" if phases else "")) if resumed else (
+        f"wall {duration(wall_s)}" + (f" ({', '.join(phases)})" if phases else ""))
     return (f"controller: {out} (controller.safetensors, config.json, card.md); {held}; "
-            f"wall {duration(wall_s)}" + (f" ({', '.join(phases)})" if phases else ""))
+            + times)
 
 
 def stopped_at(cfg: TrainConfig) -> str:

@@ -21,6 +21,9 @@ def test_summary_names_the_controller_its_held_out_figures_and_the_wall(tmp_path
         f"controller: {tmp_path} (controller.safetensors, config.json, card.md); held-out "
         "(16 prompts): score 0.1235, accuracy 0.312, 101.2 tokens, 26 GFLOPs, mean depth 1.50; "
         "wall 47:20 (rollout cache 45:58, GRPO 0:59)")
+    # issue 66: after a resume the phases (all attempts) no longer sit inside this run's wall
+    assert summary_line(tmp_path, 20.0).endswith(
+        "wall 0:20 in this run; rollout cache 45:58, GRPO 0:59 over all its attempts")
     (tmp_path / "config.json").write_text(json.dumps({"figures": {}, "cost": {}}))
     assert "no held-out prompts (val_fraction 0)" in summary_line(tmp_path, 5)
 

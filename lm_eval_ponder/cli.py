@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in COMMANDS:
         errors.TYPED_PROGRAM = f"lm-eval-ponder {argv[0]}"  # its usage lines say so
-        return command_main(argv[0])(argv[1:])
+        try:
+            return command_main(argv[0])(argv[1:])
+        finally:
+            errors.TYPED_PROGRAM = None
     top = parser()
     top.parse_args(argv)  # --help, or argparse's usage error for no or an unknown command
     # not reached when argv[0] is a command; argparse may still take one later ('-- train')

@@ -789,7 +789,7 @@ def verdict(args) -> int:
     tests = [(e, name, key) for e in record["pairs"] for name in e["controllers"]
              for key in ("vs_single_sign_p", "vs_per_level_sign_p")]
     for (e, name, key), p in zip(tests, holm([e["controllers"][n][k] for e, n, k in tests])):
-        e["controllers"][name][key.replace("_p", "_holm_p")] = p
+        e["controllers"][name][key[:-2] + "_holm_p"] = p
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "verdict.json").write_text(json.dumps(record, indent=1) + "\n")

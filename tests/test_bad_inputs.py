@@ -331,7 +331,7 @@ ISSUE66_CASES = {
     "max_gen_toks not a number": Case(PLAIN, ("max_gen_toks", "'abc'"), "traceback",
                                       ("--gen_kwargs", "max_gen_toks=abc")),
     "max_gen_toks past the model's positions": Case(
-        PLAIN, ("max_gen_toks=100000", "positions", "longest prompt"), "traceback",
+        PLAIN, ("max_gen_toks=100000", "positions", "no prompt would be left"), "traceback",
         ("--gen_kwargs", "max_gen_toks=100000")),
     "controller= its safetensors file": Case(
         controller_file("{ctrl_plain}/controller.safetensors"),

@@ -404,7 +404,9 @@ class PonderLM(HFLM):
             return []
         gen = Generation.of(gen_kwargs, self.max_gen_toks,
                             self.tok_decode(self.eot_token_id, skip_special_tokens=False))
-        gen.check_room(max(len(self.tok_encode(c)) for c in contexts), self.max_length)
+        cut = gen.check_room(max(len(self.tok_encode(c)) for c in contexts), self.max_length)
+        if cut:
+            self.warn_once(cut)
         ids, mask = self.tok_batch_encode(contexts, left_truncate_len=self.max_length - gen.max_gen_toks,
                                           truncation=self.truncation)
         row = int(ids.shape[1]) + gen.max_gen_toks

@@ -50,20 +50,25 @@ class Generation:
         kwargs.pop("max_length", None)  # HFLM warns and prefers max_gen_toks; so do we
         return cls(until, max_gen_toks, kwargs)
 
-    def check_room(self, longest_prompt: int, positions: int) -> None:
-        """Refuse a ``max_gen_toks`` that leaves the longest prompt no room in the model's
-        positions: HFLM's reading cuts the prompt from the left to ``positions -
-        max_gen_toks`` tokens, which at 100000 of 8192 left nothing (the attention then
-        failed on a tensor of 0 elements), and short of that silently scores a question the
-        model never saw whole."""
+    def check_room(self, longest_prompt: int, positions: int) -> str | None:
+        """A ``max_gen_toks`` that leaves no prompt at all in the model's positions is refused:
+        HFLM's reading cuts the prompt from the left to ``positions - max_gen_toks`` tokens,
+        which at 100000 of 8192 left nothing (the attention then failed on a tensor of 0
+        elements). One that cuts the longest prompt, as lm-eval does for any prompt too long
+        for its model, is returned as a warning to say once: those questions are scored on
+        the prompt's end only."""
         if self.max_gen_toks + longest_prompt <= positions:
-            return
+            return None
         room = positions - longest_prompt
-        raise PonderError(
-            f"max_gen_toks={self.max_gen_toks} does not fit: the model has {positions} "
-            f"positions and the longest prompt takes {longest_prompt}, so at most {room} new "
-            f"tokens fit" + (f"; pass --gen_kwargs max_gen_toks={room} or less" if room > 0
-                             else "; the prompt alone fills the model"))
+        if self.max_gen_toks >= positions:
+            raise PonderError(
+                f"max_gen_toks={self.max_gen_toks} does not fit: the model has {positions} "
+                "positions, and no prompt would be left; pass --gen_kwargs max_gen_toks="
+                f"{max(room, 1) if room > 0 else positions // 2} or less")
+        return (f"max_gen_toks={self.max_gen_toks} with the longest prompt's {longest_prompt} "
+                f"tokens passes the model's {positions} positions: such prompts are cut from "
+                f"the left to {positions - self.max_gen_toks} tokens, as lm-eval cuts them" +
+                (f" (max_gen_toks={room} would keep them whole)" if room > 0 else ""))
 
 
 def checked_max_gen_toks(value: Any) -> int:

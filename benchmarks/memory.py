@@ -54,6 +54,9 @@ class PhasePeaks:
             length = getattr(cache, "get_seq_length", None)
             self.phase = "prefill" if cache is None or (length is not None and length() == 0) \
                 else "decode"
+            # a reading at every forward's start: a phase shorter than the sampling interval
+            # (a tiny model's prefill) still has its peak
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), rss_bytes())
 
         return model.register_forward_pre_hook(pre, with_kwargs=True)
 

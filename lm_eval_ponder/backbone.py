@@ -78,7 +78,8 @@ def convert_gguf(gguf_path: Path, cache: Path | None = None) -> Path:
 
     ``save_pretrained`` refuses GGUF-loaded models, so we save the state with
     ``safetensors.torch.save_model`` (which handles tied embeddings) and write the config
-    without its ``quantization_config``; the reload gives identical logits (NOTES.md).
+    without its ``quantization_config``; the reload gives identical logits (measured once on
+    the embedded model: the dequantised tensors themselves are what is saved).
     """
     gguf_path = Path(gguf_path).expanduser().resolve()
     if not gguf_path.is_file():

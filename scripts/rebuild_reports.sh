@@ -55,3 +55,18 @@ for t in arith gsm8k; do
     "$s"/greedy/EE_*/"$t"
   figure "$tmp/ee-$t/pareto_$t.png" "docs/figures/early_exit_${t/arith/arith500}.png"
 done
+# the model organism (issue 64, a constructed positive control): Table 1, greedy, and the
+# paper's protocol's Pareto figure (T = 0.7, seeds 0-2)
+o=results/organism/steerable
+report organism docs/leaderboard/organism "$o"/table/greedy/*/arith "$o"/table-*/greedy/*/arith
+report organism-t0.7 "$tmp/organism-t0.7" "$o"/table/t0.7*/*/arith "$o"/table-*/t0.7*/*/arith
+figure "$tmp/organism-t0.7/pareto_arith_t0.7.png" docs/figures/organism_pareto_arith_t0.7.png
+# the answer-truncation reading of tau (issue 65): against Direct and fixed steering
+for d in greedy t0.7; do
+  for t in arith gsm8k; do
+    report "answer-truncation-$d-$t" "$tmp/at-$d-$t" "$s/$d"/{Direct,FR,FP-Direct}/"$t" \
+        results/answer-truncation/"$d"/AT_p*/"$t"
+    if [ "$d" = greedy ]; then pareto="pareto_$t.png"; else pareto="pareto_${t}_$d.png"; fi
+    figure "$tmp/at-$d-$t/$pareto" "docs/figures/answer_truncation_${t}_$d.png"
+  done
+done

@@ -6,6 +6,9 @@ cache, cross-fitted over prompts, placed against the fixed-depth accuracy-tokens
     python studies/adaptation.py train --form ours --samples 4     # resumable, see below
     python studies/adaptation.py analyse --form ours --samples 4 --out docs/adaptation
     python studies/adaptation.py train --form ours --samples 4 --final  # for testset.py
+    # every arm's gap against the in-sample, cross-fitted and smoothed curves (no z_0 needed)
+    python studies/adaptation.py comparators --form ours --samples 4 \
+        --sweep results/adaptation/ours-s4/n600-787ccefe8d --out docs/adaptation/comparators
 
 ``train`` takes the prompts of the cache that are complete (every depth and sample), splits
 them into the same 5 folds as ``headroom.py analyse`` (by key hash) and, for every arm of the
@@ -40,15 +43,22 @@ from pathlib import Path
 
 from studylib import heldout
 from studylib.analysis import (
+    COMPARATOR_HEADER,
     accuracy_at_tokens,
     bootstrap,
+    comparator_cells,
+    comparator_gaps,
+    comparators_said,
+    curve_said,
     depth_by_level,
     fixed_by_fold,
     fixed_curve,
+    fixed_curve_summary,
     fold_of,
     outcome_matrices,
 )
-from studylib.caches import FORMS, PROMPTS, cache_arguments, cache_dir
+from studylib.caches import FORMS, PROMPTS, cache_arguments, cache_dir, cache_matrices
+from studylib.pages import write_page
 
 ARMS: dict[str, float | None] = {"balanced": None, "flops0": 0.0, "flops0.25": 0.25,
                                  "flops0.5": 0.5, "flops1": 1.0, "flops3": 3.0}
@@ -559,7 +569,9 @@ def write_markdown(path: Path, s: dict) -> None:
                 f"{', '.join(s['arms without finished runs here'])}.", ""]
                if s.get("arms without finished runs here") else []),
              "| arm | rule | accuracy | tokens | mean depth | accuracy - fixed curve at equal "
-             "tokens | score - best fixed | depth histogram (all seeds) | Spearman(depth, level) |",
+             "tokens (in-sample envelope, optimistic; `comparators` gives the cross-fitted and "
+             "smoothed ones) | score - best fixed | depth histogram (all seeds) | "
+             "Spearman(depth, level) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for arm, a in s["arms"].items():
         if a.get("diverged"):
@@ -606,6 +618,102 @@ def write_markdown(path: Path, s: dict) -> None:
             for k, v in a["tau=0.2"]["per_seed"].items()))
     lines.append("")
     path.write_text("\n".join(lines))
+
+
+def arm_comparators(accuracy, tokens, runs: dict, arms: list[str], fold, folds: int,
+                    draws: int) -> dict:
+    """Each arm's gap at equal tokens under every rule against the three comparators
+    (``studylib.analysis.comparator_gaps``: the in-sample envelope that ``analyse`` prints,
+    the curve chosen on the other folds, the smoothed curve), seed means over the seeds whose
+    folds all finished without NaN weights, as ``analyse`` keeps them."""
+    import numpy as np
+
+    out = {}
+    for arm in arms:
+        seeds = [s for a, s in sorted(runs) if a == arm and not np.isnan(runs[(a, s)]["p"]).any()]
+        if not seeds:
+            continue
+        out[arm] = {"seeds": seeds, **{
+            rule: comparator_gaps(accuracy, tokens,
+                                  [depth_weights(runs[(arm, s)]["p"], rule) for s in seeds],
+                                  fold, folds, draws)
+            for rule in RULES}}
+    return out
+
+
+def fixed_depth_comparators(accuracy, tokens, depths: list[int], fold, folds: int,
+                            draws: int) -> dict:
+    """Every prompt at one depth, against the three comparators: the figures of any arm whose
+    readout is that depth on every prompt, which a page can quote even where the arm's own
+    held-out records were not kept (its depths are then known from its histogram)."""
+    import numpy as np
+
+    n, k1 = accuracy.shape
+    return {str(k): comparator_gaps(accuracy, tokens, [np.eye(k1)[np.full(n, k)]], fold, folds,
+                                    draws) for k in depths}
+
+
+def comparators(args) -> None:
+    """``analyse``'s gaps at equal tokens read against all three comparators, from committed
+    records alone (the cache's outcomes and the sweep's held-out pack; no z_0, no training):
+    the in-sample envelope is optimistic, the cross-fitted curve pessimistic where depths are
+    near-tied, the smoothed curve neither (issue 65)."""
+    import numpy as np
+
+    from lm_eval_ponder.errors import PonderError
+
+    directory = cache_dir(args.root, args.form, args.samples)
+    sweep = Path(args.sweep)
+    if not (sweep / "prompts.json").is_file() or not (directory / "manifest.json").is_file():
+        raise PonderError(f"--sweep {sweep} needs its prompts.json and {directory} its "
+                          "manifest.json (adaptation.py train; headroom.py build)")
+    keys = json.loads((sweep / "prompts.json").read_text())["keys"]
+    k_max = json.loads((directory / "manifest.json").read_text())["k_max"]
+    acc, tok = cache_matrices(directory, keys, k_max)
+    fold = np.array(fold_of(keys, args.folds))
+    runs = load_runs(sweep, keys, args.folds)
+    index = {k: i for i, k in enumerate(keys)}
+    for (arm, seed), run in runs.items():  # the comparators' folds are the runs' own
+        for rec in run["records"]:
+            if any(fold[index[k]] != rec["fold"] for k in rec["val_keys"]):
+                raise PonderError(f"{sweep}: {arm} seed {seed} fold {rec['fold']} held out "
+                                  "prompts of another fold; not this sweep's folds")
+    chosen = args.arms.split(",") if args.arms else list(ARMS)
+    missing = [a for a in chosen if not any(r == a for r, _ in runs)]
+    summary = {"form": args.form, "samples": args.samples, "cache": str(directory),
+               "sweep": str(sweep), "prompts": len(keys), "folds": args.folds,
+               "curve": fixed_curve_summary(acc, tok, fold, args.folds),
+               "arms": arm_comparators(acc, tok, runs, chosen, fold, args.folds, args.bootstrap),
+               "without held-out records": missing,
+               "fixed_depths": fixed_depth_comparators(
+                   acc, tok, [int(k) for k in args.fixed_depths.split(",") if k.strip()], fold,
+                   args.folds, args.bootstrap)}
+    write_page(Path(args.out), directory.name, summary, write_comparators_markdown)
+
+
+def write_comparators_markdown(path: Path, s: dict) -> None:
+    arms, curve = s["arms"], s["curve"]
+    lines = [f"# Gaps at equal tokens against three comparators: form `{s['form']}`, "
+             f"{s['samples']} samples per (prompt, depth)", "",
+             f"The cross-fitted controllers of `{s['sweep']}` on the {s['prompts']} prompts of "
+             f"`{s['cache']}`, seed means; the cross-fitted comparator's folds are the ones the "
+             "controllers were trained on. " + comparators_said("prompts", s["folds"]), ""]
+    lines += [curve_said(curve), "",
+              f"| arm (seeds) | rule | accuracy | tokens | {COMPARATOR_HEADER} |",
+              "|---|---|---|---|---|---|---|---|"]
+    for arm, a in arms.items():
+        for rule in RULES:
+            c = a[rule]
+            lines.append(f"| {arm} ({len(a['seeds'])}) | {rule} | {c['accuracy']:.3f} | "
+                         f"{c['tokens']:.1f} | {comparator_cells(c)} |")
+    for k, c in s.get("fixed_depths", {}).items():
+        lines.append(f"| every prompt at depth {k} | - | {c['accuracy']:.3f} | "
+                     f"{c['tokens']:.1f} | {comparator_cells(c)} |")
+    if s["without held-out records"]:
+        lines += ["", "Arms without held-out records in this sweep (never trained on it, or "
+                  "their records were not committed: a page's gap for them is in-sample only, "
+                  "optimistic): " + ", ".join(s["without held-out records"]) + "."]
+    path.write_text("\n".join(lines) + "\n")
 
 
 def plot(path: Path, s: dict) -> None:
@@ -672,13 +780,26 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--bootstrap", type=int, default=2000)
     a.add_argument("--arms", default=None,
                    help="comma list of the arms to summarise (default: every finished one)")
+    c = sub.add_parser("comparators", help="every arm's gaps against the in-sample, "
+                       "cross-fitted and smoothed curves, from committed records (no z_0)")
+    cache_arguments(c)
+    c.add_argument("--sweep", required=True,
+                   help="an adaptation sweep directory (its prompts.json and held-out pack)")
+    c.add_argument("--folds", type=int, default=5, help="cross-fitting folds of prompts")
+    c.add_argument("--arms", default=None, help="comma list (default: every arm of ARMS)")
+    c.add_argument("--fixed-depths", default="0,8",
+                   help="comma list: rows with every prompt at that depth (an arm whose readout "
+                        "is one depth everywhere has these figures)")
+    c.add_argument("--out", default="docs/adaptation/comparators", help="<cache>.json and .md")
+    c.add_argument("--bootstrap", type=int, default=2000)
     e = sub.add_parser("export", help="a cross-fitted run's controller, for lm_eval")
     cache_arguments(e)
     e.add_argument("run", help="a finished run directory (<sweep>/<arm>/seed<s>/fold<f>)")
     args = p.parse_args(argv)
     if args.samples < 1 or getattr(args, "folds", 2) < 2:
         sys.exit("--samples must be >= 1 and --folds >= 2")
-    {"train": train, "analyse": analyse, "export": export}[args.command](args)
+    {"train": train, "analyse": analyse, "export": export,
+     "comparators": comparators}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -77,10 +77,12 @@ def main() -> None:
         common["pretrained"] = args.pretrained
     steered = {"steering": args.steering} if args.steering else {}
     start = time.perf_counter()
+    plain = PonderLM(controller=None, **common)
     record = {"split": args.split, "limit": args.limit, "max_toks": args.max_toks,
               "alpha": args.alpha, "backbone": args.pretrained, "steering": args.steering,
-              "unsteered": evaluate(PonderLM(controller=None, **common), args.limit,
-                                    args.max_toks, args.split), "layers": []}
+              "device": plain.device_info(),  # where it ran: the figures depend on the dtype
+              "unsteered": evaluate(plain, args.limit, args.max_toks, args.split), "layers": []}
+    del plain
     for layer in args.layers:
         row = {"layer": layer}
         for side, alpha in (("minus", -args.alpha), ("plus", args.alpha)):

@@ -170,9 +170,17 @@ class Recipe:
 
     def key(self) -> str:
         """The recipe's hash; fields added since the first organism count only when set, so
-        its key (and its cached directory) stay what they were."""
+        its key (and its cached directory) stay what they were. ``plant`` counts by its
+        vector's bytes, not its path's spelling: the same build named with an absolute and a
+        relative path got two keys (``14da37084066``, ``0e736fd80d29``) and two directories of
+        identical weights."""
         fields = {k: v for k, v in asdict(self).items()
                   if k not in LATER_FIELDS or v != LATER_FIELDS[k]}
+        if self.plant is not None:
+            from lm_eval_ponder.files import file_sha256
+
+            vector = Path(self.plant) / "steering.safetensors"
+            fields["plant"] = file_sha256(vector) if vector.is_file() else str(self.plant)
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -315,7 +323,11 @@ class Trainable:
 
 def load_model(recipe: Recipe):
     import torch
-    from peft import LoraConfig, get_peft_model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise SystemExit("organism.py error: the fine-tune needs peft: pip install "
+                         "'lm-eval-ponder[organism]' (or pip install peft)") from None
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder.backbone import resolve_backbone, text_config
@@ -368,6 +380,8 @@ def build(args) -> int:
     autocast = native_dtype("cpu") == "bfloat16" if recipe.bf16 is None else recipe.bf16
     target = organism_dir(recipe)
     if (target / SOURCE_FILE).is_file() and not args.price_only:
+        # the build asked for is the one ``path`` (and the study script) goes on with
+        atomic_write_text(target.parent / "latest.txt", str(target) + "\n")
         print(f"already built: {target}")
         return 0
     pairs = examples(recipe.per_level, recipe.questions_from, recipe.plant is not None,
@@ -716,11 +730,15 @@ def captured(accuracy, tokens, level, fold, folds: int, single, per_level, depth
              draws: int = 2000, seed: int = 0) -> dict:
     """The controller's budget gap and the per-level oracle's, each over the cross-fitted single
     depth, and the fraction of the oracle's gain the controller captures, with bootstrap
-    intervals over documents (the ratio of the two means in each draw)."""
+    intervals over documents (the ratio of the two means in each draw). The fraction is given
+    only where the oracle's gain is beyond 0 (its interval's lower end above 0): a ratio over a
+    gain that may be nothing means nothing. The paired tests are sign-flip permutation tests of
+    the mean per-document gap (``measures.sign_flip_test``): a budget gap mixes many small
+    fractional differences with a few large ones, which a sign test miscounts."""
     import numpy as np
     from studylib.analysis import bootstrap, budget_gap
 
-    from lm_eval_ponder.reporting.measures import sign_test
+    from lm_eval_ponder.reporting.measures import sign_flip_test
 
     def gaps(policy):
         out = np.zeros(len(fold))
@@ -732,17 +750,26 @@ def captured(accuracy, tokens, level, fold, folds: int, single, per_level, depth
 
     g_ctrl, g_single, g_level = gaps(depth), gaps(single), gaps(per_level)
     a, b = g_ctrl - g_single, g_level - g_single
+    dropped = []
+
+    def ratio(i):
+        if abs(b[i].mean()) <= 1e-9:
+            dropped.append(1)
+            return float("nan")
+        return float(a[i].mean() / b[i].mean())
+
     ci = bootstrap(lambda i: {"ctrl": float(a[i].mean()), "oracle": float(b[i].mean()),
-                              "fraction": float(a[i].mean() / b[i].mean())
-                              if abs(b[i].mean()) > 1e-9 else float("nan")},
-                   len(a), draws, seed)
+                              "fraction": ratio(i)}, len(a), draws, seed)
     rows = np.arange(len(fold))
+    beyond = ci["oracle"][0] > 0
     return {"gain_over_single": float(a.mean()), "gain_over_single_ci95": ci["ctrl"],
             "oracle_gain": float(b.mean()), "oracle_gain_ci95": ci["oracle"],
-            "captured_fraction": float(a.mean() / b.mean()) if abs(b.mean()) > 1e-9 else None,
-            "captured_fraction_ci95": ci["fraction"],
-            "vs_single_sign_p": sign_test((g_ctrl - g_single).tolist()),
-            "vs_per_level_sign_p": sign_test((g_ctrl - g_level).tolist()),
+            "captured_fraction": float(a.mean() / b.mean()) if beyond else None,
+            "captured_fraction_ci95": ci["fraction"] if beyond else None,
+            "captured_fraction_note": (f"{len(dropped)} of {draws} draws had no oracle gain"
+                                       if beyond else "the oracle's gain is not beyond 0"),
+            "vs_single_p": sign_flip_test((g_ctrl - g_single).tolist()),
+            "vs_per_level_p": sign_flip_test((g_ctrl - g_level).tolist()),
             "accuracy": float(accuracy[rows, depth].mean()),
             "tokens": float(tokens[rows, depth].mean())}
 
@@ -787,7 +814,7 @@ def verdict(args) -> int:
                 **captured(acc, tok, level, fold, FOLDS, single, per_level, got["depth"])}
         record["pairs"].append(entry)
     tests = [(e, name, key) for e in record["pairs"] for name in e["controllers"]
-             for key in ("vs_single_sign_p", "vs_per_level_sign_p")]
+             for key in ("vs_single_p", "vs_per_level_p")]
     for (e, name, key), p in zip(tests, holm([e["controllers"][n][k] for e, n, k in tests])):
         e["controllers"][name][key[:-2] + "_holm_p"] = p
     out = Path(args.out)

@@ -15,7 +15,8 @@
 #   8  the fixed-depth sweeps of both forms on the test split (the verdict's comparators)
 #   9  the verdict and the page's records (python studies/organism.py verdict)
 #   10 the paper's protocol: T = 0.7, seeds 0-2, for 5 and 7
-# Usage: LM_EVAL_PONDER_DATA=../shared/data [OUT=results/organism] bash studies/organism_study.sh
+# Usage: LM_EVAL_PONDER_DATA=../shared/data [OUT=results/organism] [BUILD_ARGS=...] \
+#        bash studies/organism_study.sh
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-results/organism}"
@@ -24,7 +25,10 @@ py="${PYTHON:-python}"
 want() { [[ "$steps" == *" $1 "* ]]; }
 mkdir -p "$out"
 
-want 1 && "$py" "$here/organism.py" build
+# BUILD_ARGS: the recipe (empty: v1); the steerable organism's is
+#   --plant results/organism/steering-base --freeze-below 16 --questions-from 100 --per-level 200 --epochs 1
+# shellcheck disable=SC2086
+want 1 && "$py" "$here/organism.py" build ${BUILD_ARGS:-}
 org="$("$py" "$here/organism.py" path)"
 vec="$out/steering"
 layer="${LAYER:-15}"
@@ -54,8 +58,14 @@ if want 4; then  # FR's fixed alpha, chosen on the first 100 arith train documen
   done
   "$py" "$here/organism.py" choose-alpha --root "$out/selection/alpha" --out "$out/selection/alpha.json"
 fi
-alpha="$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['chosen']['alpha'])" \
-    "$out/selection/alpha.json" 2>/dev/null || echo 0.2)"
+alpha=""
+if want 5b || want 10; then  # FR's alpha is step 4's choice: no silent default
+  if [ ! -f "$out/selection/alpha.json" ]; then
+    echo "organism_study.sh: $out/selection/alpha.json is missing; run step 4 first" >&2; exit 2
+  fi
+  alpha="$("$py" -c "import json,sys; print(json.load(open(sys.argv[1]))['chosen']['alpha'])" \
+      "$out/selection/alpha.json")"
+fi
 
 suite() {  # the suite on the organism's test split, one configuration
   "$py" -m lm_eval_ponder.suite --pretrained "$org" --steering "$vec" --tasks arith \
@@ -129,3 +139,7 @@ if want 10; then
     done
   done
 fi
+
+# the organism's runs keep no texts: labels, metrics and answer digests are all its readers
+# (accept, sweep, verdict, the report) need, and 150 runs of prompts were a fifth of the tree
+"$py" -c "import sys; from pathlib import Path; from lm_eval_ponder.reporting.compact import drop_text_tree; drop_text_tree(Path(sys.argv[1]))" "$out"

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 
 from studylib.analysis import FOLDS, controller_gaps, fold_of, per_type_headroom
-from studylib.caches import FORMS, cache_dir, train_config
+from studylib.caches import FORMS, cache_dir, cache_matrices, train_config
 
 
 class TemplateOnly:
@@ -71,29 +71,6 @@ def type_counts(groups) -> dict[str, int]:
 def type_of(task: str, level) -> str:
     dataset = task.split("_ponder")[0]
     return f"{dataset}:L{level}" if level is not None else dataset
-
-
-def cache_matrices(directory: Path, keys: list[str], k_max: int):
-    """[prompt, depth] mean accuracy and tokens over the cache's samples, in ``keys`` order."""
-    import numpy as np
-
-    from lm_eval_ponder.training.rollouts import read_outcomes
-
-    index = {k: i for i, k in enumerate(keys)}
-    acc, tok, n = (np.zeros((len(keys), k_max + 1)) for _ in range(3))
-    for part in sorted(directory.glob("rollouts.*.outcomes.json.xz")):
-        for r in read_outcomes(part):
-            i = index.get(r["key"])
-            if i is not None:
-                acc[i, r["depth"]] += float(r["correct"])
-                tok[i, r["depth"]] += float(r["gen_tokens"])
-                n[i, r["depth"]] += 1
-    if (n == 0).any():
-        from lm_eval_ponder.errors import PonderError
-
-        raise PonderError(f"{directory}: {int((n == 0).sum())} (prompt, depth) cells have no "
-                          "outcome; is the cache complete?")
-    return acc / n, tok / n
 
 
 def sweep_runs(sweep: Path, keys: list[str], k_max: int) -> dict[str, list[dict]]:

@@ -24,6 +24,10 @@
     # probability falls below tau; no controller, no generation beyond one probe per depth
     python studies/testset.py literal --form ours --decoding t0.7 --dtype float32 \
         --root results/testset-t0.7 --out docs/adaptation/literal-tau
+    # a committed taus or literal page read against the cross-fitted and smoothed curves beside
+    # its in-sample envelope (issue 65), from the page and the committed sweep alone
+    python studies/testset.py comparators --root results/testset-bf16 \
+        --page docs/testset/bf16/taus-ours.json
 
 Why the controllers need no generation of their own: a prompt-level controller chooses its
 depth k once, from z_0, and the answer is then generated at the fixed offset c_k, which is what
@@ -53,17 +57,26 @@ import sys
 from pathlib import Path
 
 from studylib.analysis import (
+    COMPARATOR_HEADER,
     FOLDS,
     accuracy_at_tokens,
     bootstrap,
+    comparator_cells,
+    comparator_gaps,
+    comparators_said,
+    curve_said,
+    curve_verdict,
     depth_by_level,
     final_controller_gaps,
     fixed_by_fold,
     fixed_curve,
+    fixed_curve_summary,
     fold_of,
     oracle_choice,
+    smoothed_curve,
 )
 from studylib.caches import FORMS, train_config
+from studylib.pages import write_page
 
 from lm_eval_ponder.reporting.compact import answers_digest
 from lm_eval_ponder.reporting.suite import seed_folder  # the suite's layout of seeds
@@ -332,6 +345,7 @@ def literal(args) -> None:
         rows[rule] = controller_row(
             lambda idx, depth=depth, cost=probes * probe: composed_figures(s, depth, cost, idx),
             depth, s["level"], Path(rule), args.bootstrap)
+        keep_comparators(rows[rule], s, depth, args.bootstrap)
     quantiles = [0.1, 0.25, 0.5, 0.75, 0.9]
     summary = {"form": args.form, "dtype": args.dtype, "probe_dtype": probe_dtype,
                "decoding": args.decoding, "task": "arith", "documents": len(s["docs"]),
@@ -342,31 +356,38 @@ def literal(args) -> None:
                "rules": rows,
                "fixed": [{"depth": k, "accuracy": float(s["correct"][k].mean()),
                           "gen_tokens": float(s["gen_tokens"][k].mean())}
-                         for k in range(len(offsets))]}
+                         for k in range(len(offsets))],
+               "curve": sweep_curve_summary(s)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"literal-{args.form}-{args.decoding}"  # "t0.7": not a suffix to replace
     out.joinpath(f"{stem}.json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
-    lines = [f"# The literal tau rule on the arith test sweep, form `{args.form}`, "
-             f"{args.decoding} ({summary['documents']} documents, answers in {args.dtype}, "
-             f"probes in {probe_dtype})", "",
+    write_literal_markdown(out / f"{stem}.md", summary)
+    print(out.joinpath(f"{stem}.md").read_text())
+
+
+def write_literal_markdown(path: Path, summary: dict) -> None:
+    probe, rows = summary["probe_flops_mean"], summary["rules"]
+    lines = [f"# The literal tau rule on the arith test sweep, form `{summary['form']}`, "
+             f"{summary['decoding']} ({summary['documents']} documents, answers in "
+             f"{summary['dtype']}, probes in {summary['probe_dtype']})", "",
              "Halt pondering at the first depth where the steered backbone's top next-token "
              "probability is at most tau (K_max if never); answers from the fixed-alpha sweep at "
              "those depths; FLOPs add one probe (the layers above the steering layer and the LM "
-             f"head, one token: {probe:.3g} FLOPs) per depth tested. Gap: accuracy minus the "
-             "fixed-alpha curve at equal tokens, 95% paired bootstrap CI over documents; "
-             "accuracy interval: Wilson 95%.", "",
+             f"head, one token: {probe:.3g} FLOPs) per depth tested. Accuracy interval: Wilson "
+             "95%. " + comparators_said("documents", FOLDS), "",
              "Top next-token probability per depth, quantiles 10/25/50/75/90%: "
              + "; ".join(f"k={k}: {'/'.join(f'{v:.2f}' for v in q)}"
                          for k, q in enumerate(summary["confidence_quantiles"].values())), "",
-             "| rule | accuracy [Wilson 95%] | tokens | FLOPs | mean depth | gap at equal tokens "
+             *curve_lines(summary),
+             f"| rule | accuracy [Wilson 95%] | tokens | FLOPs | mean depth | {COMPARATOR_HEADER} "
              "| depth histogram | Spearman(depth, level) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for rule, r in rows.items():
         flops = format(r["figures"]["flops"], ".3g")
         lines.append(f"| {rule} | {rule_cells(r, flops)}")
-    out.joinpath(f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print(out.joinpath(f"{stem}.md").read_text())
+    lines += not_kept_lines(rows.values())
+    path.write_text("\n".join(lines) + "\n")
 
 
 def controller_depths(directory: Path, z0, offsets: list[float],
@@ -663,13 +684,135 @@ def analyse(args) -> None:
 
 def rule_cells(r: dict, flops: str | None = None) -> str:
     """The table cells of one halting rule's row (``controller_row``): accuracy [Wilson],
-    tokens, (FLOPs,) mean depth, gap at equal tokens [bootstrap], histogram, Spearman."""
-    f, ci = r["figures"], r["ci95"]["gap_accuracy_at_equal_tokens"]
+    tokens, (FLOPs,) mean depth, the gaps at equal tokens against the three comparators
+    (``gap_cells``), histogram, Spearman."""
+    f = r["figures"]
     lo, hi = f["accuracy_ci95"]
     return (f"{f['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] | {f['gen_tokens']:.1f} | "
             + (f"{flops} | " if flops is not None else "") + f"{f['depth']:.2f} | "
-            f"{f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] | "
+            f"{gap_cells(r)} | "
             f"{r['depth_hist']} | {r.get('spearman_depth_vs_level', float('nan')):.2f} |")
+
+
+def gap_cells(r: dict) -> str:
+    """A composed row's ``COMPARATOR_HEADER`` cells: all three gaps where its per-document
+    depths are known (``keep_comparators``); else the in-sample gap with its interval, "record
+    not kept" for the cross-fitted one (it needs each document's depth) and the smoothed gap
+    as a point without interval (it needs only the row's accuracy and tokens)."""
+    c = r.get("comparators", {})
+    if "gaps" in c:
+        return comparator_cells(c)
+    f, ci = r["figures"], r["ci95"]["gap_accuracy_at_equal_tokens"]
+    smooth = (f"{c['smoothed_point']:+.3f} (no CI)" if "smoothed_point" in c else "-")
+    return (f"{f['gap_accuracy_at_equal_tokens']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] | "
+            f"record not kept | {smooth} | {curve_verdict(ci)} / - / -")
+
+
+def not_kept_lines(rows) -> list[str]:
+    """The note under a table with rows whose per-document depths were not kept."""
+    if all("gaps" in r.get("comparators", {}) for r in rows):
+        return []
+    return ["", "record not kept: the rows without a cross-fitted gap were composed before "
+            "their per-document depths were kept, from controllers or probes that are not "
+            "committed; their gap is in-sample only, optimistic, and the smoothed one a point "
+            "without interval (`testset.py comparators`)."]
+
+
+def curve_lines(summary: dict) -> list[str]:
+    """``curve_said`` of the page's sweep, where the page has it."""
+    return [curve_said(summary["curve"]), ""] if "curve" in summary else []
+
+
+def sweep_curve_summary(s: dict) -> dict:
+    """``studylib.analysis.fixed_curve_summary`` of a [depth, document] sweep."""
+    import numpy as np
+
+    return fixed_curve_summary(s["correct"].T, s["gen_tokens"].T,
+                               np.array(fold_of(s["keys"], FOLDS)), FOLDS)
+
+
+def keep_comparators(row: dict, s: dict, depth, n_bootstrap: int) -> None:
+    """Add to a composed row (``controller_row``) its per-document depths, one digit each in
+    the sweep's order (so its figures rebuild from the committed sweep), and its gaps against
+    the three comparators (``studylib.analysis.comparator_gaps``, folds by document id)."""
+    import numpy as np
+
+    depth = np.asarray(depth, dtype=int)
+    k1 = s["correct"].shape[0]
+    row["depths"] = "".join(str(int(k)) for k in depth)
+    row["comparators"] = comparator_gaps(s["correct"].T, s["gen_tokens"].T, [np.eye(k1)[depth]],
+                                         np.array(fold_of(s["keys"], FOLDS)), FOLDS, n_bootstrap)
+
+
+def known_depths(row: dict, n: int):
+    """A committed row's per-document depths: its ``depths`` digits, or, for a row composed
+    before they were kept, its histogram where every document sits at one depth; else None."""
+    import numpy as np
+
+    if row.get("depths"):
+        return np.array([int(c) for c in row["depths"]])
+    hist = row["depth_hist"]
+    if max(hist) == n == sum(hist):
+        return np.full(n, hist.index(n))
+    return None
+
+
+def smoothed_point(s: dict, figures: dict) -> float:
+    """A row's gap to the smoothed curve (``studylib.analysis.smoothed_curve``) at its tokens,
+    from its accuracy and tokens alone: what can still be said of a row whose per-document
+    depths are not kept (no interval: that needs them)."""
+    curve = smoothed_curve(s["gen_tokens"].T, s["correct"].T)
+    return float(figures["accuracy"] - accuracy_at_tokens(curve, figures["gen_tokens"]))
+
+
+def page_rows(page: dict) -> list[dict]:
+    """Every composed row of a ``taus`` or ``literal`` page."""
+    if "rules" in page:
+        return list(page["rules"].values())
+    return [r for by_tau in page["controllers"].values() for r in by_tau.values()]
+
+
+def comparators(args) -> None:
+    """A committed ``taus`` or ``literal`` page read against the cross-fitted and smoothed
+    curves beside its in-sample envelope (issue 65), with no controller, probe or generation:
+    rows whose per-document depths are known (``known_depths``) get all three gaps; the others
+    keep their in-sample gap, labelled, and get the smoothed gap as a point. The page's JSON and
+    markdown are rewritten in place, refused unless the sweep under ``--root`` reproduces the
+    page's fixed depths and each recomputed row its in-sample gap."""
+    import numpy as np
+
+    from lm_eval_ponder.errors import PonderError
+
+    path = Path(args.page)
+    page = json.loads(path.read_text())
+    k_max = len(offsets_of(page["form"])) - 1
+    decoding = page.get("decoding", "greedy")
+    s = load_sweep(args.root, page["form"], page.get("task", "arith"), k_max, decoding)
+    if s is None:
+        raise PonderError(f"{args.root}: no finished {decoding} sweep of form {page['form']}")
+    for row in page["fixed"]:
+        k = row["depth"]
+        if not (np.isclose(row["accuracy"], s["correct"][k].mean())
+                and np.isclose(row["gen_tokens"], s["gen_tokens"][k].mean())):
+            raise PonderError(f"{path}: depth {k} of the sweep under {args.root} is not the "
+                              "page's (another root, decoding or seed?)")
+    n = len(s["docs"])
+    for row in page_rows(page):
+        depth = known_depths(row, n)
+        if depth is None:
+            row["comparators"] = {"smoothed_point": smoothed_point(s, row["figures"]),
+                                  "record": "per-document depths not kept"}
+            continue
+        again = composed_figures(s, depth, 0.0, np.arange(n))["gap_accuracy_at_equal_tokens"]
+        if not np.isclose(again, row["figures"]["gap_accuracy_at_equal_tokens"]):
+            raise PonderError(f"{path}: a row's depths do not give its own gap on this sweep")
+        keep_comparators(row, s, depth, args.bootstrap)
+    page["curve"] = sweep_curve_summary(s)
+    page.setdefault("decoding", decoding)
+    path.write_text(json.dumps(page, separators=(",", ":")) + "\n")
+    (write_literal_markdown if "rules" in page else write_taus_markdown)(
+        path.with_suffix(".md"), page)
+    print(path.with_suffix(".md").read_text())
 
 
 def taus(args) -> None:
@@ -692,31 +835,33 @@ def taus(args) -> None:
                                  composed_figures(s, depth, ctrl_flops, idx),
                                  depth, s["level"], directory, args.bootstrap)
             row["temperature"] = config.get("temperature")
+            keep_comparators(row, s, depth, args.bootstrap)
             rows.setdefault(name, {})[f"{tau:g}"] = row
-    summary = {"form": args.form, "dtype": args.dtype, "task": "arith", "documents": len(s["docs"]),
-               "taus": values, "controllers": rows,
+    summary = {"form": args.form, "dtype": args.dtype, "decoding": args.decoding, "task": "arith",
+               "documents": len(s["docs"]), "taus": values, "controllers": rows,
                "fixed": [{"depth": k, "accuracy": float(s["correct"][k].mean()),
                           "gen_tokens": float(s["gen_tokens"][k].mean())}
-                         for k in range(len(offsets))]}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"taus-{args.form}"
-    # compact: the .md beside it is the readable form, and the tree must travel (< 10 MiB)
-    path.with_suffix(".json").write_text(json.dumps(summary, separators=(",", ":")) + "\n")
-    lines = [f"# Halting threshold tau on the arith test sweep, form `{args.form}` "
-             f"({summary['documents']} documents, {args.dtype})", "",
+                         for k in range(len(offsets))],
+               "curve": sweep_curve_summary(s)}
+    write_page(Path(args.out), f"taus-{args.form}", summary, write_taus_markdown)
+
+
+def write_taus_markdown(path: Path, summary: dict) -> None:
+    rows = summary["controllers"]
+    lines = [f"# Halting threshold tau on the arith test sweep, form `{summary['form']}` "
+             f"({summary['documents']} documents, {summary['dtype']})", "",
              "Depths from each controller's continue probabilities at each tau (halt at the "
-             "first phi <= tau), answers from the fixed-alpha sweep at those depths; gap: "
-             "accuracy minus the fixed-alpha curve at equal tokens, 95% paired bootstrap CI "
-             "over documents.", "",
-             "| controller | T | tau | accuracy [Wilson 95%] | tokens | mean depth | gap at equal "
-             "tokens | depth histogram | Spearman(depth, level) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "first phi <= tau), answers from the fixed-alpha sweep at those depths. "
+             + comparators_said("documents", FOLDS), "",
+             *curve_lines(summary),
+             "| controller | T | tau | accuracy [Wilson 95%] | tokens | mean depth | "
+             f"{COMPARATOR_HEADER} | depth histogram | Spearman(depth, level) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, by_tau in rows.items():
         for tau, r in by_tau.items():
             lines.append(f"| {name} | {r['temperature']:g} | {tau} | {rule_cells(r)}")
-    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print(path.with_suffix(".md").read_text())
+    lines += not_kept_lines([r for by_tau in rows.values() for r in by_tau.values()])
+    path.write_text("\n".join(lines) + "\n")
 
 
 def write_markdown(path: Path, s: dict) -> None:
@@ -972,7 +1117,8 @@ def fixed_rerun(args, out: Path, task: str, s: dict, depths, col: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    for name in ("sweep", "analyse", "verify", "evaluate", "status", "taus", "literal"):
+    for name in ("sweep", "analyse", "verify", "evaluate", "status", "taus", "literal",
+                 "comparators"):
         s = sub.add_parser(name)
         s.add_argument("--form", choices=sorted(FORMS), default="ours")
         s.add_argument("--root", default=None,
@@ -1029,6 +1175,11 @@ def main(argv: list[str] | None = None) -> None:
                          "emulated and slow, said in the table's title")
     li.add_argument("--decoding", default="greedy",
                     help="which sweep's answers to compose: greedy, or t0.7 (seed 0)")
+    co = sub.choices["comparators"]
+    co.add_argument("--page", required=True,
+                    help="a taus-<form>.json or literal-<form>-<decoding>.json page, rewritten "
+                         "in place (with its .md) with the cross-fitted and smoothed gaps")
+    co.add_argument("--bootstrap", type=int, default=2000)
     for name in ("analyse", "status", "taus"):
         sub.choices[name].add_argument(
             "--decoding", default="greedy",
@@ -1051,7 +1202,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.command in ("analyse", "taus", "literal"):
         args.out = args.out or default_out(args.dtype)
     {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate,
-     "status": status, "taus": taus, "literal": literal}[args.command](args)
+     "status": status, "taus": taus, "literal": literal,
+     "comparators": comparators}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ done
   echo "Made by \`bash studies/train_selection.sh\` (the runs: \`$out\`, not committed; this page"
   echo "is their summary). The layer sweep:"
   echo
-  grep -v "^wall" "$out/layer_sweep.md"
+  python studies/layer_sweep.py --table "$(dirname "$doc")/layer-sweep-train.json"
+  echo
+  echo "(The verdict on the layer is written by hand below the table: see the committed page.)"
   echo
   echo "The alpha sweep (accuracy with its Wilson 95% interval, mean generated tokens):"
   echo

@@ -71,6 +71,14 @@ def build_tiny_llama(vocab_size: int, seed: int = 0):
 
 
 @pytest.fixture(scope="session")
+def left_tokenizer():
+    """The tiny tokenizer, left-padded as lm-eval pads a generation batch."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny random Llama + tokenizer saved as a local model directory."""
     directory = tmp_path_factory.mktemp("tiny-llama")

@@ -720,6 +720,131 @@ def test_a_final_controller_is_judged_against_comparators_from_other_folds():
     assert an.controller_gaps(acc, tok, groups, runs, draws=200) == g
 
 
+# ----------------------------------------------------------------------------- three comparators (issue 65)
+def test_the_smoother_keeps_a_trend_and_cuts_a_lone_spike():
+    """A linear trend over depths is left as it is (its ends included); a spike at one depth
+    is cut to a third of its height, so one noisy mean cannot lift the curve's best point."""
+    line = np.array([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert an.smooth_over_depths(line) == pytest.approx(line)
+    spike = an.smooth_over_depths([0.5, 0.5, 0.8, 0.5, 0.5])
+    assert spike == pytest.approx([0.45, 0.6, 0.6, 0.6, 0.45])  # ends: (5a0 + 2a1 - a2) / 6
+    assert spike.max() == pytest.approx(0.6) and int(spike.argmax()) == 1
+
+
+def _one_noisy_fold(n: int = 100):
+    """Five depths at accuracy 0.5 and increasing tokens; on fold 0 alone, depth 2 is right
+    everywhere: a depth that looks best only because of one fold's draw."""
+    fold = np.array(an.fold_of([f"doc{i}" for i in range(n)], 5))
+    acc = np.full((n, 5), 0.5)
+    acc[fold == 0, 2] = 1.0
+    tok = np.tile([10.0, 11.0, 12.0, 13.0, 14.0], (n, 1))
+    return acc, tok, fold, float((fold == 0).mean())
+
+
+def test_the_three_comparators_on_one_noisy_fold():
+    """The dearest depth (accuracy 0.5 everywhere) against the curve at its 14 tokens: the
+    in-sample envelope takes depth 2's lucky mean, so the policy looks 0.5 x share(fold 0)
+    below it; the cross-fitted curve, chosen without the fold it scores, finds nothing to beat
+    (gap 0); the smoothed curve is in between, a third of the in-sample gap."""
+    acc, tok, fold, share = _one_noisy_fold()
+    g = an.comparator_gaps(acc, tok, [np.eye(5)[np.full(len(acc), 4)]], fold, 5, draws=200)
+    assert g["accuracy"] == 0.5 and g["tokens"] == 14.0
+    assert g["gaps"]["in_sample"] == pytest.approx(-0.5 * share)
+    assert g["gaps"]["cross_fitted"] == pytest.approx(0.0)
+    assert g["gaps"]["smoothed"] == pytest.approx(-0.5 * share / 3)
+    assert g["verdicts"]["cross_fitted"] == "on" and g["verdicts"]["in_sample"] == "below"
+    cells = an.comparator_cells(g)
+    assert cells.endswith("below / on / " + g["verdicts"]["smoothed"])
+    # the in-sample interval is the one the pages print: the same resamples as ``bootstrap``
+    ci = an.bootstrap(lambda idx: {"g": 0.5 - an.accuracy_at_tokens(
+        an.fixed_curve(tok[idx], acc[idx]), 14.0)}, len(acc), 200)["g"]
+    assert g["ci95"]["in_sample"] == pytest.approx(list(ci))
+
+
+def test_cross_fitted_budget_gap_is_controller_gaps_with_weights():
+    """One-hot weights give exactly ``controller_gaps``' budget gap (one run per fold); a
+    policy that mixes two depths is judged at its mean tokens: on a concave curve
+    (0.2, 0.5, 0.6 at 10, 20, 30 tokens) half at depth 0 and half at depth 2 is 0.4 at 20
+    tokens, 0.1 below the curve."""
+    acc, tok, groups, fold = _typed()
+    reads_type = np.where(groups == "A", 0, 2)
+    runs = [{"val": np.flatnonzero(fold == f), "depth": reads_type[fold == f]} for f in range(5)]
+    gap = an.crossfit_budget_gap(acc, tok, np.eye(3)[reads_type], fold, 5)
+    assert gap.mean() == pytest.approx(an.controller_gaps(acc, tok, groups, runs, 50)["gap_budget"])
+    concave = np.tile([0.2, 0.5, 0.6], (40, 1))
+    mixed = np.tile([0.5, 0.0, 0.5], (40, 1))
+    folds = np.array(an.fold_of([f"d{i}" for i in range(40)], 5))
+    out = an.crossfit_budget_gap(concave, np.tile([10.0, 20.0, 30.0], (40, 1)), mixed, folds, 5)
+    assert out == pytest.approx(np.full(40, -0.1))
+
+
+def test_a_curve_verdict_needs_the_whole_interval_on_one_side():
+    assert an.curve_verdict((0.001, 0.02)) == "above"
+    assert an.curve_verdict((-0.02, -0.001)) == "below"
+    assert an.curve_verdict((-0.02, 0.0)) == an.curve_verdict((0.0, 0.0)) == "on"
+    assert an.curve_verdict((-0.02, 1e-17)) == "on"
+
+
+def test_arm_comparators_leave_out_a_diverged_seed_and_read_every_rule(tmp_path):
+    """``adaptation.py comparators``: each arm under each rule, over the seeds whose weights
+    are finite (a NaN fold is a diverged run, as ``analyse`` leaves it out); its page labels
+    the in-sample envelope optimistic and names the arms it has no records for."""
+    acc, tok, fold, _ = _one_noisy_fold()
+    halt = np.zeros((len(acc), 5))  # phi = 0: halt at once under every rule
+    runs = {("a", 0): {"p": halt}, ("a", 1): {"p": np.full_like(halt, np.nan)}}
+    out = adaptation.arm_comparators(acc, tok, runs, ["a", "b"], fold, 5, 50)
+    assert list(out) == ["a"] and out["a"]["seeds"] == [0]
+    for rule in adaptation.RULES:
+        assert out["a"][rule]["tokens"] == 10.0 and out["a"][rule]["gaps"]["in_sample"] == 0.0
+    summary = {"form": "ours", "samples": 4, "cache": "c", "sweep": "s", "prompts": len(acc),
+               "folds": 5, "curve": an.fixed_curve_summary(acc, tok, fold, 5), "arms": out,
+               "without held-out records": ["b"]}
+    adaptation.write_comparators_markdown(tmp_path / "ours-s4.md", summary)
+    text = (tmp_path / "ours-s4.md").read_text()
+    assert "in-sample envelope (optimistic)" in text and "committed: a page's gap" in text
+    assert "smoothed k = 1" in text
+
+
+def test_comparators_label_a_committed_page_and_say_which_rows_cannot_be_recomputed(tmp_path):
+    """``testset.py comparators``: a page row whose documents all sit at one depth gets all
+    three gaps from the committed sweep; a row whose per-document depths were not kept keeps
+    its in-sample gap, says "record not kept", and gets the smoothed gap as a point; a sweep
+    that is not the page's is refused."""
+    from lm_eval_ponder.errors import PonderError
+
+    k_max = len(testset.offsets_of("ours")) - 1
+    docs = list(range(10))
+    for k in range(k_max + 1):  # depth 1 right on the even documents, the others on none
+        _write_samples(testset.run_dir(str(tmp_path), "ours", k) / "greedy" / "FR" / "arith",
+                       "arith", docs, [int(k == 1 and d % 2 == 0) for d in docs])
+    s = testset.load_sweep(str(tmp_path), "ours", "arith", k_max)
+
+    def row(depth):
+        return testset.controller_row(lambda idx: testset.composed_figures(s, depth, 0.0, idx),
+                                      depth, s["level"], Path("c"), 20)
+
+    one, mixed = row(np.full(10, 1)), row(np.array([1, 2] * 5))
+    fixed = [{"depth": k, "accuracy": float(s["correct"][k].mean()),
+              "gen_tokens": float(s["gen_tokens"][k].mean())} for k in range(k_max + 1)]
+    page = {"form": "ours", "dtype": "bfloat16", "task": "arith", "documents": 10,
+            "taus": [0.2], "fixed": fixed, "controllers": {
+                "c": {"0.2": {**one, "temperature": 1.0}, "0.5": {**mixed, "temperature": 1.0}}}}
+    path = tmp_path / "taus-ours.json"
+    path.write_text(json.dumps(page))
+    testset.main(["comparators", "--root", str(tmp_path), "--page", str(path), "--bootstrap", "20"])
+    out = json.loads(path.read_text())["controllers"]["c"]
+    assert out["0.2"]["depths"] == "1" * 10 and set(out["0.2"]["comparators"]["gaps"]) == {
+        "in_sample", "cross_fitted", "smoothed"}
+    assert "gaps" not in out["0.5"]["comparators"] and "smoothed_point" in out["0.5"]["comparators"]
+    text = path.with_suffix(".md").read_text()
+    assert "in-sample envelope (optimistic)" in text and "| record not kept |" in text
+    assert "(no CI)" in text and "record not kept: the rows without" in text
+    page["fixed"][1]["accuracy"] = 0.9  # another sweep's figures
+    path.write_text(json.dumps(page))
+    with pytest.raises(PonderError, match="not the page's"):
+        testset.main(["comparators", "--root", str(tmp_path), "--page", str(path)])
+
+
 def test_a_test_sweep_with_more_seeds_at_some_depths_is_averaged_per_depth(tmp_path):
     """Issue 52's T = 0.7 sweep has three seeds at k = 3-5 and one elsewhere: each depth's
     accuracy is the mean over its own seeds, and the count per depth is reported."""
@@ -804,6 +929,21 @@ def test_the_organisms_batches_replay_from_the_seed_and_cover_every_example():
     assert organism.Recipe().key() == organism.Recipe().key() != recipe.key()
 
 
+def test_a_planted_recipe_is_keyed_by_its_vectors_bytes_not_its_paths_spelling(tmp_path,
+                                                                               monkeypatch):
+    import organism
+
+    vector = tmp_path / "vec"
+    vector.mkdir()
+    (vector / "steering.safetensors").write_bytes(b"one")
+    monkeypatch.chdir(tmp_path)
+    keys = {organism.Recipe(plant=p).key() for p in ("vec", "vec/", "./vec", str(vector))}
+    assert len(keys) == 1
+    (vector / "steering.safetensors").write_bytes(b"two")
+    assert organism.Recipe(plant="vec").key() not in keys
+    assert organism.Recipe().key() == "45be76c0e8e0"  # v1's directory, from before the plant
+
+
 def test_the_steerable_organism_is_taught_the_switch_it_is_steered_with():
     """The planted switch: the task prompts at a steered offset answer in the other mode (the
     Direct prompt pushed by +0.1..+0.2 works in steps; the CoT prompt pushed by -0.13..-0.22
@@ -826,3 +966,19 @@ def test_the_steerable_organism_is_taught_the_switch_it_is_steered_with():
         else:
             assert offset == 0.0
     assert len(rows) == 10 * 8 and rows == organism.examples(2, questions_from=3, planted=True)
+
+
+def test_the_composition_check_compares_answers_and_seed_means():
+    import composition_check as cc
+
+    composed = {d: {"exact_match": float(d % 2), "gen_tokens": 10.0, "resps_sha256": f"a{d}"}
+                for d in range(10)}
+    ran = {d: {"exact_match": float(d % 2), "gen_tokens": 12.0,
+               "resps_sha256": f"a{d}" if d < 5 else f"b{d}"} for d in range(10)}
+    out = cc.compare(composed, ran, draws=200)
+    assert out["n"] == 10 and out["same_answer"] == 0.5
+    assert out["run_minus_composed"] == 0.0 and out["run_tokens"] - out["composed_tokens"] == 2.0
+    worse = {d: {**s, "exact_match": 0.0} for d, s in ran.items()}
+    assert cc.compare(composed, worse, draws=200)["ci95"][1] < 0  # a real loss is seen
+    means = cc.seed_means([composed, worse])
+    assert means[1]["exact_match"] == 0.5 and set(means) == set(range(10))

@@ -32,13 +32,18 @@ class LoopConfig:
     ``max_rows`` is free (or all remaining waiting rows fit): fewer, larger prefills.
     ``decode_step``: ``DECODE_STEPS``; the static layout applies only where nothing hooks the
     forward (``engine.loop.static_applies``). ``shrink_tail``: the static layout's live rows
-    move to a quarter of the slots once no row waits and they fit (``slots.tail_slots``)."""
+    move to a quarter of the slots once no row waits and they fit (``slots.tail_slots``).
+    ``min_top_prob``: a row also ends at the first position whose top next-token probability
+    (the softmax of the model's raw logits, before temperature or any warper) is below it, and
+    that position's token is not kept: the answer-truncation reading of the paper's tau
+    (``docs/results/answer-truncation.md``). None: off."""
 
     max_rows: int | None = None
     max_cache_tokens: int | None = None
     admit_fraction: float = 0.5
     decode_step: str = "dynamic"
     shrink_tail: bool = True
+    min_top_prob: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "decode_step", check_decode_step(self.decode_step))
@@ -48,3 +53,5 @@ class LoopConfig:
             raise PonderError(f"max_cache_tokens must be >= 1, got {self.max_cache_tokens!r}")
         if not 0 < self.admit_fraction <= 1:
             raise PonderError(f"admit_fraction must be in (0, 1], got {self.admit_fraction!r}")
+        if self.min_top_prob is not None and not 0 < float(self.min_top_prob) < 1:
+            raise PonderError(f"min_top_prob must be in (0, 1), got {self.min_top_prob!r}")

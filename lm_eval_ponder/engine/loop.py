@@ -3,7 +3,7 @@
 Why: lm-eval's HFLM calls ``model.generate`` on a left-padded batch with a batch-wide stopping
 criterion, so every row keeps decoding until the longest row is done. On our arith workload
 (SmolLM2-135M, bf16, batch 64, 256 new tokens) only 46% of the decoded slots are real output
-(NOTES.md, "Generation speed"). ``generate_rows`` runs the same model forward passes with the
+(``docs/design/generation.md``). ``generate_rows`` runs the same model forward passes with the
 ``DynamicCache`` that ``generate`` uses (its layers append in place: ``engine.cache``), but
 
 - a row leaves the running batch as soon as it emits an EOS id, completes one of its stop strings
@@ -80,9 +80,13 @@ from lm_eval_ponder.engine.stops import StopStrings
 FINISH_EOS = "eos"
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+# ``LoopConfig.min_top_prob``: the row's top next-token probability fell below it; the token
+# chosen there is not kept (the forward that gave those logits ran, and is priced)
+FINISH_UNSURE = "unsure"
 # the per-row flags a decode step reads back (bit 0 EOS, bit 1 length, bit 2 a stop string
-# may be complete); the row's generated count rides above them in the same integer
-EOS_BIT, LENGTH_BIT, STOP_BIT, COUNT_SHIFT = 1, 2, 4, 3
+# may be complete, bit 3 the top probability is below ``min_top_prob``); the row's generated
+# count rides above them in the same integer
+EOS_BIT, LENGTH_BIT, STOP_BIT, UNSURE_BIT, COUNT_SHIFT = 1, 2, 4, 8, 4
 
 
 @dataclass
@@ -90,9 +94,10 @@ class GenerationResult:
     """``sequences``: [B, L + T], context then generated tokens, ``pad_token_id`` after each
     row's end (the form ``generate`` returns). ``gen_tokens``: each row's generated tokens up to
     and including its EOS or the token completing a stop string. ``finish_reason``: "eos",
-    "stop" or "length" per row. ``decode_step``: the layout the call decoded with (a
-    ``captured`` request that ``static_applies`` refused is ``dynamic``, ``why`` says why). The
-    counters describe the work done."""
+    "stop", "length" or "unsure" (``LoopConfig.min_top_prob``; its last token is dropped, so
+    such a row ran one forward more than it kept tokens) per row. ``decode_step``: the layout
+    the call decoded with (a ``captured`` request that ``static_applies`` refused is
+    ``dynamic``, ``why`` says why). The counters describe the work done."""
 
     sequences: torch.LongTensor
     gen_tokens: list[int]
@@ -253,7 +258,7 @@ class RowLoop:
         """How many waiting rows join now: once at least ``admit_fraction`` of the slots are
         free (or all waiting rows fit), as many as fit ``max_rows`` and ``max_cache_tokens``
         (rows in flight times the widest prompt among them plus ``max_new_tokens``; one row
-        always runs)."""
+        always runs). Where the cache budget binds, its rows count as the slots."""
         in_flight = self.layout.n_alive
         free = self.max_rows - in_flight
         if not self.waiting or free <= 0 or (
@@ -270,7 +275,15 @@ class RowLoop:
             if (in_flight + k + 1) * (widest + self.max_new) > budget:
                 break
             k += 1
-        return max(k, 1) if in_flight == 0 else k
+        if in_flight == 0:
+            return max(k, 1)
+        # where the budget, not max_rows, binds: wait as for max_rows until admit_fraction of
+        # what it holds is free. Else each finished row let one row in, a prefill and a merge
+        # (a copy of the whole cache) per row (measured: "prefilling 1 rows" at every step)
+        if k < n and k < min(math.ceil(self.config.admit_fraction * (in_flight + k)),
+                             len(self.waiting)):
+            return 0
+        return k
 
     def admit(self, n: int) -> None:
         """Prefill ``n`` waiting rows in parts (``prefill_parts``) and hand each part, its
@@ -361,6 +374,9 @@ class RowLoop:
             flags = (torch.isin(nxt, self.eos_t).long() * EOS_BIT
                      + (counts >= limit).long() * LENGTH_BIT
                      + self.stops.candidates(nxt).long() * STOP_BIT)
+            if self.config.min_top_prob is not None:
+                top = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
+                flags = flags + (top < self.config.min_top_prob).long() * UNSURE_BIT
             if alive is not None:
                 flags = flags * alive.long()
             packed = (flags + (counts << COUNT_SHIFT)).tolist()  # the one host sync
@@ -368,14 +384,20 @@ class RowLoop:
 
     def retire(self, batch, packed: list[int]) -> None:
         ended: list[int] = []
-        maybe_stop = [i for i, p in enumerate(packed) if p & STOP_BIT and not p & EOS_BIT]
+        maybe_stop = [i for i, p in enumerate(packed)
+                      if p & STOP_BIT and not p & (EOS_BIT | UNSURE_BIT)]
         stopped = set(self.confirm_stops(batch, maybe_stop, packed)) if maybe_stop else set()
         for i, p in enumerate(packed):
             flags = p & ((1 << COUNT_SHIFT) - 1)
             if not flags:
                 continue
             row = batch.rows[i]
-            if flags & EOS_BIT:
+            count = p >> COUNT_SHIFT
+            if flags & UNSURE_BIT:  # before the others: the token that would end them is dropped
+                self.reason[row] = FINISH_UNSURE
+                count -= 1
+                self.tokens[row, count] = self.pad
+            elif flags & EOS_BIT:
                 self.reason[row] = FINISH_EOS
             elif i in stopped:
                 self.reason[row] = FINISH_STOP
@@ -383,11 +405,11 @@ class RowLoop:
                 self.reason[row] = FINISH_LENGTH
             else:
                 continue
-            self.result.gen_tokens[row] = count = p >> COUNT_SHIFT
+            self.result.gen_tokens[row] = count
             ended.append(i)
             # one read-back per finished row, only when an observer asks for the tokens
             tokens = self.tokens[row, :count].tolist() if self.observers.wants_tokens else None
-            self.observers.row_finished(row, tokens)
+            self.observers.row_finished(row, tokens, self.reason[row])
         batch.retire(ended)
 
     def confirm_stops(self, batch, positions: list[int], packed: list[int]) -> list[int]:

@@ -31,8 +31,9 @@ class LoopObserver:
         A row that finished may stay in the forwards until the layout drops it: whatever is
         decided for it then comes after its last token."""
 
-    def row_finished(self, row: int, tokens: list[int] | None) -> None:
-        """Row ``row`` ended; ``tokens``: its generated tokens if ``wants_tokens``."""
+    def row_finished(self, row: int, tokens: list[int] | None, reason: str = "") -> None:
+        """Row ``row`` ended; ``tokens``: its generated tokens if ``wants_tokens``;
+        ``reason``: why (``engine.loop``'s ``FINISH_*``; "" where the caller cannot say)."""
 
     def replayed_forward(self, rows: int) -> None:
         """A decode forward of ``rows`` rows ran without module hooks."""
@@ -44,20 +45,20 @@ class LoopObserver:
 
 @dataclass
 class Callbacks(LoopObserver):
-    """Plain functions as an observer: ``on_finish(row)``, ``on_tokens(row, tokens)``,
+    """Plain functions as an observer: ``on_finish(row)``, ``on_tokens(row, tokens, reason)``,
     ``on_replayed(rows)``."""
 
     on_finish: Callable[[int], None] | None = None
-    on_tokens: Callable[[int, list[int]], None] | None = None
+    on_tokens: Callable[[int, list[int], str], None] | None = None
     on_replayed: Callable[[int], None] | None = None
 
     @property
     def wants_tokens(self) -> bool:  # type: ignore[override]
         return self.on_tokens is not None
 
-    def row_finished(self, row: int, tokens: list[int] | None) -> None:
+    def row_finished(self, row: int, tokens: list[int] | None, reason: str = "") -> None:
         if self.on_tokens is not None:
-            self.on_tokens(row, tokens)
+            self.on_tokens(row, tokens, reason)
         if self.on_finish is not None:
             self.on_finish(row)
 
@@ -112,9 +113,9 @@ class Observers:
         for o in self.forward_hooks:
             o.begin_forward(rows, prefill)
 
-    def row_finished(self, row: int, tokens: list[int] | None) -> None:
+    def row_finished(self, row: int, tokens: list[int] | None, reason: str = "") -> None:
         for o in self.finishers:
-            o.row_finished(row, tokens)
+            o.row_finished(row, tokens, reason)
 
     def replayed_forward(self, rows: int) -> None:
         for o in self.replayers:

@@ -21,9 +21,10 @@ import math
 from collections.abc import Sequence
 
 STAT_KEYS = ("gen_tokens", "flops", "ponder_steps")
-# recorded only by early-exit runs (``evaluation.early_exit``), so every other run's samples
+# recorded only by early-exit runs (``evaluation.early_exit``: the mean exit layer) and by
+# runs with ``min_top_prob`` (the share of answers it stopped), so every other run's samples
 # and results keep exactly their keys; averaged over a document's responses like ponder steps
-EXIT_STAT_KEYS = ("exit_layer",)
+OPTIONAL_STAT_KEYS = ("exit_layer", "unsure_stop")
 
 
 class GenerationText(str):
@@ -106,7 +107,7 @@ def response_stats(responses: Sequence[str] | str) -> dict[str, float]:
         "flops": FlopCount(sum(s["flops"] for s in stats)),  # lm-eval's table: readable
         "ponder_steps": float(sum(s.get("ponder_steps", 0.0) for s in stats) / len(stats)),
     }
-    for key in EXIT_STAT_KEYS:
+    for key in OPTIONAL_STAT_KEYS:
         if all(key in s for s in stats):
             out[key] = float(sum(s[key] for s in stats) / len(stats))
     return out

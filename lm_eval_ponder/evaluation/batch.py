@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from lm_eval.models.huggingface import HFLM
 
-from lm_eval_ponder.engine.loop import generate_rows
+from lm_eval_ponder.engine.loop import FINISH_UNSURE, generate_rows
 from lm_eval_ponder.engine.observers import Callbacks, LoopObserver
 from lm_eval_ponder.engine.rows import check_model_supported
 from lm_eval_ponder.engine.sampling import SamplingConfig
@@ -37,15 +37,17 @@ Steer = Pondering | Sequence[float] | SteeringHook | None
 @dataclass
 class BatchGeneration:
     """One batch's output: ``sequences`` [B, L + T] as ``generate`` returns them, each row's
-    generated tokens (to its EOS or stop string), prompt tokens, and its accounting."""
+    generated tokens (to its EOS or stop string), prompt tokens, its accounting, and whether
+    it ended at a token below ``min_top_prob`` (which it ran a forward for and did not keep)."""
 
     sequences: torch.Tensor
     gen_tokens: list[int]
     prompt_tokens: list[int]
     accounts: CallAccounts
+    unsure: list[bool]
 
     def text(self, row: int, text: str) -> GenerationText:
-        return self.accounts.text(row, int(self.gen_tokens[row]), text)
+        return self.accounts.text(row, int(self.gen_tokens[row]), text, self.unsure[row])
 
 
 class BatchStep:
@@ -71,11 +73,11 @@ class BatchStep:
         hook, decider, ponder = self.hook(steer, input_ids.shape[0])
         accounts = CallAccounts(
             Pricing(lm.flops_spec, lm.prefill_logits, ponder.controller if ponder else None,
-                    lm.early_exit),
+                    lm.early_exit, lm.min_top_prob),
             attention_mask.sum(dim=1).tolist(), hook, decider, ponder)
         kwargs = hf_sampling_kwargs(generation_kwargs)
-        texts = None if on_text is None else Callbacks(on_tokens=lambda row, tokens: on_text(
-            row, accounts.text(row, len(tokens), lm.answer(tokens, stop))))
+        texts = None if on_text is None else Callbacks(on_tokens=lambda row, tokens, why: on_text(
+            row, accounts.text(row, len(tokens), lm.answer(tokens, stop), why == FINISH_UNSURE)))
         autocast = torch.autocast(device_type=lm.device.type, dtype=lm.mixed_precision_dtype,
                                   enabled=lm.mixed_precision_dtype is not None)
         with hook or contextlib.nullcontext(), autocast:
@@ -87,7 +89,7 @@ class BatchStep:
                     for observer in (texts, *observers):
                         if observer is not None:
                             observer.row_finished(row, tokens[:result[1][row]])
-        return BatchGeneration(result[0], result[1], accounts.prompt_tokens, accounts)
+        return BatchGeneration(result[0], result[1], accounts.prompt_tokens, accounts, result[2])
 
     def hook(self, steer: Steer, n_rows: int) -> tuple[Any, Any, Pondering | None]:
         """(hook, decider, pondering) of one call, from how it is steered (``Steer``); with
@@ -108,7 +110,7 @@ class BatchStep:
         return hook, decider, ponder
 
     def loop(self, input_ids, attention_mask, max_new_tokens: int, stop: list[str],
-             kwargs: dict, observers: list) -> tuple[torch.Tensor, list[int]] | None:
+             kwargs: dict, observers: list) -> tuple[torch.Tensor, list[int], list[bool]] | None:
         """The engine's generation, or None (with one warning) where it cannot reproduce
         ``generate`` exactly."""
         lm = self.lm
@@ -120,6 +122,8 @@ class BatchStep:
             sampling = SamplingConfig.from_kwargs(lm.model.generation_config, **kwargs)
             check_model_supported(lm.model)
         except UnsupportedGeneration as why:
+            if lm.min_top_prob is not None:  # generate would answer without the stop
+                raise PonderError(f"min_top_prob= needs the generation loop, and {why}") from None
             lm.warn_once(f"generation loop: {why}; using transformers' generate for these "
                          "requests (finished rows keep decoding)")
             return None
@@ -127,14 +131,16 @@ class BatchStep:
             lm.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
             eos_token_ids=set(sampling.eos_token_ids) or {lm.eot_token_id},
             pad_token_id=lm.tokenizer.pad_token_id, stop=stop, decode=lm.tok_decode,
-            sampling=sampling, config=lm.batching.loop_config(), observers=observers)
+            sampling=sampling, config=lm.batching.loop_config(lm.min_top_prob),
+            observers=observers)
         if result.decode_step != lm.batching.decode_step:
             lm.warn_once(f"decode_step={lm.batching.decode_step} does not apply to these "
                          f"calls ({result.why}); they decode with the dynamic cache")
-        return result.sequences, list(result.gen_tokens)
+        return (result.sequences, list(result.gen_tokens),
+                [why == FINISH_UNSURE for why in result.finish_reason])
 
     def generate(self, input_ids, attention_mask, max_new_tokens: int, stop: list[str],
-                 kwargs: dict) -> tuple[torch.Tensor, list[int]]:
+                 kwargs: dict) -> tuple[torch.Tensor, list[int], list[bool]]:
         """transformers' ``generate`` through HFLM's ``_model_generate``; each row counted to
         its EOS or stop string (the pad token is no end: the model may generate it)."""
         lm = self.lm
@@ -144,5 +150,6 @@ class BatchStep:
         eos_ids = {lm.eot_token_id}
         for ids in (lm.model.generation_config.eos_token_id, kwargs.get("eos_token_id")):
             eos_ids |= {ids} if isinstance(ids, int) else set(ids or ())
-        return sequences, [count_generated_tokens(lm.tok_decode, row, stop, eos_ids)
-                           for row in sequences[:, width:].tolist()]
+        counts = [count_generated_tokens(lm.tok_decode, row, stop, eos_ids)
+                  for row in sequences[:, width:].tolist()]
+        return sequences, counts, [False] * len(counts)

@@ -100,9 +100,11 @@ class Batching:
         self.max_cache_tokens = None if self.max_cache_gib is None or per_token is None \
             else max(1, int(self.max_cache_gib * 2**30 // per_token))
 
-    def loop_config(self) -> LoopConfig:
+    def loop_config(self, min_top_prob: float | None = None) -> LoopConfig:
+        """The engine's config; ``min_top_prob`` is the model's (it changes what is generated,
+        so it lives in the fingerprint, not here)."""
         return LoopConfig(max_rows=self.max_rows, max_cache_tokens=self.max_cache_tokens,
-                          decode_step=self.decode_step)
+                          decode_step=self.decode_step, min_top_prob=min_top_prob)
 
     def info(self) -> dict[str, Any]:
         return {"max_rows": self.max_rows, "max_cache_gib": self.max_cache_gib,

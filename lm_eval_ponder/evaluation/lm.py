@@ -53,6 +53,7 @@ from lm_eval_ponder.evaluation.settings import (
     check_model_dtype,
     load_pondering,
     load_steering,
+    parse_min_top_prob,
     unknown_model_arg,
 )
 from lm_eval_ponder.flops import FLOPS_PRICING, FlopsSpec
@@ -83,7 +84,7 @@ class PonderLM(HFLM):
                  max_rows: int | str | None = None, max_cache_gib: float | str | None = None,
                  decode_step: str | None = None, allow_backbone_mismatch: bool | str = False,
                  early_exit: float | str | None = None, exit_layers: str | None = None,
-                 **kwargs) -> None:
+                 min_top_prob: float | str | None = None, **kwargs) -> None:
         install_excepthook()
         self.generation = str(generation).strip().lower()
         if self.generation not in GENERATION_MODES:
@@ -93,6 +94,8 @@ class PonderLM(HFLM):
             k_max=k_max, alpha0=alpha0, beta=beta, alpha_start=alpha_start,
             granularity=granularity, allow_backbone_mismatch=allow_backbone_mismatch)
         self.early_exit = ExitSettings.from_model_args(early_exit, exit_layers, self.ponder_args)
+        self.min_top_prob = parse_min_top_prob(min_top_prob, self.generation,
+                                               self.early_exit is not None)
         kwargs["device"] = bb.resolve_device(kwargs.get("device"),
                                              parallelize=bool(kwargs.get("parallelize", False)))
         if kwargs["device"] == "cpu" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
@@ -141,9 +144,10 @@ class PonderLM(HFLM):
         one line rather than doing the work twice."""
         launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
         accelerator = getattr(self, "accelerator", None)
-        if accelerator is not None and accelerator.num_processes > 1 and self.world_size == 1:
-            if str(self.device).startswith("cuda"):
-                return  # HFLM's own GPU path decided (one GPU for several processes)
+        if accelerator is not None and accelerator.num_processes > 1 and self.world_size == 1 \
+                and not str(self.device).startswith("cuda"):
+            # on GPUs HFLM shards itself where it sees more than one GPU; with one GPU for
+            # several processes it does not, and the check below refuses the launch
             self._rank = accelerator.process_index
             self._world_size = accelerator.num_processes
         if launched > 1 and self.world_size != launched:
@@ -276,6 +280,8 @@ class PonderLM(HFLM):
         }
         if self.early_exit is not None:  # absent otherwise: earlier runs keep their identity
             fingerprint["early_exit"] = self.early_exit.fingerprint()
+        if self.min_top_prob is not None:  # likewise
+            fingerprint["min_top_prob"] = self.min_top_prob
         return fingerprint
 
     def fingerprint_hash(self) -> str:

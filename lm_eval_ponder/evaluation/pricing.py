@@ -32,14 +32,17 @@ class Pricing:
     prefill_logits: int
     controller: torch.nn.Module | None = None
     early_exit: ExitSettings | None = None
+    min_top_prob: float | None = None
 
     def text(self, text: str, row: dict[str, float]) -> GenerationText:
         """A generated text with its row's accounting, FLOPs priced from its counts (unless
-        the row priced its own: early exit)."""
+        the row priced its own: early exit). A row stopped below ``min_top_prob`` ran the
+        forward of the token it dropped: it is priced at one token more than it kept (the
+        softmax that tested it, a few operations per vocabulary entry, is not priced)."""
         if "flops" in row:
             return GenerationText(text, dict(row))
-        flops = generation_flops(self.spec, row["prompt_tokens"], row["gen_tokens"],
-                                 self.prefill_logits)
+        ran = row["gen_tokens"] + int(row.get("unsure_stop", 0.0))
+        flops = generation_flops(self.spec, row["prompt_tokens"], ran, self.prefill_logits)
         if row["controller_evals"]:
             flops += self.controller.evaluation_flops(row["controller_evals"])
         return GenerationText(text, {**row, "flops": float(flops)})
@@ -61,15 +64,21 @@ class CallAccounts:
         self.exit_hook = hook if isinstance(hook, ExitHook) else None
         self.depths, self.exits = RowRecords(), RowRecords()
 
-    def stats(self, row: int, gen_tokens: int) -> dict[str, float]:
-        """Row ``row``'s accounting, having generated ``gen_tokens`` tokens."""
+    def stats(self, row: int, gen_tokens: int, unsure: bool = False) -> dict[str, float]:
+        """Row ``row``'s accounting, having generated ``gen_tokens`` tokens (``unsure``: and
+        then stopped below ``min_top_prob``)."""
         if self.steering is not None:
             self.depths.read(self.decider.depths, self.steering.decision_rows)
         depths = self.depths.of(row) if self.steering is not None else None
-        steps, evals = self.ponder.row_stats(depths, gen_tokens) if self.ponder else (0.0, 0)
+        # a row stopped below min_top_prob made one decision more than it kept tokens (at token
+        # granularity): the one that steered the logits the stop tested
+        ran = gen_tokens + int(unsure)
+        steps, evals = self.ponder.row_stats(depths, ran) if self.ponder else (0.0, 0)
         prompt = int(self.prompt_tokens[row])
         stats = {"prompt_tokens": prompt, "gen_tokens": gen_tokens, "ponder_steps": steps,
                  "controller_evals": evals}
+        if self.pricing.min_top_prob is not None:  # absent otherwise: other runs keep their keys
+            stats["unsure_stop"] = float(unsure)
         if self.exit_hook is not None and self.pricing.early_exit is not None:
             self.exits.read(self.exit_hook.exits, self.exit_hook.exit_rows)
             stats.update(exit_accounting(self.pricing.spec, self.pricing.early_exit,
@@ -77,5 +86,5 @@ class CallAccounts:
                                          self.pricing.prefill_logits))
         return stats
 
-    def text(self, row: int, gen_tokens: int, text: str) -> GenerationText:
-        return self.pricing.text(text, self.stats(row, gen_tokens))
+    def text(self, row: int, gen_tokens: int, text: str, unsure: bool = False) -> GenerationText:
+        return self.pricing.text(text, self.stats(row, gen_tokens, unsure))

@@ -6,7 +6,7 @@ row finishes only after most of the work of the first wave is done. A bar that e
 from finished rows then shows ``1/300 [01:33<7:44:00]`` while the run is on course for under an
 hour, and at the end the last long answers decode alone for minutes with the bar frozen at
 ``45/50``. Both generation paths must be counted, our loop and transformers' ``generate``
-(``generation=hf``), and only the second has no ``RowObserver`` protocol, so this module
+(``generation=hf``), and only the first tells its ``LoopObserver``s anything, so this module
 reads two things it can see from outside either:
 
 - finished rows: ``finish`` is the ``on_finish`` callback;
@@ -55,7 +55,7 @@ class RowProgress:
     """The bar and status lines of one generation call over ``total`` requests.
 
     Use: ``with RowProgress(total, desc) as progress, progress.watch(model): generate(...,
-    on_finish=progress.finish)``. ``clock`` and ``write`` are seams for tests.
+    observers=[progress.observer()])``. ``clock`` and ``write`` are seams for tests.
     """
 
     def __init__(self, total: int, desc: str, *, unit: str = "request", disable: bool = False,

@@ -9,7 +9,6 @@ controller trained on another vector, alpha and controller together, a vector wi
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import logging
 import math
@@ -68,6 +67,25 @@ def model_arg_number(key: str, value: Any, kind: type[int] | type[float]) -> int
     except (TypeError, ValueError, OverflowError):
         raise PonderError(f"model arg {key}={value!r} is not {what}: pass e.g. "
                           f"--model_args {key}={example}") from None
+
+
+def parse_min_top_prob(value: Any, generation: str, early_exit: bool) -> float | None:
+    """``min_top_prob``: the answer-truncation reading of the paper's tau (an answer stops at
+    its first position whose top next-token probability is below it). None when not given;
+    refused with ``generation=hf`` (``generate`` has no such stop, and its batch-wide
+    criterion would price rows wrongly) and with ``early_exit=`` (one stopping rule a run)."""
+    if absent(value):
+        return None
+    tau = model_arg_number("min_top_prob", value, float)
+    if not 0 < tau < 1:
+        raise PonderError(f"min_top_prob must be a probability in (0, 1), got {value!r} (at 0 "
+                          "no answer stops, at 1 every answer stops at its first token)")
+    if generation != "loop":
+        raise PonderError("min_top_prob= stops answers inside the generation loop; it does "
+                          f"not apply to generation={generation}")
+    if early_exit:
+        raise PonderError("min_top_prob= and early_exit= are two stopping rules; pass one")
+    return tau
 
 
 def check_model_dtype(dtype: Any) -> None:
@@ -274,10 +292,6 @@ class Pondering:
             return float(depths[0]), evals_per_decision
         used = depths[: max(gen_tokens, 1)]
         return used.float().mean().item(), evals_per_decision * len(used)
-
-
-def no_hook():
-    return contextlib.nullcontext(), None
 
 
 def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,

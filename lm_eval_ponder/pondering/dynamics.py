@@ -9,17 +9,17 @@ halting depth is the first index under tau. No Python loop over k, ever.
 Units. ``PonderConfig.alpha0`` and ``alpha_start`` are *fractions of a reference
 residual-stream norm* (e.g. the mean norm of the steering layer's output at the last prompt
 token), not absolute sizes: the caller multiplies by that norm (``SteeringHook(scale=...)``,
-``ponder(h=scale * vector)``). Measured on SmolLM2-135M (NOTES.md), useful offsets are
-~15% of a norm of ~163, so a fraction transfers across backbones where a raw alpha would not.
+``ponder(h=scale * vector)``). Measured on SmolLM2-135M (``docs/design/paper-gaps.md``), useful offsets
+are ~15% of a norm of ~163, so a fraction transfers across backbones where a raw alpha would not.
 
 ``alpha_start`` is a signed offset applied before any pondering (depth 0). The paper's steps
 only push along h ("deliberate"); starting at, say, -0.15 (concise) lets a controller that
 ponders land on either side of the unsteered model.
 
-Granularity (the paper disagrees with itself, NOTES.md): ``"prompt"`` ponders once on the last
-prompt token and keeps that offset for the whole answer (appendix algorithm); ``"token"``
-ponders afresh at every decoding step (introduction). ``pondering.hook.SteeringHook``
-implements both.
+Granularity (the paper disagrees with itself, ``docs/design/paper-gaps.md``): ``"prompt"``
+ponders once on the last prompt token and keeps that offset for the whole answer (appendix
+algorithm); ``"token"`` ponders afresh at every decoding step (introduction).
+``pondering.hook.SteeringHook`` implements both.
 """
 
 from __future__ import annotations

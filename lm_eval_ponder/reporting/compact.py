@@ -72,9 +72,7 @@ def compact_sample(sample: dict, keep_text: bool) -> tuple[dict, dict | None]:
     """A sample as the reports need it, and (``keep_text``, when it has answers) its answers."""
     out: dict = {"doc_id": sample["doc_id"]}
     doc = sample.get("doc") or {}
-    out["doc"] = dict(doc) if keep_text else {
-        k: doc[k] for k in DOC_KEEP if k in doc
-        and isinstance(doc[k], (int, float, str)) and len(str(doc[k])) <= 64}
+    out["doc"] = dict(doc) if keep_text else doc_labels(doc)
     if keep_text:
         for key in ("target", "arguments"):
             if key in sample:
@@ -91,6 +89,31 @@ def compact_sample(sample: dict, keep_text: bool) -> tuple[dict, dict | None]:
     if sample.get("filtered_resps") != default_filtered(sample["resps"]):
         answers["filtered_resps"] = sample.get("filtered_resps")
     return out, answers
+
+
+def doc_labels(doc: dict) -> dict:
+    """A document's labels (``DOC_KEEP``: short values, never text)."""
+    return {k: doc[k] for k in DOC_KEEP if k in doc
+            and isinstance(doc[k], (int, float, str)) and len(str(doc[k])) <= 64}
+
+
+def drop_text(log: Path) -> bool:
+    """Rewrite a compact log without the texts a ``TEXT_KEPT`` dataset keeps (document, target,
+    prompt), for runs whose readers need only labels, metrics and answer digests: the model
+    organism's (issue 64), whose 150 runs kept 20 KB of prompts each, a fifth of the tree's
+    limit. Whether it changed the file."""
+    rows = read_jsonl(log)
+    out = [{**{k: v for k, v in r.items() if k not in ("target", "arguments")},
+            "doc": doc_labels(r.get("doc") or {})} for r in rows]
+    if out == rows:
+        return False
+    write_jsonl_xz(log, out)
+    return True
+
+
+def drop_text_tree(root: Path) -> int:
+    """``drop_text`` on every compact log under ``root``; how many it rewrote."""
+    return sum(drop_text(log) for log in sorted(Path(root).rglob(f"samples_*{COMPACT}")))
 
 
 def dataset_of(log: Path) -> str:

@@ -155,6 +155,18 @@ def backbone_of(args: dict, marker: dict | None, fingerprint: dict | None) -> st
 
 def _label(task: str, model: str, args: dict, marker: dict | None,
            fingerprint: dict | None = None) -> tuple[str, str]:
+    """(backbone, method) of a run; a run whose answers stopped below ``min_top_prob`` (the
+    answer-truncation reading of tau) carries it after its method's name."""
+    backbone, method = method_label(task, model, args, marker, fingerprint)
+    recorded = fingerprint.get("min_top_prob") if isinstance(fingerprint, dict) else None
+    tau = recorded if recorded is not None else args.get("min_top_prob")
+    if tau in (None, "", "none") or (marker and marker.get("method")):
+        return backbone, method
+    return backbone, f"{method} (answer stop p<{float(tau):g})"
+
+
+def method_label(task: str, model: str, args: dict, marker: dict | None,
+                 fingerprint: dict | None = None) -> tuple[str, str]:
     base = registry.split_task(task)[1]
     backbone = backbone_of(args, marker, fingerprint)
     if marker and marker.get("method"):
@@ -435,9 +447,20 @@ def steered_from(run: Run, base: Run) -> bool:
     return rest_a == rest_b and a.generation == b.generation
 
 
+def truncated_from(run: Run, base: Run) -> bool:
+    """Whether ``base`` is ``run`` without its answer stop (``min_top_prob``): everything
+    else the same, the steering included."""
+    a, b = run.identity, base.identity
+    if "min_top_prob" not in a.model or "min_top_prob" in b.model:
+        return False
+    rest = {k: v for k, v in a.model.items() if k != "min_top_prob"}
+    return rest == b.model and a.generation == b.generation
+
+
 def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
     """Per dataset, each steered run against its own base (FR and FP-Direct against Direct,
-    FP-CoT against CoT, FP-BoN against BoN) with the same variants (decoding, dtype, ...),
+    FP-CoT against CoT, FP-BoN against BoN; a run with an answer stop against the same run
+    without it) with the same variants (decoding, dtype, ...),
     paired per question (``measures.paired_difference``): whether steering's token saving
     costs accuracy is a paired question, which side-by-side intervals answer only
     conservatively."""
@@ -445,12 +468,15 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
     for dataset in dataset_order(common):
         group = [r for r in common[dataset] if r.samples]
         for run in group:
-            base_family = BASE_OF.get(family(run.label))
-            if base_family is None:
-                continue
-            same = [b for b in group if family(b.label) == base_family]
-            bases = [b for b in same if steered_from(run, b)] or \
-                [b for b in same if label_variants(b.label) == label_variants(run.label)]
+            if "min_top_prob" in run.identity.model:  # the answer stop against the same run without it
+                bases = [b for b in group if truncated_from(run, b)]
+            else:
+                base_family = BASE_OF.get(family(run.label))
+                if base_family is None:
+                    continue
+                same = [b for b in group if family(b.label) == base_family]
+                bases = [b for b in same if steered_from(run, b)] or \
+                    [b for b in same if label_variants(b.label) == label_variants(run.label)]
             if len(bases) != 1:
                 continue
             d = paired_difference(run.samples, bases[0].samples)

@@ -11,8 +11,10 @@ hold both folders on its path at once. ``tests/test_benchmarks.py`` enforces the
 folders.
 
 - ``caches``: the two pondering forms and the headroom rollout caches (``headroom.py`` builds
-  them; ``adaptation.py``, ``testset.py`` and ``per_type.py`` read them).
+  them; ``adaptation.py``, ``testset.py`` and ``per_type.py`` read them, their outcomes
+  without z_0 through ``cache_matrices``).
 - ``analysis``: per-prompt outcome matrices, the fixed-depth curve, oracle choices,
-  cross-fitting folds, bootstrap intervals, depth by difficulty level, one depth per type.
+  cross-fitting folds, bootstrap intervals, depth by difficulty level, one depth per type, and
+  a gap at equal tokens against the three comparators (in-sample, cross-fitted, smoothed).
 - ``heldout``: the packed held-out records of an adaptation sweep.
 """

@@ -379,3 +379,169 @@ def null_detectable_effect(null_sd: float, power: float = 0.8) -> float:
     from scipy.stats import norm
 
     return float((norm.ppf(0.95) + norm.ppf(power)) * null_sd)
+
+
+# ----------------------------------------------------------------------------- three comparators
+# Issue 65: a gap "at equal tokens" has three readings, and each errs its own way when depths
+# are near-tied. The in-sample envelope (``fixed_curve``) is the upper envelope of nine noisy
+# depth means chosen on the items it is scored on: optimistic. The cross-fitted curve
+# (``crossfit_budget_gap``) is chosen on the other folds and scored held out: unbiased for
+# the policy it picks, but with near-ties it picks the other folds' noise, so it is
+# pessimistic about the best fixed policy. The smoothed curve (``smoothed_curve``) pools each
+# depth with its neighbours before the envelope is taken, so its best point is not the
+# maximum of nine noises: neither bias, at the price of some smoothing bias at a sharp peak.
+
+
+def smooth_over_depths(values) -> "object":
+    """Depth means smoothed over neighbouring depths: a 3-point moving average, and at each
+    end the value at the end depth of the least-squares line through the last three
+    (Savitzky-Golay, window 3, order 1). Why: a noisy mean at one depth cannot lift the curve's
+    best point on its own, while a real trend over depths (a rise, a fall, a plateau) stays."""
+    import numpy as np
+
+    a = np.asarray(values, dtype=float)
+    if len(a) < 3:
+        return a.copy()
+    out = np.empty_like(a)
+    out[1:-1] = (a[:-2] + a[1:-1] + a[2:]) / 3
+    out[0] = (5 * a[0] + 2 * a[1] - a[2]) / 6
+    out[-1] = (5 * a[-1] + 2 * a[-2] - a[-3]) / 6
+    return out
+
+
+def smoothed_curve(tokens, accuracy):
+    """``fixed_curve`` with each depth's mean accuracy smoothed over depths
+    (``smooth_over_depths``); tokens as measured. For ``accuracy_at_tokens``: the smoothed
+    comparator at equal tokens, whose best depth is the smoothed choice."""
+    curve = fixed_curve(tokens, accuracy)
+    curve[:, 1] = smooth_over_depths(curve[:, 1])
+    return curve
+
+
+def crossfit_budget_gap(accuracy, tokens, weights, fold, folds: int):
+    """Per item, a policy's accuracy minus the fixed curve's at the policy's tokens, the curve
+    chosen out of sample: on each fold, ``curve_mix`` of the *other* folds' depth means at the
+    policy's mean tokens on the fold, its depths scored on the fold's own items. ``weights``
+    [item, depth]: each item's probability of each depth (one-hot for a threshold rule, the
+    halting distribution for a sampled one). ``budget_gap`` with weights in place of depths:
+    what "on the fixed curve" means when the curve, too, must be chosen held out."""
+    import numpy as np
+
+    w = np.asarray(weights, dtype=float)
+    own = (w * accuracy).sum(axis=1)
+    gap = np.full(len(fold), np.nan)
+    for f in range(folds):
+        held, train = fold == f, fold != f
+        if not held.any() or not train.any():  # nothing to score, or nothing to choose on
+            continue
+        budget = float((w[held] * tokens[held]).sum(axis=1).mean())
+        mix = curve_mix(tokens[train].mean(axis=0), accuracy[train].mean(axis=0), budget)
+        gap[held] = own[held] - sum(v * accuracy[held, k] for k, v in mix.items())
+    return gap
+
+
+def curve_verdict(ci95, tol: float = 1e-9) -> str:
+    """What an interval says of a gap to the curve: "above" or "below" the curve beyond it,
+    else "on" (it includes 0; ``tol`` absorbs the float dust of a gap that is exactly 0)."""
+    lo, hi = ci95
+    if lo > tol:
+        return "above"
+    if hi < -tol:
+        return "below"
+    return "on"
+
+
+def comparator_gaps(accuracy, tokens, weights_by_seed: list, fold, folds: int,
+                    draws: int = 2000, seed: int = 0) -> dict:
+    """A policy's gap at equal tokens against all three comparators, seed means, with paired
+    95% bootstrap intervals over items (the same resamples as ``bootstrap`` draws for the
+    in-sample figures, so that interval is the one the pages already print): ``in_sample``
+    (``fixed_curve``, re-chosen on each resample, optimistic), ``cross_fitted``
+    (``crossfit_budget_gap``, comparators fixed, items resampled) and ``smoothed``
+    (``smoothed_curve``, re-fitted on each resample). ``weights_by_seed``: one [item, depth]
+    array per seed. Also the verdict of each interval (``curve_verdict``), so a page can say
+    which verdicts survive all three."""
+    import numpy as np
+
+    w = [np.asarray(x, dtype=float) for x in weights_by_seed]
+    own_acc = np.mean([(x * accuracy).sum(axis=1) for x in w], axis=0)
+    own_tok = np.mean([(x * tokens).sum(axis=1) for x in w], axis=0)
+    cross = np.mean([crossfit_budget_gap(accuracy, tokens, x, fold, folds) for x in w], axis=0)
+
+    def figures(idx):
+        a, t = float(own_acc[idx].mean()), float(own_tok[idx].mean())
+        return {"in_sample": a - accuracy_at_tokens(fixed_curve(tokens[idx], accuracy[idx]), t),
+                "cross_fitted": float(np.nanmean(cross[idx])),
+                "smoothed": a - accuracy_at_tokens(smoothed_curve(tokens[idx], accuracy[idx]), t)}
+
+    n = len(own_acc)
+    point = figures(np.arange(n))
+    ci = bootstrap(figures, n, draws, seed)
+    return {"accuracy": float(own_acc.mean()), "tokens": float(own_tok.mean()),
+            "gaps": point, "ci95": {k: list(v) for k, v in ci.items()},
+            "verdicts": {k: curve_verdict(v) for k, v in ci.items()}}
+
+
+def fixed_curve_summary(accuracy, tokens, fold, folds: int) -> dict:
+    """The fixed depths as the three comparators see them: every depth's mean accuracy and
+    tokens, the smoothed accuracy, each comparator's best depth and the cross-fitted one depth
+    for all, so a page can say where near-ties make the cross-fitted depth pessimistic."""
+    import numpy as np
+
+    means = accuracy.mean(axis=0)
+    smooth = smooth_over_depths(means)
+    single, per_fold = fixed_by_fold(accuracy, fold, folds)
+    return {"accuracy": means.tolist(), "tokens": tokens.mean(axis=0).tolist(),
+            "smoothed_accuracy": smooth.tolist(),
+            "best_depth": {"in_sample": int(means.argmax()), "smoothed": int(smooth.argmax())},
+            "one_depth_cross_fitted": {
+                "depth_per_fold": per_fold,
+                "accuracy": float(accuracy[np.arange(len(fold)), single].mean()),
+                "tokens": float(tokens[np.arange(len(fold)), single].mean())}}
+
+
+# the table columns of ``comparator_gaps`` (``comparator_cells``), one wording for every page
+COMPARATOR_HEADER = ("gap: in-sample envelope (optimistic) | gap: cross-fitted curve at its "
+                     "tokens | gap: smoothed curve at its tokens | verdict (in-sample / "
+                     "cross-fitted / smoothed)")
+
+
+def comparator_cells(c: dict, digits: int = 3) -> str:
+    """The four cells of ``COMPARATOR_HEADER`` for one ``comparator_gaps`` result: each gap
+    with its interval, then the verdicts, said once where all three agree (the verdict that
+    survives every comparator) and one per comparator where they do not."""
+    cells = []
+    for name in ("in_sample", "cross_fitted", "smoothed"):
+        v, (lo, hi) = c["gaps"][name], c["ci95"][name]
+        cells.append(f"{v:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]")
+    verdicts = [c["verdicts"][k] for k in ("in_sample", "cross_fitted", "smoothed")]
+    said = (f"{verdicts[0]} (all three)" if len(set(verdicts)) == 1 else " / ".join(verdicts))
+    return " | ".join([*cells, said])
+
+
+def comparators_said(items: str, folds: int) -> str:
+    """The sentences a page prints above a ``COMPARATOR_HEADER`` table: what each comparator
+    is, which way it errs, and the smoother (one wording for every page). ``items``: what the
+    rows are scored on, plural ("prompts", "documents")."""
+    return (f"Gap: accuracy minus a fixed-depth curve at equal tokens, 95% paired bootstrap "
+            f"CI over {items}, against three comparators. *In-sample envelope*: the upper "
+            f"envelope of the depth means on the {items} it is scored on (optimistic: its best "
+            f"point is the maximum of nine noisy means). *Cross-fitted*: in each of {folds} "
+            f"folds by key hash, the curve of the other folds at the policy's tokens, its "
+            f"depths scored on the fold's {items} (pessimistic where depths are near-tied: it "
+            "picks the other folds' noise). *Smoothed*: the envelope after a 3-point moving "
+            "average of the depth means over depths (at each end, the least-squares line "
+            f"through the last three), on the same {items}: neither. Verdicts: above / below "
+            "the curve beyond the interval, else on it.")
+
+
+def curve_said(curve: dict) -> str:
+    """One line of a ``fixed_curve_summary``: every depth's mean accuracy and tokens with its
+    smoothed accuracy, each comparator's best depth and the cross-fitted one depth for all."""
+    one = curve["one_depth_cross_fitted"]
+    return ("Depth means (accuracy / tokens; smoothed accuracy): " + ", ".join(
+        f"k={k}: {a:.4f} / {t:.0f} ({m:.4f})" for k, (a, t, m) in enumerate(zip(
+            curve["accuracy"], curve["tokens"], curve["smoothed_accuracy"])))
+        + f". Best depth in sample k = {curve['best_depth']['in_sample']}, smoothed k = "
+        f"{curve['best_depth']['smoothed']}; one depth for all, cross-fitted (depth per fold "
+        f"{one['depth_per_fold']}): {one['accuracy']:.4f} at {one['tokens']:.1f} tokens.")

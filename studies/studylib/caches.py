@@ -36,3 +36,28 @@ def cache_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--form", choices=sorted(FORMS), default="ours")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--root", default="results/headroom", help="where the caches live")
+
+
+def cache_matrices(directory: Path, keys: list[str], k_max: int):
+    """[prompt, depth] mean accuracy and tokens over the cache's samples, in ``keys`` order,
+    from its outcome files alone (no z_0: ``per_type.py`` and ``adaptation.py comparators``
+    run on the committed records of a fresh clone)."""
+    import numpy as np
+
+    from lm_eval_ponder.training.rollouts import read_outcomes
+
+    index = {k: i for i, k in enumerate(keys)}
+    acc, tok, n = (np.zeros((len(keys), k_max + 1)) for _ in range(3))
+    for part in sorted(directory.glob("rollouts.*.outcomes.json.xz")):
+        for r in read_outcomes(part):
+            i = index.get(r["key"])
+            if i is not None:
+                acc[i, r["depth"]] += float(r["correct"])
+                tok[i, r["depth"]] += float(r["gen_tokens"])
+                n[i, r["depth"]] += 1
+    if (n == 0).any():
+        from lm_eval_ponder.errors import PonderError
+
+        raise PonderError(f"{directory}: {int((n == 0).sum())} (prompt, depth) cells have no "
+                          "outcome; is the cache complete?")
+    return acc / n, tok / n

@@ -322,6 +322,29 @@ def test_cache_budget_bounds_rows_times_width(tok, budget):
     assert most == {None: 4, 400: 4, 150: 3, 1: 1}[budget]
 
 
+def test_a_binding_budget_admits_rows_in_groups_not_one_by_one(tok):
+    """Where the cache budget (not max_rows) bounds the rows in flight, waiting rows join once
+    half of what the budget holds is free, as under max_rows: one row at a time meant a
+    prefill and a merge of the whole cache per finished row."""
+    n = 24
+    lengths = [2 + (i * 5) % 7 for i in range(n)]  # rows finish at different steps
+    letters = "abcdefghijklmnopqrstuvwx"  # one per row, so the scripts' keys never collide
+    prompts = [c * 4 for c in letters]
+    scripts = [chars(tok, c * (k - 1)) + [EOS] for c, k in zip(letters, lengths)]
+    ids, mask = encode(tok, prompts)
+    width = int(mask.sum(1).max()) + 10
+    rec = Recorder()
+    res = generate_rows(scripted_model(tok, prompts, scripts), ids, mask, max_new_tokens=10,
+                        eos_token_ids={EOS}, pad_token_id=PAD,
+                        config=LoopConfig(max_rows=64, max_cache_tokens=8 * width),
+                        observers=[rec])
+    assert res.gen_tokens == lengths
+    prefills = [rows for rows, prefill in rec.calls if prefill]
+    assert max(len(r) for r in prefills) <= 8 and sum(len(r) for r in prefills) == n
+    assert len(prefills) <= n // 4 + 1  # groups of at least about half the budget's rows
+    assert min(len(r) for r in prefills[:-1]) >= 4
+
+
 def test_prefill_parts_split_only_where_padding_would_dominate():
     lengths = {0: 2900, 1: 860, 2: 800, 3: 430, 4: 420, 5: 300}
     assert prefill_parts([0, 1, 2, 3, 4, 5], lengths) == [[0], [1, 2, 3], [4, 5]]

@@ -86,6 +86,25 @@ def test_our_data_keeps_question_prompt_and_answers_in_two_files(tmp_path):
     assert all("resps" not in b for b in compact.read_samples(out))
 
 
+def test_drop_text_keeps_labels_metrics_and_digests(tmp_path):
+    """The organism's runs: a compact arith log rewritten without document, target and prompt
+    reads back to the same metrics, levels and answer digests; a second pass changes nothing."""
+    samples = [{**gpqa_like_sample(i), "doc": {"question": f"What is {i} + 1?", "level": 2},
+                "target": str(i + 1), "resps": [[f"{i + 1}"]],
+                "filtered_resps": [f"{i + 1}"]} for i in range(3)]
+    path = tmp_path / "samples_arith_ponder_2026.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    out = compact.compact_file(path)
+    before = read_jsonl(out)
+    assert compact.drop_text_tree(tmp_path) == 1 and compact.drop_text_tree(tmp_path) == 0
+    after = read_jsonl(out)
+    for b, a in zip(before, after):
+        assert "question" not in a["doc"] and "target" not in a and "arguments" not in a
+        assert a["doc"]["level"] == 2 and a["resps_sha256"] == b["resps_sha256"]
+        assert {k: v for k, v in a.items() if k != "doc"} == \
+            {k: v for k, v in b.items() if k not in ("doc", "target", "arguments")}
+
+
 def test_best_of_n_answers_come_back_whole(tmp_path):
     resps = [["10", "7 + 1 = 8", "ten"]]
     sample = {**gpqa_like_sample(), "resps": resps, "filtered_resps": resps, "filter": "bon"}

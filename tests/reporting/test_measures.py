@@ -79,3 +79,14 @@ def test_sign_test_and_holm() -> None:
     assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1, order kept
     # issue 52: p = 0.016 alone survives, as one of ten (the nine others at 0.5) it does not
     assert holm([0.016] + [0.5] * 9)[0] == pytest.approx(0.16)
+
+
+def test_sign_flip_test_weighs_sizes_not_signs() -> None:
+    from lm_eval_ponder.reporting.measures import sign_flip_test, sign_test
+
+    # many tiny negative differences against a few large positive ones: a mean of ~0
+    diffs = [-0.002] * 55 + [0.0] * 430 + [0.0073] * 15
+    assert sign_test(diffs) < 1e-5  # what the sign test said
+    assert sign_flip_test(diffs) > 0.5  # the mean is nowhere near beyond chance
+    assert sign_flip_test([0.05] * 40) < 1e-3  # a real shift is found
+    assert sign_flip_test([0.0] * 10) == 1.0

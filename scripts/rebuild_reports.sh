@@ -64,7 +64,9 @@ figure "$tmp/organism-t0.7/pareto_arith_t0.7.png" docs/figures/organism_pareto_a
 # the answer-truncation reading of tau (issue 65): against Direct and fixed steering
 for d in greedy t0.7; do
   for t in arith gsm8k; do
-    report "answer-truncation-$d-$t" "$tmp/at-$d-$t" "$s/$d"/{Direct,FR,FP-Direct}/"$t" \
+    base=()  # the suite's Direct, FR and FP-Direct runs that exist (no FR of GSM8K at T = 0.7)
+    for m in Direct FR FP-Direct; do [ -d "$s/$d/$m/$t" ] && base+=("$s/$d/$m/$t"); done
+    report "answer-truncation-$d-$t" "$tmp/at-$d-$t" "${base[@]}" \
         results/answer-truncation/"$d"/AT_p*/"$t"
     if [ "$d" = greedy ]; then pareto="pareto_$t.png"; else pareto="pareto_${t}_$d.png"; fi
     figure "$tmp/at-$d-$t/$pareto" "docs/figures/answer_truncation_${t}_$d.png"

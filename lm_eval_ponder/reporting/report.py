@@ -579,8 +579,9 @@ def case_studies(common: dict[str, list[Run]], per_dataset: int = 2) -> list[dic
         good, bad = [], []
         for s in fp.samples:
             others = [idx[m].get(s["doc_id"]) for m in ("CoT", "Direct")]
-            if None in others or any("resps" not in x for x in (s, *others)):
-                continue  # a compact log without its answers file has nothing to quote
+            if None in others or any("resps" not in x or "target" not in x
+                                     for x in (s, *others)):
+                continue  # a compact log without its answers file (or its texts) has nothing to quote
             if s["exact_match"] and any(not o["exact_match"] for o in others):
                 good.append((s, others))
             elif not s["exact_match"] and any(o["exact_match"] for o in others) and not bad:

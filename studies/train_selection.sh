@@ -27,8 +27,8 @@ done
 {
   echo "# Settings chosen on the training splits (issue 52)"
   echo
-  echo "Made by \`bash studies/train_selection.sh\` (the runs: \`$out\`, not committed; this page"
-  echo "is their summary). The layer sweep:"
+  echo "Made by \`bash studies/train_selection.sh\` (the runs: \`$out\`, committed as results JSON"
+  echo "and compact samples logs; the verdicts on the committed page are written by hand). The layer sweep:"
   echo
   python studies/layer_sweep.py --table "$(dirname "$doc")/layer-sweep-train.json"
   echo

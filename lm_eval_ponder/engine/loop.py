@@ -280,8 +280,7 @@ class RowLoop:
         # where the budget, not max_rows, binds: wait as for max_rows until admit_fraction of
         # what it holds is free. Else each finished row let one row in, a prefill and a merge
         # (a copy of the whole cache) per row (measured: "prefilling 1 rows" at every step)
-        if k < n and k < min(math.ceil(self.config.admit_fraction * (in_flight + k)),
-                             len(self.waiting)):
+        if k < n and k < math.ceil(self.config.admit_fraction * (in_flight + k)):
             return 0
         return k
 

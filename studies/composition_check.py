@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import answers_digest, latest_log, read_samples
 
 DECODINGS = {0: "t0.7", 1: "t0.7-seed1", 2: "t0.7-seed2"}
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in seeds:
         sweep = Path(a.sweep.format(depth=a.depth, decoding=DECODINGS[seed]))
         run = Path(a.run.format(decoding=DECODINGS[seed]))
+        archive.ensure(sweep), archive.ensure(run)  # the committed runs (results/*.tar.xz)
         composed, ran = samples_of(sweep, a.task), samples_of(run, a.task)
         per_seed[str(seed)] = compare(composed, ran)
         composed_all.append(composed)

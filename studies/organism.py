@@ -888,6 +888,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="form:task pairs with a finished sweep")
     v.add_argument("--nulls", type=int, default=200, help="shuffled-label draws")
     args = parser.parse_args(argv)
+    if getattr(args, "root", None):
+        from lm_eval_ponder.reporting import archive
+
+        archive.ensure(args.root)  # the committed study (results/organism.tar.xz)
     if args.command == "build":
         for flag in ("per_level", "epochs", "batch_size", "rank", "save_every"):
             if getattr(args, flag) < 1:

@@ -31,6 +31,8 @@ from pathlib import Path
 from studylib.analysis import FOLDS, controller_gaps, fold_of, per_type_headroom
 from studylib.caches import FORMS, cache_dir, cache_matrices, train_config
 
+from lm_eval_ponder.reporting import archive
+
 
 class TemplateOnly:
     """What ``build_prompts`` needs of a model, HFLM's chat template, from the tokenizer alone:
@@ -226,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         q.add_argument("--nulls", type=int, default=200)
         q.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     args = p.parse_args(argv)
+    archive.ensure(args.root)  # a committed sweep (results/<root>.tar.xz)
     summary = {"caches": caches, "sweep": sweep}[args.command](args)
     text = markdown(summary)
     if args.out:

@@ -78,6 +78,7 @@ from studylib.analysis import (
 from studylib.caches import FORMS, train_config
 from studylib.pages import write_page
 
+from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import answers_digest
 from lm_eval_ponder.reporting.suite import seed_folder  # the suite's layout of seeds
 
@@ -1199,6 +1200,7 @@ def main(argv: list[str] | None = None) -> None:
                  "adaptation.py export (<run>/controller)")
     args = p.parse_args(argv)
     args.root = args.root or default_root(args.dtype)
+    archive.ensure(args.root)  # the committed sweep (results/<root>.tar.xz)
     if args.command in ("analyse", "taus", "literal"):
         args.out = args.out or default_out(args.dtype)
     {"sweep": sweep, "analyse": analyse, "verify": verify, "evaluate": evaluate,

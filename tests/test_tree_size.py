@@ -1,6 +1,8 @@
 """The tracked tree travels to a GPU machine in one transfer of at most 64 MiB, and is kept
-under 10 MiB (issue 35; docs/design/repository.md). This test is the alarm
-before the limit: it fails once the tracked files pass 15 MiB, naming the largest."""
+under 15 MiB as the disk counts it (issue 35; docs/design/repository.md): each file takes
+whole 4 KiB blocks, so a thousand small records weigh 4 MiB however few bytes they hold
+(``du -k``, as the project's before-stop check counts). This test fails once the tracked
+files pass 15 MiB in blocks, naming the largest."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import subprocess
 import pytest
 from conftest import REPO
 
-LIMIT = 15 * 1024 * 1024  # bytes; the target is 10 MiB, this leaves room to notice and act
+LIMIT = 15 * 1024 * 1024  # bytes on disk, whole blocks
+BLOCK = 4096
 
 
 def tracked_sizes() -> dict[str, int]:
@@ -28,9 +31,10 @@ def tracked_sizes() -> dict[str, int]:
 
 def test_the_tracked_tree_stays_small():
     sizes = tracked_sizes()
-    total = sum(sizes.values())
+    total = sum(-(-size // BLOCK) * BLOCK for size in sizes.values())
     largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:10]
     assert total <= LIMIT, (
-        f"the tracked tree is {total / 2**20:.1f} MiB, over {LIMIT / 2**20:.0f} MiB (target 10 "
-        "MiB, docs/design/repository.md); largest files:\n" +
+        f"the tracked tree is {total / 2**20:.1f} MiB in {BLOCK // 1024} KiB blocks, over "
+        f"{LIMIT / 2**20:.0f} MiB ({len(sizes)} files; docs/design/repository.md: pack a "
+        "study's records, lm-eval-ponder records pack); largest files:\n" +
         "\n".join(f"  {size / 2**20:6.2f} MiB  {path}" for path, size in largest))

@@ -53,8 +53,10 @@ def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int
     it), so no tokenizer and no benchmark text is needed."""
     from lm_eval_ponder.files import read_jsonl
     from lm_eval_ponder.flops import FlopsSpec, generation_flops
+    from lm_eval_ponder.reporting import archive
     from lm_eval_ponder.reporting.reprice import prompt_from_price
 
+    archive.ensure(REPO / "results" / "suite")  # committed as results/suite.tar.xz
     logs = sorted((REPO / "results" / "suite" / "greedy" / "Direct" / task).rglob(
         "samples_*.compact.jsonl.xz"))
     if not logs:

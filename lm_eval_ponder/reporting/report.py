@@ -51,6 +51,7 @@ from lm_eval_ponder.errors import PonderError, command, program_name, run_progra
 from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.files import check_output, read_json
 from lm_eval_ponder.registry import dataset_order
+from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (
@@ -272,8 +273,11 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     directories, with the accounting of models that kept none estimated."""
     roots = [Path(p).resolve() for p in paths]
     for root in roots:
+        unpacked = archive.ensure(root)  # a study's committed records (results/*.tar.xz)
         if not root.exists():
-            raise PonderError(f"no such results directory: {root}")
+            again = (" (its study's archive was just unpacked: run the command again, so that "
+                     "the shell expands the pattern)" if unpacked else "")
+            raise PonderError(f"no such results directory: {root}{again}")
     # a results file given as it is (report results/x/results_1.json) is that one run
     files = sorted({f.resolve() for root in roots
                     for f in ([root] if root.is_file() else root.rglob("results_*.json"))})

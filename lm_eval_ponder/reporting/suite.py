@@ -62,6 +62,7 @@ from lm_eval_ponder.files import (
     check_output,
     read_json,
 )
+from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import compact_tree
 from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
 
@@ -570,6 +571,7 @@ def suite_controller(a: argparse.Namespace, methods: list[str]) -> str | None:
 
 def run_suite(a: argparse.Namespace) -> Path:
     out = Path(a.output)
+    archive.ensure(out)  # a committed study's runs count as done (results/*.tar.xz)
     methods, datasets, decodings, seeds = checked_choices(a)
     controller = suite_controller(a, methods)
     # the row label the report shows: a name, never a directory of this machine

@@ -5,8 +5,8 @@ Why: a profile of MATH500 Best-of-5 (bf16, 128 rows in flight, caches of ~700 po
 minor page faults in 26 minutes. Every decode step grows each layer's key/value cache with
 ``torch.cat`` into a fresh tensor of tens of MB; glibc serves blocks over 32 MB (its largest
 mmap threshold) with a new ``mmap`` and returns them on ``free``, so each step faults in and
-zeroes the whole cache again. ``benchmarks/decode_attention.py`` times one such ``cat`` at
-17 ms under glibc and 2.5 ms with tcmalloc, which keeps freed blocks for reuse.
+zeroes the whole cache again. A benchmark since retired (``docs/results/history.md``) timed
+one such ``cat`` at 17 ms under glibc and 2.5 ms with tcmalloc, which keeps freed blocks.
 
 This runs the same greedy ``generate_rows`` job (the embedded model, bf16, long prompts, every
 row forced to ``--new`` tokens) in child processes with and without ``LD_PRELOAD`` of the

@@ -153,7 +153,7 @@ def train_one(cache, step_vector, form: str, samples: int, arm: str, seed: int,
               fold: int | None, folds: int, steps: int, out: Path,
               max_prompts: int | None = None) -> dict:
     """One controller, trained on every fold but ``fold``; its held-out depths, to
-    out/heldout.json and the sweep's pack (``lib/heldout.py``). ``fold=None``: the arm's final
+    out/heldout.json and the sweep's pack (``studylib/heldout.py``). ``fold=None``: the arm's final
     controller, trained on every prompt and saved to out/controller as ``--model ponder
     controller=DIR`` loads it (out/final.json)."""
     import torch

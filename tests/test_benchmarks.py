@@ -24,8 +24,8 @@ STUDIES = REPO / "studies"
 # each folder of scripts and the package in it that holds what its scripts share
 SHARED = {BENCHMARKS: "lib", STUDIES: "studylib"}
 # the scripts that take shared code from it: each must still run as ``python <folder>/X.py``
-LIB_USERS = [*((BENCHMARKS, s) for s in ("step_cost", "profile_step", "generation_loop",
-                                         "sampling_draw", "compile_step", "static_step")),
+LIB_USERS = [*((BENCHMARKS, s) for s in ("step_cost", "profile_step", "compile_step",
+                                         "static_step", "loop_tail")),
              *((STUDIES, s) for s in ("headroom", "adaptation", "testset", "per_type"))]
 
 

@@ -191,3 +191,43 @@ def test_committed_results_say_how_their_flops_are_priced():
     unstamped = [f for f in files
                  if not any(s in f.read_text().replace('": "', '":"') for s in stamps)]
     assert not unstamped, f"{len(unstamped)} results without flops_pricing, e.g. {unstamped[0]}"
+
+
+# A file named in code (``docs/results/x.md``, ``benchmarks/x.py``) must exist: a docstring that
+# cites a file the repository no longer has sends a reader nowhere (issue 67: NOTES.md was cited
+# in four docstrings after it left). Not files of this repository: the benchmark data's
+# (under $LM_EVAL_PONDER_DATA), FractionalReason's, and placeholders.
+FILE_REFERENCE = re.compile(  # not a shell variable's ($out/x.json, ${DOC:-x.md})
+    r"(?<![\w./$:{-])((?:\w[\w.-]*/)+[\w.-]+\.(?:py|md|sh|json|yaml|txt|toml))")
+NOT_OURS = {"gsm8k/train.json", "gsm8k/test.json", "math500/test.json", "gpqa/diamond.json",
+            "tasks/base.py", "utils/tools.py", "utils/pca.py", "results/x/results_1.json",
+            "out/heldout.json", "out/final.json", "out/name.json", "out/name.md",
+            "device/kit/stash.sh", "device/kit/run.sh"}
+
+
+def dangling_references(paths: list[Path], root: Path = REPO) -> list[str]:
+    out = []
+    for path in paths:
+        text = path.read_text()
+        for match in FILE_REFERENCE.finditer(text):
+            ref = match.group(1)
+            if ref in NOT_OURS or ref.startswith("../shared/"):
+                continue
+            if not any((base / ref).exists() for base in (REPO, REPO / "lm_eval_ponder",
+                                                          path.parent)):
+                out.append(f"{path.relative_to(root)}:{text[:match.start()].count(chr(10)) + 1}"
+                           f" names {ref}")
+    return out
+
+
+def test_every_file_the_code_names_exists():
+    code = [p for folder in ("lm_eval_ponder", "benchmarks", "studies", "scripts")
+            for p in sorted((REPO / folder).rglob("*")) if p.suffix in (".py", ".sh")]
+    assert dangling_references(code) == []
+
+
+def test_a_dangling_reference_is_caught(tmp_path):
+    text = '"""Measured in docs/NOTES-gone.md and benchmarks/gone.py, not in $out/x.json."""'
+    (tmp_path / "m.py").write_text(text)
+    found = dangling_references([tmp_path / "m.py"], root=tmp_path)
+    assert [f.split(" names ")[1] for f in found] == ["docs/NOTES-gone.md", "benchmarks/gone.py"]

@@ -1,13 +1,13 @@
 """The timing harness of a decode step, shared by ``step_cost.py`` (phases, medians of pairs)
 and ``profile_step.py`` (torch.profiler on the same runs), and the arith chat prompts every
-generation-speed script feeds (``generation_loop.py``, ``sampling_draw.py`` too): what one
-script measures, the other explains, only if both run exactly the same code.
+generation-speed script feeds: what one script measures, the other explains, only if both
+run exactly the same code.
 
 ``run_loop`` times ``generate_rows`` (our loop, with its ``StepTimer`` phases where the checkout
 has them); ``run_hf`` times HFLM's path (``model.generate`` with lm-eval's stop criterion), its
 forwards by hooks. Both return milliseconds per decode step: ``step_ms`` (wall), ``host_ms``
 (wall minus the forwards) and ``phases``. torch and transformers are imported inside the
-functions: ``generation_loop.py --omp-passive`` must set OpenMP's policy before torch loads.
+functions, so a script can set OpenMP's policy before torch loads.
 """
 
 from __future__ import annotations

@@ -305,7 +305,7 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None = None,
     logits tie often, and top-k keeps every tie at the k-th value (SmolLM2: 51-65 entries at
     k = 50). So the 2k+1 largest entries are taken, and only if the last is 0 in every row is
     the draw made among the first 2k; otherwise it is the full draw.
-    ``benchmarks/sampling_draw.py`` measures it. The random stream differs from a
+    A retired benchmark measured it (``docs/results/history.md``). The random stream differs from a
     full-vocabulary draw: a seed reproduces this function's samples, not ``generate``'s.
     """
     vocab = probs.shape[-1]
@@ -384,7 +384,7 @@ class TokenChooser:
         """Temperature then top-k then a draw, as ``generate`` does them, from each row's 2k+1
         largest logits instead of the whole vocabulary (a float32 copy, four passes over it
         and two ``topk`` calls: 58 against 13.5 ms per step at 128 rows of bf16 logits on one
-        CPU core; ``benchmarks/sampling_draw.py``). Exact in distribution: dividing by
+        CPU core; a retired benchmark, ``docs/results/history.md``). Exact in distribution: dividing by
         the temperature keeps the order, so the k-th largest scaled score is the k-th
         largest logit scaled, and every entry ``TopKLogitsWarper`` keeps (score >= that
         value, ties included) is among the candidates unless the (2k+1)-th ties with it, or

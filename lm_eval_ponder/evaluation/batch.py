@@ -101,7 +101,7 @@ class BatchStep:
             hook = lm.require_steering().offsets_hook(lm.model, list(steer), lm.device)
             decider, ponder = None, None
         else:
-            ponder = steer or lm.call_pondering
+            ponder = steer or lm.ponder
             hook, decider = ponder.hook(lm.model, lm.device) if ponder else (None, None)
             if ponder is None and lm.early_exit is not None:
                 hook = ExitHook(lm.model, lm.early_exit)

@@ -19,7 +19,6 @@ would silently be neither steered nor unsteered.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 import json
@@ -203,9 +202,6 @@ class PonderLM(HFLM):
             resolved.source_sha256)
         # the vector steered calls add to: the pondering's, or one the trainer loads
         self.steering: Steering | None = self.ponder.steering if self.ponder else None
-        # how a call without steering of its own is steered: this model's pondering, except
-        # inside ``steered``
-        self.call_pondering: Pondering | None = self.ponder
         if self.early_exit is not None:  # refuses a layer range or a model it cannot read
             ExitHook(self.model, self.early_exit)
         # the prefill's logits as generation computes them (flops.generation_flops): the last
@@ -257,16 +253,6 @@ class PonderLM(HFLM):
         lm.steering = load_steering(steering, layer, lm.backbone_info.name, lm.model.config,
                                     lm.backbone_info.source_sha256)
         return lm
-
-    @contextlib.contextmanager
-    def steered(self, pondering: Pondering | None):
-        """Calls inside ponder with ``pondering`` (None: unsteered) in place of this model's
-        own pondering, which is restored on leaving, however the block ends."""
-        saved, self.call_pondering = self.call_pondering, pondering
-        try:
-            yield self
-        finally:
-            self.call_pondering = saved
 
     # ------------------------------------------------------------------ identity
     def fingerprint(self) -> dict[str, Any]:

@@ -499,7 +499,8 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     block is one generation call (``PonderLM.generate_texts``) holding every depth and
     sample of its prompts, each row at its depth's fixed offset: the rows the evaluation loop
     would run, with ``max_rows`` of them in flight, so the cache is built at the loop's speed
-    (``benchmarks/rollout_speed.py``). Generating one depth per call instead leaves the loop a
+    (1.15x its tokens/s, measured by a benchmark since retired: ``docs/results/history.md``).
+    Generating one depth per call instead leaves the loop a
     block's prompts per call: 16 rows on a GPU that runs 256 (issue 35: 1.4 answers/s).
 
     A block is written once it is finished, so a long build that is stopped leaves a prefix of

@@ -42,10 +42,7 @@ def worker(rows: int, prompt_tokens: int, new: int, threads: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.engine.config import LoopConfig
-    from lm_eval_ponder.engine.loop import generate_rows
-    from lm_eval_ponder.engine.rows import cache_bytes_per_token
-    from lm_eval_ponder.engine.sampling import SamplingConfig
+    from lm_eval_ponder.engine import LoopConfig, SamplingConfig, cache_bytes_per_token, generate_rows
 
     torch.set_num_threads(threads)
     Path("/proc/self/oom_score_adj").write_text("1000")  # if memory runs out, this goes first

@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> float:
     from transformers import AutoModelForCausalLM, StaticCache
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.engine.capture import CapturedForward
-    from lm_eval_ponder.engine.rows import cache_keyword
+    from lm_eval_ponder.engine import CapturedForward, cache_keyword
 
     if args.steps < 1 or args.pairs < 1 or args.cache_len < PROMPT + args.steps:
         sys.exit(f"compile_step: need --steps >= 1, --pairs >= 1 and --cache-len >= "

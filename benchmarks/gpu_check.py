@@ -184,7 +184,7 @@ def evaluate(lm, args, memory: Memory, tokenizer) -> dict[str, Any]:
 def graph_notes(lm) -> str:
     """What a fixed-shape decode step made of its graphs (``decode_step=captured`` records
     one per shape, and runs a shape it cannot record eagerly: a fast-looking run may not be)."""
-    from lm_eval_ponder.engine.slots import decode_forward
+    from lm_eval_ponder.engine import decode_forward
 
     batching = getattr(lm, "batching", None)
     if getattr(batching, "decode_step", getattr(lm, "decode_step", None)) != "captured":

@@ -86,9 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.engine import loop as generation
-    from lm_eval_ponder.engine.config import LoopConfig
-    from lm_eval_ponder.engine.sampling import SamplingConfig
+    from lm_eval_ponder.engine import LoopConfig, SamplingConfig, generate_rows
 
     torch.set_num_threads(args.threads)
     tok = embedded_tokenizer()
@@ -130,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 gen_tokens, joins = [], 0
                 for chunk in chunks:
                     enc = tok(chunk, return_tensors="pt", padding=True)
-                    res = generation.generate_rows(model, enc.input_ids, enc.attention_mask,
+                    res = generate_rows(model, enc.input_ids, enc.attention_mask,
                                                    max_new_tokens=args.max_new_tokens,
                                                    eos_token_ids={tok.eos_token_id},
                                                    pad_token_id=tok.pad_token_id,

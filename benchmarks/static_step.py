@@ -52,9 +52,7 @@ def main(argv: list[str] | None = None) -> float:
     from transformers import AutoModelForCausalLM
 
     from lm_eval_ponder import backbone as bb
-    from lm_eval_ponder.engine.config import LoopConfig
-    from lm_eval_ponder.engine.loop import generate_rows
-    from lm_eval_ponder.engine.slots import decode_forward
+    from lm_eval_ponder.engine import LoopConfig, decode_forward, generate_rows
 
     dtype = torch_setup(args)
     tok = embedded_tokenizer()

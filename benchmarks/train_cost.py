@@ -79,7 +79,7 @@ def generate(model, rows: list[tuple[int, int]], hook, loop_config, seed: int):
     the perplexity pass. Returns (seconds generating, seconds scoring, order, batch limits)."""
     import torch
 
-    from lm_eval_ponder.engine.loop import generate_rows
+    from lm_eval_ponder.engine import generate_rows
     from lm_eval_ponder.training.rollouts import token_perplexities
 
     ids, mask, limits = batch_of(rows, model.config.vocab_size, str(model.device), seed)

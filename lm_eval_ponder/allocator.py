@@ -33,6 +33,7 @@ beside the times. Nothing here changes a number: allocation does not touch arith
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
@@ -92,11 +93,51 @@ def resolve(choice: str, cuda: bool | None = None) -> str | None:
     return choice
 
 
+# mallopt's parameter number for the mmap threshold (glibc's malloc.h)
+M_MMAP_THRESHOLD = -3
+# Blocks from this size up are mapped on their own and unmapped when freed (issue 66).
+RETURN_THRESHOLD = 4 << 20
+APPLIED: dict[str, str] = {}  # what ``return_large_blocks`` set in this process
+
+
+def return_large_blocks() -> bool:
+    """Make glibc hand every block of ``RETURN_THRESHOLD`` or more back to the system when it
+    is freed, for the rest of this process; True when it did.
+
+    Why: glibc maps a large block on its own and unmaps it on ``free``, but each such free
+    raises its threshold to that block's size (up to 32 MiB), so from then on blocks up to
+    that size come from its heap, which holds freed memory wherever a live block sits above
+    it. The loop's key/value layers (tens of MB at 128 rows), the logits and the bf16
+    casts' temporaries are such blocks: the whole arith ladder on the embedded model (bf16,
+    500 questions, one thread, AMD EPYC) peaked at 3.65 GiB resident, and at 2.66 GiB with
+    the threshold fixed at 4 MiB, the same answers (``benchmarks/memory.py``). A fixed
+    threshold turns the raising off (``mallopt``). Left alone: a process that preloads another
+    allocator, a user's own ``MALLOC_MMAP_THRESHOLD_`` (``glibc-large`` included), and
+    systems without glibc."""
+    if (not sys.platform.startswith("linux") or is_preloaded()
+            or "MALLOC_MMAP_THRESHOLD_" in os.environ):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+        glibc = hasattr(libc, "gnu_get_libc_version")  # musl's mallopt does nothing
+    except (OSError, AttributeError):
+        return False
+    if not glibc:
+        return False
+    if not mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD):
+        return False
+    APPLIED["mmap_threshold"] = str(RETURN_THRESHOLD)
+    return True
+
+
 def malloc_settings(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """glibc's ``MALLOC_*`` tunables in an environment (this process's by default): recorded
-    with each run beside its preload, as speed settings that change no number."""
+    """glibc's ``MALLOC_*`` tunables in an environment (this process's by default) and what
+    ``return_large_blocks`` set: recorded with each run beside its preload, as settings that
+    change no number."""
     env = os.environ if environ is None else environ
-    return {k: v for k, v in env.items() if k.startswith("MALLOC_")}
+    return {**{k: v for k, v in env.items() if k.startswith("MALLOC_")},
+            **(APPLIED if environ is None else {})}
 
 
 def child_environment(library: str | None, environ: dict[str, str] | None = None

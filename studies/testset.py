@@ -251,7 +251,7 @@ def confidence_by_depth(model, encode, layer: int, step, offsets: list[float],
     import torch
     from transformers import DynamicCache
 
-    from lm_eval_ponder.engine.rows import cache_keyword
+    from lm_eval_ponder.engine import cache_keyword
     from lm_eval_ponder.pondering.dynamics import RowOffsets
     from lm_eval_ponder.pondering.hook import SteeringHook
 

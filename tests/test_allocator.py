@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+from conftest import REPO
 
 from lm_eval_ponder import allocator
 from lm_eval_ponder.errors import PonderError
@@ -78,3 +80,51 @@ def test_a_child_under_glibc_large_keeps_a_freed_large_block():
     pages = (64 << 20) // 4096
     assert faults(None) > pages // 2  # mapped and faulted in again
     assert faults(allocator.GLIBC_LARGE) < pages // 10
+
+
+HEAP_PATTERN = """
+import ctypes, os, sys
+from lm_eval_ponder import allocator
+if sys.argv[1] == "return":
+    assert allocator.return_large_blocks()
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def touched(size):
+    block = libc.malloc(size)
+    ctypes.memset(block, 1, size)
+    return block
+libc.free(touched(24 << 20))  # a freed mapped block: glibc raises its threshold to 24 MiB
+blocks = [touched(8 << 20) for _ in range(20)]
+live = touched(1 << 20)  # above them on the heap, so the heap cannot shrink
+before = rss()
+for block in blocks:
+    libc.free(block)
+print(before - rss())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or allocator.is_preloaded(),
+                    reason="glibc's malloc on Linux")
+def test_freed_large_blocks_go_back_to_the_system():
+    """The loop's pattern in small (issue 66): after one large block is freed, glibc serves the
+    next ones from its heap and keeps them when they are freed; with ``return_large_blocks``
+    they are mapped on their own, and freeing them gives the 160 MB back."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    returned = {}
+    for mode in ("keep", "return"):
+        out = subprocess.run([sys.executable, "-c", HEAP_PATTERN, mode], capture_output=True,
+                             text=True, env=env, cwd=REPO, timeout=60)
+        assert out.returncode == 0, out.stderr
+        returned[mode] = int(out.stdout) / 2**20
+    assert returned["keep"] < 20 and returned["return"] > 150, returned
+
+
+def test_return_large_blocks_leaves_a_users_own_setting(monkeypatch):
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "123")
+    assert not allocator.return_large_blocks()
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libtcmalloc_minimal.so.4")
+    assert not allocator.return_large_blocks()

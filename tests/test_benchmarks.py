@@ -118,7 +118,7 @@ def test_a_static_cache_with_per_row_masks_decodes_as_the_dynamic_cache():
     import compile_step
     from lib.decoding import tiny_model
 
-    from lm_eval_ponder.engine.rows import cache_keyword
+    from lm_eval_ponder.engine import cache_keyword
 
     model = tiny_model(1000, "cpu", torch.float32)
     kw = cache_keyword(model)
@@ -213,9 +213,7 @@ def test_gpu_check_notes_what_captured_made_of_its_graphs(monkeypatch):
     import gpu_check
     from conftest import build_tiny_llama, build_tiny_tokenizer
 
-    from lm_eval_ponder.engine import capture, slots
-    from lm_eval_ponder.engine.config import LoopConfig
-    from lm_eval_ponder.engine.loop import generate_rows
+    from lm_eval_ponder.engine import LoopConfig, capture, generate_rows, slots
 
     def captured(model):
         return SimpleNamespace(batching=SimpleNamespace(decode_step="captured"), model=model)

@@ -20,7 +20,7 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
-from lm_eval_ponder.engine.rows import cache_keyword
+from lm_eval_ponder.engine import cache_keyword
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.flops import (
     DecoderShape,

@@ -15,7 +15,7 @@ STAGES = ("engine", "steering", "pondering", "evaluation", "training", "reportin
 FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data",
                "registry"}
 # Top-level modules that only re-export documented entry points and import paths.
-SHIMS = {"train", "steer", "report", "suite", "controller", "model", "stats"}
+SHIMS = {"train", "steer", "report", "suite", "stats"}
 # The console script (``lm-eval-ponder COMMAND``): above every stage, as the shims, but with code
 # of its own, the dispatch to the commands' mains (which it imports by name, once named).
 CONSOLE = {"cli"}
@@ -263,3 +263,46 @@ def test_named_modules_exist_fails_on_a_moved_module():
     assert not dangling("lm_eval_ponder.evaluation.tasklib")
     assert not dangling("lm_eval_ponder.stats.GenerationText")  # re-exported by an import
     assert not dangling("lm_eval_ponder.evaluation.lm.PonderLM")
+
+
+# The engine's one door (issue 67): outside ``engine/``, code imports the engine from
+# ``lm_eval_ponder.engine`` alone, neither ``engine.loop`` nor ``from engine import loop``.
+# Tests are white-box and may reach a module to patch it; so may ``cache_append.py``, whose
+# A/B swaps the engine's cache layer for transformers' own.
+REPO = PKG.parent
+DOOR_FOLDERS = ("lm_eval_ponder", "benchmarks", "studies", "scripts")
+INSIDE = (PKG / "engine",)
+SWAPS_AN_INTERNAL = {REPO / "benchmarks" / "cache_append.py"}
+
+
+def engine_submodule_imports(paths: list[Path]) -> list[str]:
+    submodules = {p.stem for p in (PKG / "engine").glob("*.py")} - {"__init__"}
+    out = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "lm_eval_ponder.engine":
+                names = [f"{node.module}.{a.name}" for a in node.names if a.name in submodules]
+            elif isinstance(node, (ast.ImportFrom, ast.Import)):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names]
+            else:
+                continue
+            out += [f"{path.relative_to(path.parents[1])}:{node.lineno} imports {name}"
+                    for name in names if name.startswith("lm_eval_ponder.engine.")]
+    return out
+
+
+def test_nothing_outside_the_engine_imports_its_submodules():
+    paths = [p for folder in DOOR_FOLDERS for p in sorted((REPO / folder).rglob("*.py"))
+             if not any(inside in p.parents for inside in INSIDE) and p not in SWAPS_AN_INTERNAL]
+    assert engine_submodule_imports(paths) == []
+
+
+def test_a_submodule_import_is_reported(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    planted = tmp_path / "pkg" / "m.py"
+    planted.write_text("from lm_eval_ponder.engine.loop import generate_rows\n"
+                       "from lm_eval_ponder.engine import LoopConfig, slots\n")
+    assert engine_submodule_imports([planted]) == [
+        "pkg/m.py:1 imports lm_eval_ponder.engine.loop",
+        "pkg/m.py:2 imports lm_eval_ponder.engine.slots"]

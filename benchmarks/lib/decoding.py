@@ -137,24 +137,20 @@ def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
                   pad_token_id=tok.pad_token_id, stop=stop, decode=decode)
     timer = clock = None
     try:  # the engine (issue 53): phases timed by a StepTimer observer
-        from lm_eval_ponder.engine import loop as generation
-        from lm_eval_ponder.engine.config import LoopConfig
-        from lm_eval_ponder.engine.observers import StepTimer
-        from lm_eval_ponder.engine.sampling import SamplingConfig
+        from lm_eval_ponder.engine import LoopConfig, SamplingConfig, StepTimer, generate_rows
 
         timer = StepTimer(sync=torch.device(device).type == "cuda")
         kwargs.update(sampling=SamplingConfig(), observers=[timer],
                       config=LoopConfig(max_rows=max_rows, decode_step=decode_step))
     except ImportError:  # an older checkout (a baseline run): its forwards timed by hooks
-        from lm_eval_ponder.evaluation import generation
 
-        kwargs.update(sampling=generation.SamplingConfig(), max_rows=max_rows)
+        kwargs.update(sampling=SamplingConfig(), max_rows=max_rows)
         if decode_step != "dynamic":
             kwargs["decode_step"] = decode_step
         clock = ForwardClock(model, device)
     start = time.perf_counter()
     try:
-        res = generation.generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs)
+        res = generate_rows(model, enc.input_ids, enc.attention_mask, **kwargs)
     finally:
         if clock is not None:
             clock.close()

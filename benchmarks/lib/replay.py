@@ -109,7 +109,7 @@ def batch_of(lengths: list[tuple[int, int]], vocab: int, device: str, seed: int)
 def run_replay(model, ids, mask, limits, config) -> dict:
     """The loop (``engine.generate_rows``) on a replayed batch, each row stopping at its
     recorded length: wall seconds, useful tokens, peak memory and decode forwards."""
-    from lm_eval_ponder.engine.loop import generate_rows
+    from lm_eval_ponder.engine import generate_rows
 
     start = time.perf_counter()
     with Memory(str(model.device)) as memory:
@@ -223,7 +223,7 @@ def measure_step_cost(model, rows: list[int], context: int, steps: int = 5) -> S
     from transformers import DynamicCache
 
     from lm_eval_ponder.backbone import text_config
-    from lm_eval_ponder.engine.rows import cache_keyword, cache_shape
+    from lm_eval_ponder.engine import cache_keyword, cache_shape
 
     config = text_config(model.config)
     layers, kv_heads, head_dim = cache_shape(config)

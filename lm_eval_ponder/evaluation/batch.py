@@ -16,10 +16,14 @@ from typing import Any
 import torch
 from lm_eval.models.huggingface import HFLM
 
-from lm_eval_ponder.engine.loop import FINISH_UNSURE, generate_rows
-from lm_eval_ponder.engine.observers import Callbacks, LoopObserver
-from lm_eval_ponder.engine.rows import check_model_supported
-from lm_eval_ponder.engine.sampling import SamplingConfig
+from lm_eval_ponder.engine import (
+    FINISH_UNSURE,
+    Callbacks,
+    LoopObserver,
+    SamplingConfig,
+    check_model_supported,
+    generate_rows,
+)
 from lm_eval_ponder.errors import PonderError, UnsupportedGeneration
 from lm_eval_ponder.evaluation.accounting import GenerationText, count_generated_tokens
 from lm_eval_ponder.evaluation.early_exit import ExitHook

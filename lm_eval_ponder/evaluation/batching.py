@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from lm_eval_ponder.engine.config import LoopConfig, check_decode_step
-from lm_eval_ponder.engine.rows import cache_bytes_per_token
+from lm_eval_ponder.engine import LoopConfig, cache_bytes_per_token, check_decode_step
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.settings import model_arg_number
 

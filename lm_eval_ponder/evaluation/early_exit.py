@@ -47,7 +47,7 @@ import torch
 import torch.nn as nn
 
 from lm_eval_ponder.backbone import decoder_layers, final_norm, text_config
-from lm_eval_ponder.engine.observers import LoopObserver
+from lm_eval_ponder.engine import LoopObserver
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.settings import PonderArgs, absent
 from lm_eval_ponder.flops import FlopsSpec, early_exit_generation_flops

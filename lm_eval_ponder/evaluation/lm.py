@@ -33,8 +33,7 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder import allocator
 from lm_eval_ponder import backbone as bb
-from lm_eval_ponder.engine.observers import LoopObserver
-from lm_eval_ponder.engine.rows import supports_logits_to_keep
+from lm_eval_ponder.engine import LoopObserver, supports_logits_to_keep
 from lm_eval_ponder.errors import Interrupted, PonderError, install_excepthook
 from lm_eval_ponder.evaluation import lmeval_output
 from lm_eval_ponder.evaluation.accounting import GenerationText
@@ -107,6 +106,8 @@ class PonderLM(HFLM):
         check_batch_size(kwargs.get("batch_size", 1))
         self.batching = Batching(max_rows, max_cache_gib, decode_step, kwargs["device"],
                                  self.generation)
+        if kwargs["device"] == "cpu":  # freed caches go back to the system (issue 66)
+            allocator.return_large_blocks()
         self.backbone_info = self.load_backbone(pretrained, gguf_file, kwargs)
         self.shard_across_processes()
         self.prepare(self.backbone_info)

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from lm_eval_ponder.engine.observers import Callbacks, LoopObserver
+from lm_eval_ponder.engine import Callbacks, LoopObserver
 
 STATUS_EVERY_S = 30.0
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from lm_eval_ponder.backbone import decoder_layers
-from lm_eval_ponder.engine.observers import LoopObserver
+from lm_eval_ponder.engine import LoopObserver
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
 from lm_eval_ponder.pondering.dynamics import GRANULARITIES, Decide

@@ -265,22 +265,6 @@ def cli_value(key: str, raw: str) -> Any:
     return value
 
 
-def overrides(rest: list[str]) -> Iterator[tuple[str, str]]:
-    """(key, value) of each ``--key value`` or ``--key=value`` on the command line."""
-    i = 0
-    while i < len(rest):
-        token = rest[i]
-        if not token.startswith("--"):
-            raise PonderError(f"unexpected argument {token!r}; options look like --key value")
-        key, eq, value = token[2:].partition("=")
-        if not eq:
-            if i + 1 >= len(rest):
-                raise PonderError(f"--{key} needs a value")
-            value, i = rest[i + 1], i + 1
-        yield key, value
-        i += 1
-
-
 def built(conf: DictConfig) -> TrainConfig:
     """The ``TrainConfig`` the structured config holds (interpolations such as
     ``${output}/rollouts`` resolved here: one that names no key ends in one line)."""
@@ -302,23 +286,74 @@ def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
     return out
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
-    keys = "\n".join(f"  --{k} {json.dumps(v, default=str)}" + (f"\n        {h}" if h else "")
-                     for k, v, h in flat_keys(TrainConfig()))
+def type_name(key: str) -> str:
+    """A key's type as ``--help`` shows it (``int``, ``float | None``, ``dict``)."""
+    hint = key_type(key)
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union,
+                                                                   types.UnionType) else (hint,)
+    return " | ".join("None" if o is type(None) else getattr(typing.get_origin(o) or o,
+                                                                "__name__", str(o))
+                      for o in options)
+
+
+def key_parser() -> argparse.ArgumentParser:
+    """One option per config key, from the dataclasses: its type, default and help line
+    (``--help``), the text as typed (``cli_value`` reads it as the key's type); the
+    ``--max-steps`` spelling and the old names (``RENAMED_KEYS``, warned about) are hidden
+    aliases, and a section (``--grpo '{max_steps: 7}'``) takes a mapping."""
     parser = argparse.ArgumentParser(
-        prog=program_name("python -m lm_eval_ponder.train"),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a pondering controller with GRPO (FR-Ponder) on a frozen backbone.",
-        epilog="Every config key can be given as --key value (defaults shown):\n" + keys)
+        prog=program_name("python -m lm_eval_ponder.train"), allow_abbrev=False,
+        usage="%(prog)s --output DIR [--config FILE] [--KEY VALUE ...]",
+        description="Train a pondering controller with GRPO (FR-Ponder) on a frozen backbone. "
+                    "Every config key is an option (--key value or --key=value), and any of "
+                    "them can come from a YAML file (--config, nested).")
     parser.add_argument("--config", help="YAML file with any of the keys below (nested)")
+    leaves = flat_keys(TrainConfig())
+    for key, default, help_line in leaves:
+        parser.add_argument(f"--{key}", dest=key, metavar=type_name(key).replace(" ", ""),
+                            default=argparse.SUPPRESS,
+                            help=f"{help_line} (default: {json.dumps(default, default=str)})"
+                            .lstrip(" "))
+    leaf_keys = {key for key, _, _ in leaves}
+    hidden = {*RENAMED_KEYS, *{k.rpartition(".")[0] for k in leaf_keys if "." in k},
+              *{k.replace("_", "-") for k in leaf_keys}}
+    for key in sorted(hidden - leaf_keys):
+        parser.add_argument(f"--{key}", dest=key, default=argparse.SUPPRESS,
+                            help=argparse.SUPPRESS)
+    return parser
+
+
+def mapping_entry(key: str) -> bool:
+    """Whether ``key`` names an entry of a mapping field (``rollout.prompts.gsm8k_ponder``,
+    ``reward.weights.acc``): any name can be one, so these options are added as the command
+    line names them."""
+    parent = key.rpartition(".")[0]
+    return bool(parent) and typing.get_origin(key_type(parent)) is dict
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    parser = key_parser()
     args, rest = parser.parse_known_args(argv)
+    entries = {t[2:].partition("=")[0] for t in rest if t.startswith("--")}
+    entries = sorted(k for k in entries if mapping_entry(current_name(k)))
+    for key in entries:
+        parser.add_argument(f"--{key}", dest=key, default=argparse.SUPPRESS)
+    if entries:
+        args, rest = parser.parse_known_args(argv)
     conf = OmegaConf.structured(TrainConfig)
     if args.config:
         for key, value in read_config_file(args.config).items():
             apply(conf, key, value, source=args.config)
-    for key, raw in overrides(rest):
-        key = current_name(key)
-        apply(conf, key, cli_value(key, raw))
+    for key, raw in vars(args).items():
+        if key != "config":
+            key = current_name(key)
+            apply(conf, key, cli_value(key, raw))
+    if rest:
+        token = rest[0]
+        if not token.startswith("--"):
+            raise PonderError(f"unexpected argument {token!r}; options look like --key value")
+        key = current_name(token[2:].partition("=")[0])
+        raise PonderError(f"unknown config key {key!r} (see --help for the keys)")
     return built(conf).validate()
 
 

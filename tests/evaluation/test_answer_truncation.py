@@ -11,9 +11,7 @@ import torch
 from conftest import build_tiny_llama
 from test_lm import PROMPTS, requests
 
-from lm_eval_ponder.engine.config import LoopConfig
-from lm_eval_ponder.engine.loop import FINISH_UNSURE, generate_rows
-from lm_eval_ponder.engine.observers import Callbacks
+from lm_eval_ponder.engine import FINISH_UNSURE, Callbacks, LoopConfig, generate_rows
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.evaluation.settings import parse_min_top_prob

@@ -14,7 +14,7 @@ from lm_eval.api.model import CachingLM
 from test_lm import requests
 
 from lm_eval_ponder.backbone import decoder_layers
-from lm_eval_ponder.engine.rows import cache_keyword
+from lm_eval_ponder.engine import cache_keyword
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.early_exit import (
     ExitHook,

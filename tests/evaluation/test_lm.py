@@ -14,7 +14,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.api.model import CachingLM
 from lm_eval.models.huggingface import HFLM
 
-from lm_eval_ponder.engine.rows import cache_bytes_per_token
+from lm_eval_ponder.engine import cache_bytes_per_token
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM

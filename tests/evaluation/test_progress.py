@@ -109,7 +109,7 @@ def test_watch_counts_the_forwards_of_a_model_and_lets_go():
 
     config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32,
                          num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
-    from lm_eval_ponder.engine.rows import cache_keyword
+    from lm_eval_ponder.engine import cache_keyword
 
     model = LlamaForCausalLM(config).eval()
     kw = cache_keyword(model)  # ``cache`` in recent transformers, ``past_key_values`` before

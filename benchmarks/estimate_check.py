@@ -37,7 +37,7 @@ def compare(scale: Path, lengths_from: Path, out: Path, tag: str) -> dict:
     lengths and at the run's own, against the run under ``out`` as it was clocked."""
     from lm_eval_ponder.backbone import device_description, native_dtype
     from lm_eval_ponder.reporting.budget import ScaleCost, read_lengths
-    from lm_eval_ponder.reporting.suite import run_time
+    from lm_eval_ponder.reporting.suite_plan import run_time
 
     cost = ScaleCost.read(scale)
     model = cost.model()

@@ -80,7 +80,7 @@ from studylib.pages import write_page
 
 from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import answers_digest
-from lm_eval_ponder.reporting.suite import seed_folder  # the suite's layout of seeds
+from lm_eval_ponder.reporting.suite_plan import seed_folder  # the suite's layout of seeds
 
 TASKS = {"arith": 500, "gsm8k": 500}
 

@@ -161,16 +161,16 @@ def test_static_step_reports_a_failing_mode_and_times_the_others(capsys, monkeyp
     modes after it are still timed: a GPU session must not lose them to it."""
     import static_step
 
-    from lm_eval_ponder.engine import loop
+    from lm_eval_ponder import engine
 
-    real = loop.generate_rows
+    real = engine.generate_rows
 
     def failing(*args, config=None, **kwargs):
         if config is not None and config.decode_step == "captured" and config.shrink_tail:
             raise RuntimeError("operation not permitted when stream is capturing")
         return real(*args, config=config, **kwargs)
 
-    monkeypatch.setattr(loop, "generate_rows", failing)
+    monkeypatch.setattr(engine, "generate_rows", failing)  # the door static_step goes through
     static_step.main(["--prompts", "4", "--max-rows", "2", "--max-new-tokens", "3",
                       "--pairs", "1", "--dtype", "float32", "--threads", "1",
                       "--modes", "captured", "captured-flat"])
@@ -423,7 +423,7 @@ def test_scale_alone_times_the_loop_and_the_harness_start_up(tmp_path, capsys):
 def test_replayed_lengths_are_the_committed_answers():
     """The replayed lengths are the greedy Direct answers' token counts in the committed logs,
     and the prompt lengths the ones their FLOPs price (the arith prompts, kept in the logs,
-    counted with the embedded tokenizer would give the same; checked in reprice's tests)."""
+    counted with the embedded tokenizer, give the same)."""
     from lib import replay
 
     from lm_eval_ponder.files import read_jsonl
@@ -439,6 +439,25 @@ def test_replayed_lengths_are_the_committed_answers():
     order = replay.order_of(lengths)
     assert batch[2] == [lengths[i][1] for i in order]
     assert batch[1].sum(dim=1).tolist() == [lengths[i][0] for i in order]  # left-padded prompts
+
+
+def test_prompt_from_price_inverts_the_price():
+    import transformers
+    from lib import replay
+
+    from lm_eval_ponder.flops import FlopsSpec, generation_flops
+
+    spec = FlopsSpec.from_config(transformers.LlamaConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=2048))
+    for prompt in (1, 2, 17, 300, 4000):
+        for gen in (0, 1, 9, 500):
+            price = generation_flops(spec, prompt, gen)
+            assert replay.prompt_from_price(spec, price, gen, generation_flops) == prompt
+            assert replay.prompt_from_price(spec, price + 1, gen, generation_flops) is None
+    assert replay.prompt_from_price(spec, 10.0, 3, generation_flops) is None
+    assert replay.prompt_from_price(spec, generation_flops(spec, 5, 2), 2.5,
+                                    generation_flops) is None
 
 
 def test_train_cost_times_a_block_and_a_step_on_replayed_lengths(tmp_path, capsys):

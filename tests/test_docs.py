@@ -182,7 +182,8 @@ def test_committed_cards_name_no_path_of_the_machine_that_wrote_them():
 
 def test_committed_results_say_how_their_flops_are_priced():
     """Issue 65: every committed lm-eval results JSON carries the FLOPs pricing stamp (a run
-    since issue 52 was priced so as it ran; an older one was re-priced, ``reporting.reprice``)."""
+    since issue 52 was priced so as it ran; an older one was re-priced by a migration since
+    retired, docs/results/flops.md)."""
     from lm_eval_ponder.flops import FLOPS_PRICING
 
     files = sorted((REPO / "results").rglob("results_*.json"))

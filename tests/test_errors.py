@@ -63,11 +63,10 @@ def command_modules() -> list[str]:
 
 
 def test_command_modules_are_found():
-    """The documented commands (train, steer, report, suite, records), the logs' re-pricing
-    (issue 52), the console script that runs them (issue 53) and nothing that is not one."""
+    """The documented commands (train, steer, report, suite, records), the console script
+    that runs them (issue 53) and nothing that is not one."""
     assert command_modules() == ["lm_eval_ponder.cli", "lm_eval_ponder.reporting.archive",
                                  "lm_eval_ponder.reporting.report",
-                                 "lm_eval_ponder.reporting.reprice",
                                  "lm_eval_ponder.reporting.suite",
                                  "lm_eval_ponder.steering.cli", "lm_eval_ponder.training.cli"]
 

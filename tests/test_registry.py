@@ -179,7 +179,7 @@ def test_method_flags():
     suite's fingerprints); its task samples exactly where ``samples`` (the tasks' YAML); the
     suite leaves out of its default exactly the methods it plans as a sweep (several runs per
     dataset: one per early-exit threshold)."""
-    from lm_eval_ponder.reporting import suite
+    from lm_eval_ponder.reporting import suite_plan
 
     seen = set()
     for label, fingerprint in committed_runs():
@@ -195,7 +195,7 @@ def test_method_flags():
             (path,) = (TASKS / dataset).glob(f"{registry.task_name(dataset, m.label)}.yaml")
             samples = re.search(r"^\s+do_sample:\s*true\s*$", path.read_text(), re.M | re.I)
             assert m.samples == bool(samples), (m.label, path.name)
-    planned = Counter(r["method"] for r in suite.plan(
+    planned = Counter(r.method for r in suite_plan.plan(
         list(registry.METHOD_LABELS), ["arith"], ["greedy"], -0.2, "ctrl"))
     assert {label for label, n in planned.items() if n > 1} == {
         m.label for m in registry.METHODS if not m.default}
@@ -211,9 +211,9 @@ def test_unknown_names_are_refused_naming_the_known():
 def test_readers_take_the_registry_tables():
     """The suite, the report's figures, the budget and the compact logs read the registry, so
     a row added there reaches them all."""
-    from lm_eval_ponder.reporting import budget, compact, plots, suite
+    from lm_eval_ponder.reporting import budget, compact, plots, suite_plan
 
-    assert suite.METHODS + suite.EXTRA_METHODS == registry.METHOD_LABELS
+    assert suite_plan.METHODS + suite_plan.EXTRA_METHODS == registry.METHOD_LABELS
     assert set(plots.FAMILY_COLOURS) == set(registry.METHOD_LABELS)  # every method has a colour
     assert plots.TABLE_ORDER == registry.METHOD_LABELS
     assert plots.BASE_OF == {"FR": "Direct", "FP-Direct": "Direct", "FP-CoT": "CoT", "FP-BoN": "BoN"}

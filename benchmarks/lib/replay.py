@@ -46,6 +46,28 @@ def shape_config(name: str):
     return AutoConfig.for_model(**fields), path.stem
 
 
+def prompt_from_price(spec, flops: float, gen_tokens: float, price, max_prompt: int = 65536
+                      ) -> int | None:
+    """The prompt length P of a plain generation from its logged FLOPs: the largest P whose
+    ``price(spec, P, gen_tokens)`` is at most ``flops``, accepted only when nothing remains
+    (the price is strictly increasing in P); None when no P prices it exactly."""
+    import math
+
+    if gen_tokens != int(gen_tokens) or flops is None or not math.isfinite(flops):
+        return None
+    gen_tokens = int(gen_tokens)
+    lo, hi = 1, max_prompt
+    if price(spec, lo, gen_tokens) > flops:
+        return None
+    while lo < hi:  # largest P whose price is at most flops
+        mid = (lo + hi + 1) // 2
+        if price(spec, mid, gen_tokens) <= flops:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo if price(spec, lo, gen_tokens) == flops else None
+
+
 def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int]]:
     """(prompt tokens, answer tokens) of the first ``questions`` questions of the committed
     greedy Direct run on ``task``, answers capped at ``cap``. The prompt length is the one the
@@ -54,7 +76,6 @@ def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int
     from lm_eval_ponder.files import read_jsonl
     from lm_eval_ponder.flops import FlopsSpec, generation_flops
     from lm_eval_ponder.reporting import archive
-    from lm_eval_ponder.reporting.reprice import prompt_from_price
 
     archive.ensure(REPO / "results" / "suite")  # committed as results/suite.tar.xz
     logs = sorted((REPO / "results" / "suite" / "greedy" / "Direct" / task).rglob(
@@ -64,8 +85,7 @@ def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int
     spec = FlopsSpec.from_config(shape_config("smollm2-135m")[0])
     out = []
     for row in read_jsonl(logs[0])[:questions]:
-        prompt = prompt_from_price(spec, row["flops"], row["gen_tokens"],
-                                   price=lambda s, p, g: generation_flops(s, p, g))
+        prompt = prompt_from_price(spec, row["flops"], row["gen_tokens"], generation_flops)
         if prompt is None:
             sys.exit(f"{logs[0]} question {row['doc_id']}: no prompt length prices it")
         out.append((prompt, max(1, min(int(row["gen_tokens"]), cap))))

@@ -23,7 +23,7 @@ The paper-scale training is priced the same way (``training_tokens``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from lm_eval_ponder import registry
@@ -214,23 +214,23 @@ def fit_cost(runs: list[PilotRun]) -> CostModel:
     return CostModel(0.0, float((x @ y) / (x @ x)))
 
 
-def estimate(planned: list[dict], pilot: list[PilotRun], limit: int | None = None,
+def estimate(planned: list, pilot: list[PilotRun], limit: int | None = None,
              done: set[tuple[str, str, str]] | None = None,
              model: CostModel | None = None) -> tuple[list[dict], CostModel]:
-    """Each planned run (``suite.plan`` rows) with its questions, expected tokens and wall
+    """Each planned run (``suite_plan.Run``) with its questions, expected tokens and wall
     seconds; ``done`` holds (label, decoding, dataset) of runs already finished (cost 0).
     ``model``: the cost per token (a ``ScaleCost``'s); None fits one to the pilot's walls."""
     model = model or fit_cost(pilot)
     rates = {(r.label, r.decoding, r.dataset): r.tokens_per_question for r in pilot}
     rows = []
     for p in planned:
-        n = questions(p["dataset"], limit)
-        key = (p["label"], p["decoding"], p["dataset"])
+        n = questions(p.dataset, limit)
+        key = (p.label, p.decoding, p.dataset)
         per_q = rates.get(key)
         finished = key in (done or set())
         tokens = None if per_q is None else n * per_q
         wall = 0.0 if finished else (None if tokens is None else model.wall(tokens))
-        rows.append({**p, "questions": n, "tokens_per_question": per_q,
+        rows.append({**asdict(p), "questions": n, "tokens_per_question": per_q,
                      "tokens": tokens, "wall_s": wall, "done": finished})
     return rows, model
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.reporting import budget, suite
+from lm_eval_ponder.reporting import budget, suite, suite_plan, suite_run
 
 
 def pilot_run(root, decoding, method, dataset, tokens_per_question, wall_s, questions=10,
@@ -51,7 +51,7 @@ def test_a_negative_start_up_falls_back_to_a_fit_through_the_origin():
 def test_full_runs_are_priced_at_the_datasets_sizes(tmp_path):
     pilot = [budget.PilotRun("Direct", "greedy", "gsm8k", 10, 1000, 30.0),
              budget.PilotRun("CoT", "greedy", "gsm8k", 10, 3000, 50.0)]
-    planned = suite.plan(["Direct", "CoT", "BoN"], ["gsm8k"], ["greedy"], -0.2, None)
+    planned = suite_plan.plan(["Direct", "CoT", "BoN"], ["gsm8k"], ["greedy"], -0.2, None)
     rows, model = budget.estimate(planned, pilot, done={("CoT", "greedy", "gsm8k")})
     by = {r["label"]: r for r in rows}
     assert by["Direct"]["questions"] == 1319 and by["Direct"]["tokens"] == 1319 * 100
@@ -74,7 +74,7 @@ def test_a_pilot_without_runs_is_a_clear_error(tmp_path):
 def test_suite_plan_prints_the_estimate_and_runs_nothing(tmp_path, monkeypatch, capsys):
     pilot_run(tmp_path / "pilot", "greedy", "Direct", "arith", 60, 26.0)
     pilot_run(tmp_path / "pilot", "greedy", "CoT", "arith", 150, 35.0)
-    monkeypatch.setattr(suite.subprocess, "run", lambda *a, **k: pytest.fail("ran a run"))
+    monkeypatch.setattr(suite_run.subprocess, "run", lambda *a, **k: pytest.fail("ran a run"))
     suite.main(["--output", str(tmp_path / "full"), "--controller", "none", "--tasks", "arith",
                 "--methods", "Direct,CoT", "--plan", "--pilot", str(tmp_path / "pilot")])
     out = capsys.readouterr().out
@@ -118,9 +118,9 @@ def test_a_scale_cost_prices_the_runs_and_the_training(tmp_path, capsys):
     scale.write_text(json.dumps({"shape": "qwen2.5-7b", "device": "cuda", "dtype": "bf16",
                                  "useful_tok_s": {"loop": 100.0, "hf-64": 40.0},
                                  "load_s": 30.0, "harness_s": 70.0}))
-    runs = [{"label": m, "method": m, "decoding": "greedy", "dataset": "arith"}
+    runs = [suite_plan.Run("greedy", m, m, "arith", "arith_ponder", "controller=none")
             for m in ("Direct", "CoT")]
-    text = suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(scale))
+    text = suite_plan.plan_text(runs, tmp_path / "out", str(lengths), 10, str(scale))
     assert "| Direct | arith | 10 | 200 | 2 min |" in text  # 30 s + 70 s + 10 x 200 / 100 s
     assert "| CoT | arith | 10 | - | no pilot run |" in text
     assert "qwen2.5-7b on cuda" in text and "100 useful tok/s" in text
@@ -135,12 +135,12 @@ def test_a_scale_cost_prices_the_runs_and_the_training(tmp_path, capsys):
                                  "useful_tok_s": {"loop": 100.0}, "load_s": 30.0,
                                  "harness_s": 70.0, "harness_overhead": {"s_per_token": 0.005}}))
     assert budget.ScaleCost.read(scale).model().s_per_token == pytest.approx(0.015)
-    text = suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(scale))
+    text = suite_plan.plan_text(runs, tmp_path / "out", str(lengths), 10, str(scale))
     assert "+ 5.00 ms/token the harness spends beyond the loop" in text
     with pytest.raises(PonderError, match="needs --pilot"):
-        suite.plan_text(runs, tmp_path / "out", None, 10, str(scale))
+        suite_plan.plan_text(runs, tmp_path / "out", None, 10, str(scale))
     with pytest.raises(PonderError, match="not a benchmarks/scale.py"):
-        suite.plan_text(runs, tmp_path / "out", str(lengths), 10, str(lengths))
+        suite_plan.plan_text(runs, tmp_path / "out", str(lengths), 10, str(lengths))
 
 
 def test_a_scale_record_of_fewer_questions_than_rows_in_flight_is_flagged(tmp_path):
@@ -153,16 +153,16 @@ def test_a_scale_record_of_fewer_questions_than_rows_in_flight_is_flagged(tmp_pa
     record = {"shape": "qwen2.5-0.5b", "device": "cpu", "dtype": "bf16", "questions": 24,
               "loop_max_rows": 128, "useful_tok_s": {"loop": 100.0}, "load_s": 1.0}
     scale.write_text(json.dumps(record))
-    runs = [{"label": "Direct", "method": "Direct", "decoding": "greedy", "dataset": "arith"}]
-    text = suite.plan_text(runs, tmp_path / "out", str(lengths), None, str(scale))
+    runs = [suite_plan.Run("greedy", "Direct", "Direct", "arith", "arith_ponder", "controller=none")]
+    text = suite_plan.plan_text(runs, tmp_path / "out", str(lengths), None, str(scale))
     assert text.startswith("Warning: this record replayed 24 questions, fewer than the loop's "
                            "128 rows in flight in a 500-question run")
     assert "`benchmarks/scale.py --questions 128` or more" in text
     # a 20-question run keeps no more rows in flight than the record did
-    assert not suite.plan_text(runs, tmp_path / "out", str(lengths), 20, str(scale)).startswith(
+    assert not suite_plan.plan_text(runs, tmp_path / "out", str(lengths), 20, str(scale)).startswith(
         "Warning")
     scale.write_text(json.dumps({**record, "questions": 256}))
-    assert not suite.plan_text(runs, tmp_path / "out", str(lengths), None, str(scale)).startswith(
+    assert not suite_plan.plan_text(runs, tmp_path / "out", str(lengths), None, str(scale)).startswith(
         "Warning")
 
 

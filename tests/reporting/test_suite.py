@@ -4,51 +4,52 @@ resumes (finished runs are skipped) and reports."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from lm_eval_ponder.errors import USAGE_ERROR
-from lm_eval_ponder.reporting import suite
+from lm_eval_ponder.reporting import suite, suite_plan, suite_run
 
 
 def test_plan_covers_methods_and_decodings():
-    runs = suite.plan(list(suite.METHODS), ["arith"], ["greedy", "t0.7"], -0.2, "/c")
+    runs = suite_plan.plan(list(suite_plan.METHODS), ["arith"], ["greedy", "t0.7"], -0.2, "/c")
     # Best-of-N samples at T = 0.7 under every decoding: planned once, not per decoding
     assert len(runs) == 12
-    assert sorted(r["method"] for r in runs if r["method"].endswith("BoN")) == ["BoN", "FP-BoN"]
-    tasks = {(r["method"], r["task"]) for r in runs}
+    assert sorted(r.method for r in runs if r.method.endswith("BoN")) == ["BoN", "FP-BoN"]
+    tasks = {(r.method, r.task) for r in runs}
     assert ("FP-CoT", "arith_ponder_cot") in tasks and ("FR", "arith_ponder") in tasks
-    assert {r["model_args"] for r in runs if r["method"] == "BoN"} == {"controller=none"}
-    assert not [r for r in suite.plan(["FP-Direct"], ["arith"], ["greedy"], -0.2, None)]
+    assert {r.model_args for r in runs if r.method == "BoN"} == {"controller=none"}
+    assert not [r for r in suite_plan.plan(["FP-Direct"], ["arith"], ["greedy"], -0.2, None)]
 
 
 def test_plan_sweeps_early_exit_thresholds_only_when_asked():
-    assert not [r for r in suite.plan(list(suite.METHODS), ["arith"], ["greedy"], -0.2, "/c")
-                if r["method"] == "EE"]
-    runs = suite.plan(["EE"], ["arith", "gsm8k"], ["greedy", "t0.7"], -0.2, None,
+    assert not [r for r in suite_plan.plan(list(suite_plan.METHODS), ["arith"], ["greedy"], -0.2, "/c")
+                if r.method == "EE"]
+    runs = suite_plan.plan(["EE"], ["arith", "gsm8k"], ["greedy", "t0.7"], -0.2, None,
                       exit_thresholds=(0.9, 0.99))
     assert len(runs) == 8
     first = runs[0]
-    assert first["label"] == "EE (p>=0.9)" and first["task"] == "arith_ponder"
-    assert first["model_args"] == "controller=none,early_exit=0.9"
-    assert {suite.run_dir(suite.Path("o"), r).as_posix() for r in runs[:4]} == {
+    assert first.label == "EE (p>=0.9)" and first.task == "arith_ponder"
+    assert first.model_args == "controller=none,early_exit=0.9"
+    assert {r.folder(Path("o")).as_posix() for r in runs[:4]} == {
         "o/greedy/EE_p0.9/arith", "o/greedy/EE_p0.9/gsm8k", "o/greedy/EE_p0.99/arith",
         "o/greedy/EE_p0.99/gsm8k"}
-    assert runs[4]["label"] == "EE (p>=0.9) [t0.7]"
-    narrow = suite.plan(["EE"], ["arith"], ["greedy"], -0.2, None, exit_thresholds=(0.9,),
+    assert runs[4].label == "EE (p>=0.9) [t0.7]"
+    narrow = suite_plan.plan(["EE"], ["arith"], ["greedy"], -0.2, None, exit_thresholds=(0.9,),
                         exit_layers="16:30:2")[0]
-    assert narrow["label"] == "EE (p>=0.9, layers 16:30:2)"
-    assert narrow["model_args"].endswith(",exit_layers=16:30:2")
-    assert narrow["dir"] == "EE_p0.9_layers16-30-2"
+    assert narrow.label == "EE (p>=0.9, layers 16:30:2)"
+    assert narrow.model_args.endswith(",exit_layers=16:30:2")
+    assert narrow.folder_name == "EE_p0.9_layers16-30-2"
 def test_paper_protocol_samples_every_method_over_three_seeds(tmp_path):
     """``--protocol paper``: T = 0.7 for every one-sample method, seeds 0, 1, 2, each seed in a
     folder of its own; Best-of-N once (its finished T = 0.7 run is one seed)."""
-    decoding, seeds = suite.PROTOCOLS["paper"]
-    runs = suite.plan(list(suite.METHODS), ["arith"], [decoding], -0.2, "/c", seeds)
-    one_sample = [r for r in runs if r["method"] not in suite.SAMPLES_ALWAYS]
-    assert len(one_sample) == 5 * 3 and {r["decoding"] for r in one_sample} == {"t0.7"}
-    assert sorted({r["seed"] for r in one_sample}) == [0, 1, 2]
-    bon = [r for r in runs if r["method"] in suite.SAMPLES_ALWAYS]
-    assert [(r["decoding"], r["seed"]) for r in bon] == [("greedy", 0), ("greedy", 0)]
-    dirs = {suite.run_dir(tmp_path, r) for r in runs}
+    decoding, seeds = suite_plan.PROTOCOLS["paper"]
+    runs = suite_plan.plan(list(suite_plan.METHODS), ["arith"], [decoding], -0.2, "/c", seeds)
+    one_sample = [r for r in runs if r.method not in suite_plan.SAMPLES_ALWAYS]
+    assert len(one_sample) == 5 * 3 and {r.decoding for r in one_sample} == {"t0.7"}
+    assert sorted({r.seed for r in one_sample}) == [0, 1, 2]
+    bon = [r for r in runs if r.method in suite_plan.SAMPLES_ALWAYS]
+    assert [(r.decoding, r.seed) for r in bon] == [("greedy", 0), ("greedy", 0)]
+    dirs = {r.folder(tmp_path) for r in runs}
     assert len(dirs) == len(runs)  # no run's folder holds another's results
     assert tmp_path / "t0.7-seed2" / "Direct" / "arith" in dirs
     assert tmp_path / "t0.7" / "Direct" / "arith" in dirs  # seed 0: the existing layout
@@ -109,7 +110,7 @@ def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):
         def wait(self, timeout=None):
             return 1
 
-    monkeypatch.setattr(suite.subprocess, "Popen", Record)
+    monkeypatch.setattr(suite_run.subprocess, "Popen", Record)
     library = tmp_path / "libtcmalloc_minimal.so.4"  # never loaded: nothing is run
     library.write_bytes(b"")
     monkeypatch.delenv("LD_PRELOAD", raising=False)
@@ -155,7 +156,7 @@ def test_resume_within_keeps_answers_of_an_interrupted_run(tiny_model_dir, tiny_
     assert "3 kept answers restored from answers_rank0.kept.jsonl.gz" in err
     assert "Cached requests: 3, Requests remaining: 0" in err
     assert not list(target.glob("*.kept.jsonl.gz"))  # the finished run's summary replaces it
-    assert not (target / suite.ATTEMPTS).exists()  # and its attempts file, which it carries
+    assert not (target / suite_plan.ATTEMPTS).exists()  # and its attempts file, which it carries
     again = [p.read_text() for p in target.rglob("samples_*.jsonl")]
     assert [s.split('"resps"')[1][:200] for s in again] == \
         [s.split('"resps"')[1][:200] for s in first]
@@ -173,16 +174,16 @@ def test_a_killed_attempt_still_says_how_long_it_ran(tmp_path, monkeypatch):
     reads the file mid-run, after several heartbeats, then exits 137."""
     import sys
 
-    monkeypatch.setattr(suite, "HEARTBEAT_S", 0.05)
-    attempts = suite.record_attempt(tmp_path, 0)
-    path, seen = tmp_path / suite.ATTEMPTS, tmp_path / "seen"
+    monkeypatch.setattr(suite_run, "HEARTBEAT_S", 0.05)
+    attempts = suite_run.record_attempt(tmp_path, 0)
+    path, seen = tmp_path / suite_plan.ATTEMPTS, tmp_path / "seen"
     code = ("import json, time; time.sleep(0.5); "
             f"open({str(seen)!r}, 'w').write(str(json.load(open({str(path)!r}))[-1]['ran_s'])); "
             "raise SystemExit(137)")
-    assert suite.run_clocked([sys.executable, "-c", code], tmp_path, attempts) == 137
+    assert suite_run.run_clocked([sys.executable, "-c", code], tmp_path, attempts) == 137
     assert 0.3 < float(seen.read_text()) < 5  # stamped while the child ran
     assert json.loads(path.read_text())[-1]["ran_s"] >= float(seen.read_text())
-    total, unclocked = suite.attempts_ran_s([{"ran_s": 2.0}, {"started": "x"}, {"ran_s": 1.5}])
+    total, unclocked = suite_plan.attempts_ran_s([{"ran_s": 2.0}, {"started": "x"}, {"ran_s": 1.5}])
     assert (total, unclocked) == (3.5, 1)
 
 
@@ -193,7 +194,7 @@ def test_an_attempt_says_what_machine_commit_and_threads_it_ran_with(tmp_path, m
     from lm_eval_ponder.reporting.report import mixed_attempts
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    first = suite.record_attempt(tmp_path, 0)[-1]
+    first = suite_run.record_attempt(tmp_path, 0)[-1]
     assert first["machine"].startswith("cpu (") and first["threads"] == 1
     assert first["commit"] is None or len(first["commit"]) == 12
     same = {"attempts": [dict(first), dict(first)]}
@@ -215,9 +216,9 @@ def test_plan_says_what_runs_took_and_what_unfinished_ones_kept(tmp_path):
         {"wall_s": 100.0, "attempts": [{"started": "a"}, {"started": "b", "ran_s": 100.4}]}))
     half = out / "greedy" / "CoT" / "arith"
     half.mkdir(parents=True)
-    (half / suite.ATTEMPTS).write_text(json.dumps([{"ran_s": 50.0}, {"ran_s": 30.0}]))
-    runs = suite.plan(["Direct", "CoT"], ["arith"], ["greedy"], -0.2, None)
-    text = suite.plan_text(runs, out, None, None)
+    (half / suite_plan.ATTEMPTS).write_text(json.dumps([{"ran_s": 50.0}, {"ran_s": 30.0}]))
+    runs = suite_plan.plan(["Direct", "CoT"], ["arith"], ["greedy"], -0.2, None)
+    text = suite_plan.plan_text(runs, out, None, None)
     assert "Direct on arith: 500 questions, done; ran 100 s (+ 1 unclocked attempt)" in text
     assert "CoT on arith: 500 questions, to run; ran 80 s" in text
     assert "Run time so far: 0.05 h" in text
@@ -234,9 +235,9 @@ def test_sigterm_to_the_suite_stops_its_lm_eval_child(tmp_path):
 
     pidfile = tmp_path / "child.pid"
     child = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
-    parent = ("import sys; from pathlib import Path; from lm_eval_ponder.reporting import suite; "
-              f"t = Path({str(tmp_path)!r}); a = suite.record_attempt(t, 0); "
-              f"suite.run_clocked([sys.executable, '-c', {child!r}], t, a)")
+    parent = ("import sys; from pathlib import Path; from lm_eval_ponder.reporting import suite_run; "
+              f"t = Path({str(tmp_path)!r}); a = suite_run.record_attempt(t, 0); "
+              f"suite_run.run_clocked([sys.executable, '-c', {child!r}], t, a)")
     proc = subprocess.Popen([sys.executable, "-c", parent])
     deadline = time.time() + 30
     while not pidfile.is_file() or not pidfile.read_text():
@@ -253,7 +254,7 @@ def test_sigterm_to_the_suite_stops_its_lm_eval_child(tmp_path):
         time.sleep(0.05)
     else:
         raise AssertionError("lm_eval's stand-in outlived the suite")
-    assert json.loads((tmp_path / suite.ATTEMPTS).read_text())[-1]["ran_s"] >= 0
+    assert json.loads((tmp_path / suite_plan.ATTEMPTS).read_text())[-1]["ran_s"] >= 0
 
 
 def test_snapshot_never_exports_gpqa_answers(tmp_path, capsys):
@@ -271,8 +272,8 @@ def test_snapshot_never_exports_gpqa_answers(tmp_path, capsys):
             if dataset != "gsm8k":  # an unfinished run that has kept nothing yet
                 store["lm_eval_ponder/sampled/abc/0"] = "The answer is (B)"
             store.commit()
-    runs = suite.plan(["BoN"], ["gpqa", "math500", "gsm8k"], ["greedy"], -0.2, None)
-    text = suite.snapshot(runs, tmp_path)
+    runs = suite_plan.plan(["BoN"], ["gpqa", "math500", "gsm8k"], ["greedy"], -0.2, None)
+    text = suite_run.snapshot(runs, tmp_path)
     assert "BoN on gsm8k: no answer kept yet" in text
     assert "BoN on gpqa: not exported" in text and "BoN on math500: 1 answer ->" in text
     assert not list((tmp_path / "greedy" / "BoN" / "gpqa").glob("*.gz"))
@@ -292,18 +293,18 @@ def test_the_text_twin_is_refreshed_when_the_store_changes(tmp_path):
     with SqliteDict(str(db)) as store:
         store[CACHE_MARKER] = "f" * 8
         store.commit()
-    assert suite.refresh_twins(tmp_path) == []  # nothing kept yet: no twin
+    assert suite_run.refresh_twins(tmp_path) == []  # nothing kept yet: no twin
     with SqliteDict(str(db)) as store:
         store["lm_eval_ponder/sampled/abc/0"] = "42"
         store.commit()
-    assert suite.refresh_twins(tmp_path) == [kept_path(db)]
-    assert suite.refresh_twins(tmp_path) == []  # unchanged store: the twin is current
+    assert suite_run.refresh_twins(tmp_path) == [kept_path(db)]
+    assert suite_run.refresh_twins(tmp_path) == []  # unchanged store: the twin is current
     with SqliteDict(str(db)) as store:
         store["lm_eval_ponder/sampled/abc/1"] = "41"
         store.commit()
     later = kept_path(db).stat().st_mtime - 10
     os.utime(kept_path(db), (later, later))  # the batch landed after the twin was written
-    assert suite.refresh_twins(tmp_path) == [kept_path(db)]
+    assert suite_run.refresh_twins(tmp_path) == [kept_path(db)]
     db.unlink()
     assert restore_kept(db) == 2
 
@@ -311,16 +312,16 @@ def test_the_text_twin_is_refreshed_when_the_store_changes(tmp_path):
 def test_a_failing_heartbeat_task_never_stops_the_run(tmp_path, monkeypatch, caplog):
     import sys
 
-    monkeypatch.setattr(suite, "HEARTBEAT_S", 0.05)
+    monkeypatch.setattr(suite_run, "HEARTBEAT_S", 0.05)
     beats = []
 
     def beat():
         beats.append(1)
         raise OSError("disk full")
 
-    attempts = suite.record_attempt(tmp_path, 0)
+    attempts = suite_run.record_attempt(tmp_path, 0)
     code = "import time; time.sleep(0.6)"
-    assert suite.run_clocked([sys.executable, "-c", code], tmp_path, attempts,
+    assert suite_run.run_clocked([sys.executable, "-c", code], tmp_path, attempts,
                              on_beat=beat) == 0
     assert len(beats) >= 3  # every heartbeat and the end
     assert caplog.text.count("disk full (the run goes on)") == 1  # said once
@@ -334,8 +335,8 @@ def test_runs_in_old_and_new_result_folders_count_as_done(tmp_path):
         d = out / "greedy" / method / "arith" / folder
         d.mkdir(parents=True)
         (d / "results_1.json").write_text("{}")
-    runs = suite.plan(["Direct", "CoT", "BoN"], ["arith"], ["greedy"], -0.2, None)
-    text = suite.plan_text(runs, out, None, None)
+    runs = suite_plan.plan(["Direct", "CoT", "BoN"], ["arith"], ["greedy"], -0.2, None)
+    text = suite_plan.plan_text(runs, out, None, None)
     assert "3 runs (2 done)" in text and "BoN on arith: 500 questions, to run" in text
 
 
@@ -345,7 +346,7 @@ def test_what_a_run_records_names_no_directory_of_this_machine(tmp_path, monkeyp
     folder."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "controllers" / "x").mkdir(parents=True)
-    assert suite.portable_path(str(tmp_path / "controllers" / "x")) == "controllers/x"
-    assert suite.portable_path("/elsewhere/ctrl") == "/elsewhere/ctrl"  # outside: as given
-    assert suite.portable_name(str(tmp_path / "controllers" / "x") + "/") == "x"
-    assert suite.portable_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert suite_plan.portable_path(str(tmp_path / "controllers" / "x")) == "controllers/x"
+    assert suite_plan.portable_path("/elsewhere/ctrl") == "/elsewhere/ctrl"  # outside: as given
+    assert suite_plan.portable_name(str(tmp_path / "controllers" / "x") + "/") == "x"
+    assert suite_plan.portable_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"

@@ -175,7 +175,9 @@ def evaluate(pretrained: str | None, dtype: str, peaks: PhasePeaks, args, extra:
 
 
 def sizes(lm) -> dict:
-    weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    from lm_eval_ponder.backbone import weight_bytes
+
+    weights = weight_bytes(lm.model)
     budget = None if lm.max_cache_gib is None else int(lm.max_cache_gib * 2**30)
     return {"weights_bytes": weights, "cache_budget_bytes": budget}
 

@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> float | None:
     import torch
 
     from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.backbone import weight_bytes
     from lm_eval_ponder.evaluation.batching import Batching
 
     dtype = torch_setup(args)
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> float | None:
     args.load_s = time.perf_counter() - start  # building random weights: a start-up per run
     args.harness_s = harness_seconds(args.lengths, args.device, dtype) if args.harness else 0.0
     batching = Batching(args.max_rows, None, None, args.device, "loop")
-    batching.fit(config, dtype)
+    batching.fit(config, dtype, weight_bytes(model))
     loop_config = batching.loop_config()
     args.sized = size_run(args, model, loop_config.max_rows) if args.questions is None else None
     if args.hf_batches is None:
@@ -320,6 +321,7 @@ def harness_overhead(args, dtype, startup_s: float) -> dict:
     embedded shape replays the same questions' recorded lengths on this machine. On a 2-core CPU
     this is the stop-string checks, the texts and the grading worker competing for the cores;
     the estimate adds it to every shape's cost per token."""
+    from lm_eval_ponder.backbone import weight_bytes
     from lm_eval_ponder.evaluation.batching import Batching
 
     n, cap = args.harness_questions, args.max_new_tokens
@@ -329,7 +331,7 @@ def harness_overhead(args, dtype, startup_s: float) -> dict:
     config, _ = shape_config("smollm2-135m")
     model = build_model(config, args.device, dtype, args.seed)
     batching = Batching(args.max_rows, None, None, args.device, "loop")
-    batching.fit(config, dtype)
+    batching.fit(config, dtype, weight_bytes(model))
     lengths = recorded_lengths(args.lengths, n, cap)
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
     loop = run_replay(model, ids, mask, limits, batching.loop_config())

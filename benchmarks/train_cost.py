@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from lm_eval_ponder import backbone as bb
+    from lm_eval_ponder.backbone import weight_bytes
     from lm_eval_ponder.evaluation.batching import Batching
     from lm_eval_ponder.training.grpo import GRPOConfig
 
@@ -229,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
                                args.max_new_tokens)
     model = build_model(config, args.device, dtype, args.seed)
     batching = Batching(args.max_rows, None, None, args.device, "loop")
-    batching.fit(config, dtype)
+    batching.fit(config, dtype, weight_bytes(model))
     loop_config = batching.loop_config()
     layer, vector = steering_parts(model, args.seed)
     params = sum(p.numel() for p in model.parameters())

@@ -240,6 +240,12 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
         )
     return ResolvedBackbone(pretrained, pretrained.split("/")[-1].lower(), None)
 
+def weight_bytes(model) -> int:
+    """The bytes of a model's weights (a tied embedding counted once, as ``parameters``
+    yields it once)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def freeze(model):
     """Eval mode and no gradients: the backbone is never trained, only steered. Its LM head
     gets its input made contiguous (``contiguous_head_input``), without which freezing alone

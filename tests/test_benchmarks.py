@@ -501,7 +501,7 @@ def test_the_default_rows_and_cache_hold_a_7_8b_model_on_an_80_gb_gpu(shape, mon
     monkeypatch.setattr(batching, "total_memory_bytes", lambda device: gpu)
     config, _ = replay.shape_config(shape)
     rule = batching.Batching(None, None, None, "cuda", "loop")
-    rule.fit(config, torch.bfloat16)
+    rule.fit(config, torch.bfloat16, 0)  # on a GPU the weights do not set the budget
     widest = max(p for p, _ in replay.recorded_lengths("gsm8k", 10_000, 500))
     assert rule.max_rows == 256 and rule.max_cache_tokens >= 256 * (widest + 500)
     with torch.device("meta"):

@@ -46,11 +46,17 @@ def total_memory_bytes(device: str) -> int | None:
     return ram
 
 
-def parse_cache_gib(value: float | str | None, device: str) -> float | None:
-    """``max_cache_gib``: a number of GiB, ``auto``/unset (``default_cache_gib``) or ``none``
-    (no budget: ``max_rows`` alone bounds the batch)."""
-    if value is None or str(value).strip().lower() in ("", "auto"):
-        return default_cache_gib(device)
+AUTO = "auto"  # max_cache_gib's default: set by ``default_cache_gib`` once the weights are known
+# On CPU the cache may take this many times the weights' bytes (and at least CPU_CACHE_FLOOR)
+CPU_CACHE_PER_WEIGHT = 3
+CPU_CACHE_FLOOR = 0.5 * 2**30
+
+
+def parse_cache_gib(value: float | str | None) -> float | str | None:
+    """``max_cache_gib``: a number of GiB, ``auto``/unset (``AUTO``: ``default_cache_gib``,
+    once the model has loaded) or ``none`` (no budget: ``max_rows`` alone bounds the batch)."""
+    if value is None or str(value).strip().lower() in ("", AUTO):
+        return AUTO
     if str(value).strip().lower() == "none":
         return None
     try:
@@ -63,16 +69,24 @@ def parse_cache_gib(value: float | str | None, device: str) -> float | None:
     return gib
 
 
-def default_cache_gib(device: str) -> float | None:
-    """The key/value cache budget of the rows in flight when the user gives none: a sixth of
-    the memory on CPU (4 GiB of this 24 GiB machine: GSM8K's 128 rows need about 2.5 GiB and
-    are not held back; GPQA's longest prompt is, which a 128-row batch took past 13 GiB), a
-    third of the GPU's (the weights and activations need the rest). From the total, not the
-    free memory, so the batches, and with them bf16 outputs, do not depend on other jobs."""
+def default_cache_gib(device: str, weight_bytes: int) -> float | None:
+    """The key/value cache budget of the rows in flight when the user gives none.
+
+    On a GPU, a third of its memory (the weights and activations need the rest). On CPU,
+    three times the weights' bytes (at least 0.5 GiB), and at most a sixth of the memory. A
+    sixth alone (4 GiB of a 24 GiB machine) let the whole arith ladder on the embedded model
+    peak at 2.7 GiB resident for 0.25 GiB of bf16 weights; at 0.75 GiB (three times the
+    weights) it peaked at 1.73 GiB and took 1.13x as long (one thread, AMD EPYC, pairs run
+    side by side; ``benchmarks/memory.py``, docs/results/speed.md): a CPU's decode step is
+    bound by compute well before 128 rows, so the rows a larger cache admits buy little. From
+    the total and the weights, not the free memory, so the batches, and with them bf16
+    outputs, do not depend on other jobs."""
     total = total_memory_bytes(device)
     if total is None:
         return None
-    return total / (3 if str(device).startswith("cuda") else 6) / 2**30
+    if str(device).startswith("cuda"):
+        return total / 3 / 2**30
+    return min(total / 6, max(CPU_CACHE_PER_WEIGHT * weight_bytes, CPU_CACHE_FLOOR)) / 2**30
 
 
 class Batching:
@@ -86,15 +100,19 @@ class Batching:
             else model_arg_number("max_rows", max_rows, int)
         if self.max_rows < 1:
             raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
-        self.max_cache_gib = parse_cache_gib(max_cache_gib, device)
+        self.device = device
+        self.max_cache_gib: float | str | None = parse_cache_gib(max_cache_gib)
         self.decode_step = check_decode_step(decode_step)
         if self.decode_step != "dynamic" and generation != "loop":
             raise PonderError(f"decode_step={self.decode_step} is a mode of the generation loop; "
                               f"it does not apply to generation={generation}")
         self.max_cache_tokens: int | None = None
 
-    def fit(self, model_config, dtype: torch.dtype) -> None:
-        """The cache budget in token positions, for a model of this config and dtype."""
+    def fit(self, model_config, dtype: torch.dtype, weight_bytes: int) -> None:
+        """The cache budget in token positions, for a model of this config, dtype and size
+        (the default budget follows the weights: ``default_cache_gib``)."""
+        if self.max_cache_gib == AUTO:
+            self.max_cache_gib = default_cache_gib(self.device, weight_bytes)
         per_token = cache_bytes_per_token(model_config, dtype)
         self.max_cache_tokens = None if self.max_cache_gib is None or per_token is None \
             else max(1, int(self.max_cache_gib * 2**30 // per_token))

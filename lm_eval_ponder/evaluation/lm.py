@@ -196,7 +196,7 @@ class PonderLM(HFLM):
         """What the loaded backbone makes possible: the frozen weights' FLOPs, the cache
         budget in positions, the pondering (or early exit) of its calls."""
         bb.freeze(self.model)
-        self.batching.fit(self.model.config, self.model.dtype)
+        self.batching.fit(self.model.config, self.model.dtype, bb.weight_bytes(self.model))
         self.max_rows = self.batching.max_rows
         self.ponder: Pondering | None = load_pondering(
             self.ponder_args, resolved.name, self.model.config, self.device,

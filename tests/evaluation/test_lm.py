@@ -248,13 +248,18 @@ def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypat
     lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))
     assert seen == [lm.max_cache_tokens]
     assert lm.get_model_info()["ponder_batching"]["max_cache_tokens"] == lm.max_cache_tokens
-    # the default is a sixth of the machine's memory on a CPU: checked against a memory size
-    # the test sets, and the size read against /proc/meminfo (a cgroup limit may only lower it)
+    # the default on a CPU: three times the weights, at least 0.5 GiB, at most a sixth of the
+    # machine's memory (issue 66); on a GPU a third of its memory. Checked against a memory
+    # size the test sets, and the size read against /proc/meminfo (a cgroup limit may only
+    # lower it)
     from lm_eval_ponder.evaluation import batching
 
     monkeypatch.setattr(batching, "total_memory_bytes", lambda device: 12 * 2**30)
     auto = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32")
-    assert auto.max_cache_gib == 2.0
+    assert auto.max_cache_gib == 0.5  # the floor: a tiny model's weights are a few kB
+    assert batching.default_cache_gib("cpu", 2**28) == 0.75  # the embedded model in bf16
+    assert batching.default_cache_gib("cpu", 2**30) == 2.0  # a sixth of 12 GiB
+    assert batching.default_cache_gib("cuda:0", 2**30) == 4.0
     meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
     assert 0 < total_memory_bytes("cpu") <= int(meminfo["MemTotal"].split()[0]) * 1024
     assert PonderLM(pretrained=str(tiny_model_dir), device="cpu",

@@ -11,6 +11,7 @@ from conftest import needs_embedded
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.reporting import report as rp
+from lm_eval_ponder.reporting import tables
 
 
 def write_results(root, name, config, task, samples, configs=None, stamp="2026-01-01T00-00-00.0"):
@@ -87,7 +88,7 @@ def test_a_controller_with_one_depth_is_reported_not_dropped():
     run = rp.Run("smollm2", "FP-Direct", "arith",
                  [{"doc": {"level": 1 + i % 5}, "ponder_steps": 0} for i in range(10)])
     (row,) = rp.depth_difficulty([run, rp.Run("smollm2", "Direct", "arith", run.samples)])
-    assert rp.spearman_text(*row) == ("Spearman(ponder depth, level) FP-Direct on arith: "
+    assert tables.spearman_text(*row) == ("Spearman(ponder depth, level) FP-Direct on arith: "
                                       "undefined (the depth is the same on every question) (n=10)")
 
 
@@ -204,7 +205,7 @@ def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
     assert not any("/" in r.label for r in runs) and len({(r.backbone, r.label)
                                                           for r in runs}) == 2
     rows_, _ = rp.leaderboard(runs)
-    lines = rp.identity_lines(rows_)
+    lines = tables.identity_lines(rows_)
     assert any("backbone=SmolLM2-135M-Instruct.Q4_1, backbone_sha256=" in line for line in lines)
     assert not any("/home" in line or "/elsewhere" in line for line in lines)
     assert {r.identity.model["backbone"] for r in runs} == {cached, "/elsewhere/Other-Model"}
@@ -333,7 +334,7 @@ def test_hf_run_gets_estimated_tokens_and_flops(tmp_path, tiny_model_dir):
     assert [s["gen_tokens"] for s in runs[0].samples] == [16, 32, 6 + 5 + 2]
     rows, notes = rp.leaderboard(runs)
     assert rows[0]["arith"]["estimated"] and any(n.startswith("* estimated") for n in notes)
-    md = rp.write_tables(rows, ["arith"], notes, tmp_path)
+    md = tables.write_tables(rows, ["arith"], notes, tmp_path)
     assert f"| {rows[0]['arith']['tokens']:.1f}* |" in md
 
 

@@ -52,6 +52,7 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.settings import PonderArgs, absent
 from lm_eval_ponder.flops import FlopsSpec, early_exit_generation_flops
 from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
+from lm_eval_ponder.pondering.hook import SteeredCall
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,12 @@ class ExitSettings:
 
     def fingerprint(self) -> dict[str, Any]:
         return {"threshold": self.threshold, "layers": self.layers}
+
+    def set_up(self, model: nn.Module, device: Any, rows: int) -> SteeredCall:
+        """Early exit steers nothing; its hook lets tokens exit and records where
+        (``CallSteering``)."""
+        hook = ExitHook(model, self)
+        return SteeredCall(hook=hook, exits=hook)
 
 
 def parse_layers(spec: Any) -> tuple[int, int | None, int]:

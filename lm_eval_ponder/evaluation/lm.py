@@ -19,6 +19,7 @@ would silently be neither steered nor unsteered.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -37,10 +38,11 @@ from lm_eval_ponder.engine import LoopObserver, supports_logits_to_keep
 from lm_eval_ponder.errors import Interrupted, PonderError, install_excepthook
 from lm_eval_ponder.evaluation import lmeval_output
 from lm_eval_ponder.evaluation.accounting import GenerationText
-from lm_eval_ponder.evaluation.batch import BatchGeneration, BatchStep, Steer
+from lm_eval_ponder.evaluation.batch import BatchGeneration, BatchStep, GenerationCall
 from lm_eval_ponder.evaluation.batching import Batching
 from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings
 from lm_eval_ponder.evaluation.lmeval_cli import check_batch_size
+from lm_eval_ponder.evaluation.pricing import Pricing
 from lm_eval_ponder.evaluation.progress import RowProgress
 from lm_eval_ponder.evaluation.requests import Generation, answer_text, request_groups
 from lm_eval_ponder.evaluation.resume import SampledAnswers, is_sampled, stamp_store
@@ -56,6 +58,7 @@ from lm_eval_ponder.evaluation.settings import (
 )
 from lm_eval_ponder.flops import FLOPS_PRICING, FlopsSpec
 from lm_eval_ponder.pondering.dynamics import PonderConfig
+from lm_eval_ponder.pondering.hook import UNSTEERED, CallSteering
 
 GENERATION_MODES = ("loop", "hf")
 # requests per row in flight that a rollout block holds at least, so rows that finish are
@@ -385,14 +388,16 @@ class PonderLM(HFLM):
         return [group[i:i + size] for i in range(0, len(group), max(size, 1))]
 
     # ------------------------------------------------------------------ the trainer's way in
-    def generate_texts(self, contexts: list[str], gen_kwargs: dict, *, steer: Steer = None,
+    def generate_texts(self, contexts: list[str], gen_kwargs: dict, *,
+                       steer: CallSteering | None = None,
                        on_text: Callable[[int, GenerationText], Any] | None = None,
                        observers: Sequence[LoopObserver] = ()) -> list[GenerationText]:
         """Rendered contexts as one generation call, read and answered as ``generate_until``
         reads and answers a request group (the same encoding, ``until``/EOS handling, final
-        cut and accounting), in the caller's order. ``steer``: how (``Steer``; one fixed
-        offset per row is how the rollout cache generates every depth of many prompts at
-        once). ``on_text(row, text)`` as each row ends."""
+        cut and accounting), in the caller's order. ``steer``: how (a ``CallSteering``; None:
+        the model's own, ``call_steering``; ``OffsetsPerRow`` is how the rollout cache
+        generates every depth of many prompts at once). ``on_text(row, text)`` as each row
+        ends."""
         if not contexts:
             return []
         gen = Generation.of(gen_kwargs, self.max_gen_toks,
@@ -409,25 +414,51 @@ class PonderLM(HFLM):
                 f"positions, less than one row of this run ({row:,}: the longest prompt plus "
                 "max_gen_toks): rows run one at a time, each past the budget; raise "
                 "max_cache_gib or leave it out")
-        out = self.generate_batch(ids.to(self.device), mask.to(self.device),
-                                  max_new_tokens=gen.max_gen_toks, stop=gen.until, steer=steer,
-                                  on_text=on_text, observers=observers, **gen.kwargs)
-        return [out.text(row, self.answer(toks, gen.until))
-                for row, toks in enumerate(out.sequences[:, ids.shape[1]:].tolist())]
+        texts: list[Any] = [None] * len(contexts)
+
+        def keep(row: int, text: GenerationText) -> None:  # each answer made once, as it ends
+            texts[row] = text
+            if on_text is not None:
+                on_text(row, text)
+
+        self.generate_batch(ids.to(self.device), mask.to(self.device),
+                            max_new_tokens=gen.max_gen_toks, stop=gen.until, steer=steer,
+                            on_text=keep, observers=observers, **gen.kwargs)
+        return texts
 
     def answer(self, tokens: list[int], until: list[str]) -> str:
         return answer_text(tokens, until, self.think_end_token, self.tok_decode)
 
     # ------------------------------------------------------------------ the batch step
     def generate_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, *,
-                       max_new_tokens: int, stop: list[str], steer: Steer = None,
+                       max_new_tokens: int, stop: list[str], steer: CallSteering | None = None,
                        on_text: Callable[[int, GenerationText], Any] | None = None,
                        observers: Sequence[LoopObserver] = (),
                        **generation_kwargs) -> BatchGeneration:
         """One left-padded batch, the step under both ways in (``evaluation.batch``)."""
-        return BatchStep(self).run(input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                                   stop=stop, steer=steer, on_text=on_text, observers=observers,
-                                   **generation_kwargs)
+        return BatchStep(self.generation_call()).run(
+            input_ids, attention_mask, max_new_tokens=max_new_tokens, stop=stop,
+            steering=steer or self.call_steering, on_text=on_text, observers=observers,
+            **generation_kwargs)
+
+    @property
+    def call_steering(self) -> CallSteering:
+        """How a call that says nothing is steered: this model's pondering, else its early
+        exit, else not at all."""
+        return self.ponder or self.early_exit or UNSTEERED
+
+    def generation_call(self) -> GenerationCall:
+        """What the batch step needs of this model (``evaluation.batch``)."""
+        return GenerationCall(
+            model=self.model, device=self.device, generation=self.generation,
+            loop_config=self.batching.loop_config(self.min_top_prob),
+            decode_step=self.batching.decode_step,
+            pricing=Pricing(self.flops_spec, self.prefill_logits, None, self.early_exit,
+                            self.min_top_prob),
+            eos_token_id=self.eot_token_id, pad_token_id=self.tokenizer.pad_token_id,
+            decode=self.tok_decode, answer=self.answer,
+            autocast_dtype=self.mixed_precision_dtype,
+            hf_generate=functools.partial(HFLM._model_generate, self), warn_once=self.warn_once)
 
     # ------------------------------------------------------------------ scoring
     def warn_once(self, message: str) -> None:

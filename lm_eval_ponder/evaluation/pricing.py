@@ -9,17 +9,15 @@ lm-eval gets and for the answers kept as rows end (``evaluation.resume``) alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings, exit_accounting
-from lm_eval_ponder.evaluation.settings import Pondering
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.hooks import RowRecords
 from lm_eval_ponder.pondering.dynamics import ControllerDecide
-from lm_eval_ponder.pondering.hook import SteeringHook
+from lm_eval_ponder.pondering.hook import SteeredCall, SteeringHook
 
 
 @dataclass
@@ -56,12 +54,12 @@ class CallAccounts:
     moment it ends (all its decisions and exits precede its last token) and reading every row
     after the call costs one pass too."""
 
-    def __init__(self, pricing: Pricing, prompt_tokens: list[int], hook: Any,
-                 decider: ControllerDecide | None, ponder: Pondering | None) -> None:
-        self.pricing, self.prompt_tokens, self.ponder = pricing, prompt_tokens, ponder
-        self.steering = hook if decider is not None and isinstance(hook, SteeringHook) else None
-        self.decider = decider
-        self.exit_hook = hook if isinstance(hook, ExitHook) else None
+    def __init__(self, pricing: Pricing, prompt_tokens: list[int], call: SteeredCall) -> None:
+        self.pricing, self.prompt_tokens, self.ponder = pricing, prompt_tokens, call.pondering
+        # a controller's depths, by the rows its hook saw in each forward
+        self.steering: SteeringHook | None = call.hook if call.decider is not None else None
+        self.decider: ControllerDecide | None = call.decider
+        self.exit_hook: ExitHook | None = call.exits
         self.depths, self.exits = RowRecords(), RowRecords()
 
     def stats(self, row: int, gen_tokens: int, unsure: bool = False) -> dict[str, float]:

@@ -30,7 +30,7 @@ from lm_eval_ponder.pondering.dynamics import (
     RowOffsets,
     cumulative_offsets,
 )
-from lm_eval_ponder.pondering.hook import SteeringHook
+from lm_eval_ponder.pondering.hook import SteeredCall, SteeringHook
 from lm_eval_ponder.resources import shipped_controller_dir
 
 LOGGER = logging.getLogger(__name__)
@@ -237,6 +237,22 @@ class Steering:
 
 
 @dataclass
+class OffsetsPerRow:
+    """One fixed offset per row along ``steering``'s vector (fractions of the residual norm):
+    how the rollout cache generates every depth of many prompts in one call."""
+
+    steering: Steering
+    offsets: list[float]
+
+    def set_up(self, model: torch.nn.Module, device, rows: int) -> SteeredCall:
+        if len(self.offsets) != rows:
+            raise PonderError(f"{len(self.offsets)} offsets for {rows} rows: one per row")
+        hook = self.steering.offsets_hook(model, list(self.offsets), device)
+        hook.expect_rows(rows)
+        return SteeredCall(hook=hook)
+
+
+@dataclass
 class Pondering:
     """What a steered call does: a loaded ``Steering`` plus a controller (with its settings)
     or a fixed alpha, for one backbone."""
@@ -279,6 +295,12 @@ class Pondering:
         decider = ControllerDecide(self.controller, steering.vector.to(device), steering.scale,
                                    cumulative_offsets(self.config).to(device), self.config.tau)
         return steering.hook(model, decider, device, self.granularity), decider
+
+    def set_up(self, model: torch.nn.Module, device, rows: int) -> SteeredCall:
+        """This pondering's hook and decider for one call of ``rows`` rows."""
+        hook, decider = self.hook(model, device)
+        hook.expect_rows(rows)
+        return SteeredCall(hook=hook, decider=decider, pondering=self)
 
     def row_stats(self, depths: torch.Tensor | None, gen_tokens: int) -> tuple[float, int]:
         """(ponder steps, controller evaluations) of one row, from the depths its decisions

@@ -9,6 +9,9 @@ granularity the paper's two descriptions disagree on (``"prompt"`` or ``"token"`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, Protocol
+
 import torch
 import torch.nn as nn
 
@@ -17,6 +20,38 @@ from lm_eval_ponder.engine import LoopObserver
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
 from lm_eval_ponder.pondering.dynamics import GRANULARITIES, Decide
+
+
+@dataclass
+class SteeredCall:
+    """What one generation call is steered by, once set up: its forward ``hook`` (a context
+    manager and loop observer; None: nothing is added), the controller's ``decider`` whose
+    depths price the rows, the ``pondering`` it came from, and an early exit's hook (its exit
+    layers price the rows)."""
+
+    hook: Any = None
+    decider: Any = None
+    pondering: Any = None
+    exits: Any = None
+
+
+class CallSteering(Protocol):
+    """A way of steering a generation call: a ``Pondering`` (the model's own, or a fixed
+    alpha), one fixed offset per row (``OffsetsPerRow``: the rollout cache), a ``SteeringHook``
+    the caller built (the token-level trainer's policy), an early exit, or ``UNSTEERED``. One
+    method (``set_up``) sets up the call's hooks for ``rows`` rows."""
+
+    def set_up(self, model: nn.Module, device: Any, rows: int) -> SteeredCall: ...
+
+
+class Unsteered:
+    """Nothing added: the plain backbone."""
+
+    def set_up(self, model: nn.Module, device: Any, rows: int) -> SteeredCall:
+        return SteeredCall()
+
+
+UNSTEERED = Unsteered()
 
 
 class SteeringHook(LoopObserver):
@@ -79,6 +114,11 @@ class SteeringHook(LoopObserver):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+    def set_up(self, model: nn.Module, device: Any, rows: int) -> SteeredCall:
+        """A hook the caller built steers the call as it is (``CallSteering``)."""
+        self.expect_rows(rows)
+        return SteeredCall(hook=self)
 
     # ------------------------------------------------------------------ the loop's protocol
     def expect_rows(self, n_rows: int) -> None:

@@ -48,6 +48,7 @@ from safetensors.torch import load_file, save_file
 from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation import grading
+from lm_eval_ponder.evaluation.settings import OffsetsPerRow
 from lm_eval_ponder.files import (
     atomic_write,
     atomic_write_text,
@@ -541,8 +542,8 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
             torch.manual_seed(cfg.seed + 104729 * (rank + world * block_start))
             contexts = [p.context for p, _, _ in items]
             with bar.watch(lm.model):
-                texts = lm.generate_texts(contexts, gen, steer=[offsets[k] for _, k, _ in items],
-                                          observers=[bar.observer()])
+                steer = OffsetsPerRow(lm.require_steering(), [offsets[k] for _, k, _ in items])
+                texts = lm.generate_texts(contexts, gen, steer=steer, observers=[bar.observer()])
             ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
             records = []
             for (p, depth, s), text, ppl in zip(items, texts, ppls):

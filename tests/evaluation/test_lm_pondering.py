@@ -11,7 +11,7 @@ from test_lm import requests
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.settings import Pondering
+from lm_eval_ponder.evaluation.settings import OffsetsPerRow, Pondering
 from lm_eval_ponder.flops import controller_flops, generation_flops
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.steering.vector import SteeringVector, save_vector
@@ -163,7 +163,8 @@ def test_rendered_rows_at_their_own_offsets_equal_fixed_alpha_runs(tiny_model_di
     contexts = [r.args[0] for r in requests(GREEDY)]
     alphas = [-1.5, 0.0, 2.0]
     rows = [(c, a) for a in alphas for c in contexts]
-    got = lm.generate_texts([c for c, _ in rows], GREEDY, steer=[a for _, a in rows])
+    got = lm.generate_texts([c for c, _ in rows], GREEDY,
+                            steer=OffsetsPerRow(lm.steering, [a for _, a in rows]))
     want = {a: lm.generate_texts(contexts, GREEDY, steer=Pondering.fixed(lm.steering, a))
             for a in alphas}
     expected = [want[a][i] for a in alphas for i in range(len(contexts))]

@@ -7,7 +7,8 @@ line imports this module at interpreter start-up. It is a top-level module, not 
 installed copy (a source checkout on ``sys.path`` still wins). All it does then is put a tiny finder on
 ``sys.meta_path``; nothing of lm-eval, torch or transformers is imported (cost: well under a
 millisecond; ``benchmarks/startup_cost.py`` measures it). When, and only when, a process
-imports lm-eval, the finder runs our registration right after the relevant module executes:
+imports lm-eval, the finder runs our registration right after the relevant module executes
+(the wrappers themselves, with a table of each, are ``lm_eval_ponder.evaluation.lmeval_patches``):
 
 - after ``lm_eval.models`` (which lm-eval imports on the first model lookup, and whose lazy
   table must be registered first or ``--model hf`` breaks): register ``ponder`` lazily, as
@@ -55,85 +56,16 @@ def register_model() -> None:
 BUILTIN_TASKS_ENV = "LM_EVAL_PONDER_BUILTIN_TASKS"
 
 
-def cache_builtin_index(module) -> None:
-    """Build the index of lm-eval's own task folder once per process. lm-eval parses its
-    ~15,000 built-in YAML files on every ``TaskManager`` (about 10 s on a 2-core CPU), and
-    ``simple_evaluate`` makes one per call: a notebook or a test session that evaluates ten
-    times paid that ten times for files that cannot change while it runs. Other folders (ours,
-    ``--include_path``) are read afresh each time; the merge keeps lm-eval's order (later
-    folders override). The factory deep-copies an entry's config before use, so sharing the
-    cached entries is safe; each caller gets its own dict of copied entries all the same."""
-    import copy
-    from pathlib import Path
-
-    index_class = module.TaskIndex
-    if getattr(index_class.build, "_lm_eval_ponder", False):
-        return
-    build, builtin, kept = index_class.build, Path(module.__file__).parent.resolve(), {}
-
-    def cached_build(paths, *, resolve_includes=True):
-        index: dict = {}
-        for root in paths:
-            if Path(root).resolve() != builtin:
-                merge(index, build([root], resolve_includes=resolve_includes))
-                continue
-            if resolve_includes not in kept:
-                kept[resolve_includes] = build([root], resolve_includes=resolve_includes)
-            merge(index, {name: copy.copy(entry) for name, entry in kept[resolve_includes].items()})
-        return index
-
-    cached_build._lm_eval_ponder = True  # type: ignore[attr-defined]
-    index_class.build = staticmethod(cached_build)
-
-
-def merge(index: dict, entries: dict) -> None:
-    """Add one folder's task entries to ``index``, later folders winning, with lm-eval's own
-    warning naming both files when a name is defined twice (its ``TaskIndex.build`` warns so,
-    and a folder-by-folder build must not lose that line)."""
-    import logging
-
-    for name, entry in entries.items():
-        if name in index and getattr(index[name], "yaml_path", None) != getattr(entry, "yaml_path", None):
-            logging.getLogger("lm_eval.tasks._index").warning(
-                "Task '%s' from %s overrides existing task from %s", name,
-                getattr(entry, "yaml_path", "?"), getattr(index[name], "yaml_path", "?"))
-        index[name] = entry
-
-
 def patch_task_manager(module) -> None:
-    """Every ``TaskManager`` also indexes our tasks. ``LM_EVAL_PONDER_BUILTIN_TASKS=0`` leaves
-    lm-eval's built-in ones out (``python -m lm_eval_ponder.suite`` sets it for the lm_eval
-    runs it starts, which only ever name ours: each run starts about 10 s sooner)."""
-    import os
+    from lm_eval_ponder.evaluation import lmeval_patches
 
-    cache_builtin_index(module)
-    manager = module.TaskManager
-    if getattr(manager.__init__, "_lm_eval_ponder", False):
-        return
-    original = manager.__init__
-
-    def __init__(self, *args, include_path=None, **kwargs):
-        if os.environ.get(BUILTIN_TASKS_ENV) == "0" and not args:
-            kwargs.setdefault("include_defaults", False)
-        paths = [] if include_path is None else (
-            list(include_path) if isinstance(include_path, (list, tuple)) else [include_path]
-        )
-        ours = tasks_dir()
-        if ours not in [str(p) for p in paths]:
-            # first, so that a user's folder (later) overrides a task of ours of the same
-            # name, as it overrides lm-eval's own: an edited copy of arith_ponder.yaml passed
-            # with --include_path is the one that runs
-            paths.insert(0, ours)
-        original(self, *args, include_path=paths, **kwargs)
-
-    __init__._lm_eval_ponder = True  # type: ignore[attr-defined]
-    manager.__init__ = __init__
+    lmeval_patches.include_our_tasks(module)
 
 
 def patch_cli(module) -> None:
-    from lm_eval_ponder.evaluation import lmeval_cli
+    from lm_eval_ponder.evaluation import lmeval_patches
 
-    lmeval_cli.install(module)
+    lmeval_patches.wrap_cli(module)
 
 
 _AFTER = {"lm_eval.models": lambda module: register_model(),

@@ -36,7 +36,7 @@ from lm_eval_ponder import allocator
 from lm_eval_ponder import backbone as bb
 from lm_eval_ponder.engine import LoopObserver, supports_logits_to_keep
 from lm_eval_ponder.errors import Interrupted, PonderError, install_excepthook
-from lm_eval_ponder.evaluation import lmeval_output
+from lm_eval_ponder.evaluation import lmeval_patches
 from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.batch import BatchGeneration, BatchStep, GenerationCall
 from lm_eval_ponder.evaluation.batching import Batching
@@ -67,7 +67,7 @@ GENERATION_MODES = ("loop", "hf")
 REQUESTS_PER_ROW = 4
 LOGGER = logging.getLogger(__name__)
 # results land in a folder named after the backbone, FLOPs read as such in lm-eval's table
-lmeval_output.install()
+lmeval_patches.install_for_the_model()
 
 
 @register_model("ponder")

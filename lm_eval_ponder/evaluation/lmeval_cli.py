@@ -7,36 +7,30 @@ the whole evaluation, and a folder it cannot write then costs the run: one INFO 
 status 0, results lost. Ctrl-C ends in a traceback of whatever frame it landed in. So, for a
 ``ponder`` run:
 
-- ``checked_from_cli`` checks what lm-eval read before the model loads: ``--output_path`` can
+- ``check_config`` checks what lm-eval read before the model loads: ``--output_path`` can
   be written (``files.check_output``), ``--num_fewshot`` is not negative, ``--batch_size`` is
   a positive size or ``auto``;
-- ``run_execute`` ends the run as our commands end: a ``PonderError`` in one line (status 1,
+- the wrapped ``Run._execute`` ends the run as our commands end: a ``PonderError`` in one line (status 1,
   as lm-eval's own exit for an uncaught error), Ctrl-C in one line saying where generation
   stopped (``PonderLM.generate_until``'s ``Interrupted``), what ``--use_cache`` kept and the
   command that resumes the run, status 130.
 
-Installed by ``lm_eval_ponder_autoload`` when lm-eval's ``lm_eval._cli.run`` is imported;
-other models' runs are left as lm-eval runs them.
+The wrappers that put these in lm-eval's path are ``evaluation.lmeval_patches``' (installed by
+``lm_eval_ponder_autoload`` when ``lm_eval._cli.run`` is imported); other models' runs are
+left as lm-eval runs them.
 """
 
 from __future__ import annotations
 
-import functools
-import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from lm_eval_ponder.errors import (
-    INTERRUPTED,
-    PREFIX,
     STOPPED,
     Interrupted,
     PonderError,
-    close_progress_bars,
-    install_excepthook,
 )
 from lm_eval_ponder.files import check_output
 
@@ -118,25 +112,6 @@ def cli_device(device: Any) -> Any:
     return device
 
 
-def checked_from_cli(original):
-    """``EvaluatorConfig.from_cli`` (a classmethod's function), checking a ponder run's
-    config and keeping it on the namespace for ``run_execute``."""
-    if getattr(original, "_lm_eval_ponder", False):
-        return original
-
-    @functools.wraps(original)
-    def from_cli(cls, namespace):
-        cfg = original(cls, namespace)
-        if cfg.model == MODEL:
-            install_excepthook()
-            setattr(namespace, CONFIG_ATTR, cfg)
-            check_config(cfg)
-        return cfg
-
-    from_cli._lm_eval_ponder = True  # type: ignore[attr-defined]
-    return from_cli
-
-
 def command_line() -> str:
     """The command as the user typed it (``python -m lm_eval`` for lm-eval's ``__main__``)."""
     name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "lm_eval"
@@ -214,45 +189,3 @@ def _json_problem(path: Path | None, loads, text: str | None = None) -> str | No
     except ValueError:
         return "cut short (not whole JSON)"
     return None
-
-
-def run_execute(original):
-    """``Run._execute`` ending a ponder run as our commands end (module docstring)."""
-    if getattr(original, "_lm_eval_ponder", False):
-        return original
-
-    @functools.wraps(original)
-    def execute(args):
-        started = time.time()
-        try:
-            returned = original(args)
-            cfg = getattr(args, CONFIG_ATTR, None)
-            # rank 0 writes (lm-eval gathers every rank's samples there)
-            if cfg is not None and cfg.output_path and os.environ.get("RANK", "0") == "0":
-                check_written(Path(cfg.output_path), started, bool(cfg.log_samples))
-            return returned
-        except PonderError as exc:
-            close_progress_bars()
-            print(f"{PREFIX}{exc}", file=sys.stderr)
-            sys.exit(1)
-        except KeyboardInterrupt as exc:
-            cfg = getattr(args, CONFIG_ATTR, None)
-            if cfg is None and not isinstance(exc, Interrupted):
-                raise  # not a ponder run: lm-eval's own ending
-            close_progress_bars()
-            print(stopped_line(exc, cfg), file=sys.stderr)
-            sys.exit(INTERRUPTED)
-
-    execute._lm_eval_ponder = True  # type: ignore[attr-defined]
-    return execute
-
-
-def install(run_module: Any) -> None:
-    """Wrap ``Run._execute`` of ``lm_eval._cli.run`` and ``EvaluatorConfig.from_cli``
-    (idempotent)."""
-    from lm_eval.config.evaluate_config import EvaluatorConfig
-
-    run = run_module.Run
-    run._execute = staticmethod(run_execute(run.__dict__["_execute"].__func__))
-    EvaluatorConfig.from_cli = classmethod(
-        checked_from_cli(EvaluatorConfig.__dict__["from_cli"].__func__))

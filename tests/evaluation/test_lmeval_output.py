@@ -7,14 +7,14 @@ import json
 
 import pytest
 
-from lm_eval_ponder.evaluation import lmeval_output
+from lm_eval_ponder.evaluation import lmeval_patches
 from lm_eval_ponder.flops import FlopCount
 
 
 @pytest.fixture(autouse=True)
 def installed():
-    lmeval_output.install()
-    lmeval_output.install()  # idempotent: one wrapper, not two
+    lmeval_patches.install_for_the_model()
+    lmeval_patches.install_for_the_model()  # idempotent: one wrapper, not two
 
 
 @pytest.mark.parametrize("model_args, name, folder", [

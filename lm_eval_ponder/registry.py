@@ -29,8 +29,8 @@ class Dataset:
     """One benchmark: a folder under ``tasks/`` holding one task per baseline's prompt
     (``task_name``).
 
-    ``answer`` is the grading kind (``evaluation.grading.KINDS``): it picks the grader, what
-    the prompt asks for (``evaluation.tasklib``) and how a Best-of-N vote compares answers.
+    ``answer`` is the grading kind (``scoring.grading.KINDS``): it picks the grader, what
+    the prompt asks for (``scoring.tasklib``) and how a Best-of-N vote compares answers.
     ``train_split``: a controller may train on it (``training.rollouts`` never trains on a
     test split, and MATH500 and GPQA Diamond have no other). ``publishable``: its question
     text may leave this machine (GPQA's authors ask that its questions never appear in plain

@@ -102,7 +102,7 @@ def cot_target(expression: str) -> str:
 def prompts() -> dict[str, str]:
     """Each prompt prefix the organism is trained under and the mode it answers in: the tasks'
     two and the paper's steering pair (``steer extract --method paper``)."""
-    from lm_eval_ponder.evaluation.tasklib import COT_PROMPT, PLAIN_PROMPT
+    from lm_eval_ponder.scoring.tasklib import COT_PROMPT, PLAIN_PROMPT
     from lm_eval_ponder.steering.vector import PAPER_NEGATIVE, PAPER_POSITIVE
 
     return {PLAIN_PROMPT: "direct", COT_PROMPT: "steps", PAPER_NEGATIVE: "direct",
@@ -138,7 +138,7 @@ def examples(per_level: int, questions_from: int = 0, planted: bool = False,
 
 
 def task_prompts() -> set[str]:
-    from lm_eval_ponder.evaluation.tasklib import COT_PROMPT, PLAIN_PROMPT
+    from lm_eval_ponder.scoring.tasklib import COT_PROMPT, PLAIN_PROMPT
 
     return {PLAIN_PROMPT, COT_PROMPT}
 

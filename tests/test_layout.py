@@ -10,7 +10,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
 # The stages in the order of their imports: a stage imports only earlier stages and foundations.
-STAGES = ("engine", "steering", "pondering", "evaluation", "training", "reporting")
+STAGES = ("engine", "steering", "pondering", "evaluation", "scoring", "training", "reporting")
 # Top-level modules below every stage: they import no stage.
 FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data",
                "registry"}
@@ -104,15 +104,15 @@ def test_a_planted_back_import_is_reported(tmp_path):
     cli.write_text(cli.read_text() + "\nfrom lm_eval_ponder.evaluation.lm import PonderLM\n")
     found = back_imports(import_graph(copy))
     assert found == [
-        "lm_eval_ponder.pondering.hook (level 3) imports lm_eval_ponder.reporting.report (level 6)",
+        "lm_eval_ponder.pondering.hook (level 3) imports lm_eval_ponder.reporting.report (level 7)",
         "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.evaluation.lm (level 4)"]
     assert back_imports({"lm_eval_ponder.training.loop": {"lm_eval_ponder.evaluation.lm"},
                          "lm_eval_ponder.evaluation.lm": {"lm_eval_ponder.training.loop"},
                          "lm_eval_ponder.data": {"lm_eval_ponder.steering.vector"},
                          "lm_eval_ponder.steering.cli": {"lm_eval_ponder.steer"}}) == [
         "lm_eval_ponder.data (level 0) imports lm_eval_ponder.steering.vector (level 2)",
-        "lm_eval_ponder.evaluation.lm (level 4) imports lm_eval_ponder.training.loop (level 5)",
-        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.steer (level 7)"]
+        "lm_eval_ponder.evaluation.lm (level 4) imports lm_eval_ponder.training.loop (level 6)",
+        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.steer (level 8)"]
 
 
 def test_the_engine_imports_no_lm_eval():
@@ -260,7 +260,7 @@ def test_named_modules_exist():
 
 def test_named_modules_exist_fails_on_a_moved_module():
     assert dangling("lm_eval_ponder.tasklib") and dangling("lm_eval_ponder.stats.Nothing")
-    assert not dangling("lm_eval_ponder.evaluation.tasklib")
+    assert not dangling("lm_eval_ponder.scoring.tasklib")
     assert not dangling("lm_eval_ponder.stats.GenerationText")  # re-exported by an import
     assert not dangling("lm_eval_ponder.evaluation.lm.PonderLM")
 

@@ -36,11 +36,13 @@ def test_registration_adds_ponder_without_breaking_hf():
 
 @pytest.mark.skipif(not INSTALLED_PTH.exists(), reason="needs `pip install .` (installs the .pth)")
 def test_registration_indexes_our_tasks_next_to_builtin_ones():
-    """Every TaskManager indexes ours beside lm-eval's; lm-eval's own ~15,000 YAML files are
-    parsed once per process (a second TaskManager reads only ours, and lists the same names);
+    """Every TaskManager indexes ours beside lm-eval's; in a process that builds --model ponder
+    lm-eval's own ~15,000 YAML files are parsed once (a second TaskManager reads only ours, and
+    lists the same names; issue 67: other processes are left as lm-eval runs them);
     LM_EVAL_PONDER_BUILTIN_TASKS=0 (what the suite gives its runs) leaves the built-in ones out."""
     out = run_python(
         "import json, os\n"
+        "import lm_eval_ponder.evaluation.lm\n"
         "from lm_eval.tasks import TaskManager, _index\n"
         "first = TaskManager()\n"
         "loads, load = [], _index.load_yaml\n"

@@ -63,7 +63,7 @@ def test_each_folder_binds_its_own_registry_row(dataset):
 
 
 def test_answer_kinds_are_grading_kinds():
-    from lm_eval_ponder.evaluation import grading, tasklib
+    from lm_eval_ponder.scoring import grading, tasklib
 
     kinds = {d.answer for d in registry.DATASETS}
     assert kinds <= set(grading.KINDS) and kinds <= set(tasklib.ANSWER_PROMPTS)

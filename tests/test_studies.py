@@ -952,7 +952,7 @@ def test_the_steerable_organism_is_taught_the_switch_it_is_steered_with():
     import organism
 
     from lm_eval_ponder.data import arith_ladder
-    from lm_eval_ponder.evaluation.tasklib import COT_PROMPT, PLAIN_PROMPT
+    from lm_eval_ponder.scoring.tasklib import COT_PROMPT, PLAIN_PROMPT
 
     rows = organism.examples(2, questions_from=3, planted=True)
     first = {d["question"] for d in arith_ladder("train", per_level=3)}

@@ -31,10 +31,10 @@ import math
 
 import torch
 
-from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.flops import generation_flops
 from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.pondering.dynamics import TokenPolicy
+from lm_eval_ponder.scoring import grading
 from lm_eval_ponder.training.config import TrainConfig
 from lm_eval_ponder.training.environment import RewardBook, problem_types
 from lm_eval_ponder.training.grpo import GRPOTrainer

@@ -47,7 +47,6 @@ from safetensors.torch import load_file, save_file
 
 from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation import grading
 from lm_eval_ponder.evaluation.settings import OffsetsPerRow
 from lm_eval_ponder.files import (
     atomic_write,
@@ -57,6 +56,7 @@ from lm_eval_ponder.files import (
     read_text,
     short_float32,
 )
+from lm_eval_ponder.scoring import grading
 from lm_eval_ponder.training.rewards import TEXT_FEATURES, text_features
 
 MANIFEST = "manifest.json"
@@ -144,7 +144,7 @@ def build_prompts(lm, cfg: RolloutConfig) -> list[Prompt]:
     """The training prompts exactly as lm-eval renders the task (chat template included)."""
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_ponder.evaluation.tasklib import SPLIT_KEY
+    from lm_eval_ponder.scoring.tasklib import SPLIT_KEY
 
     documents = {name: train_documents(name, n) for name, n in cfg.prompts.items()}
     # our tasks only: indexing all of lm-eval's (~14k YAML files) costs ~25 s per start here;

@@ -1,8 +1,8 @@
-"""arith_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib to arith's row of
+"""arith_ponder tasks: bindings of lm_eval_ponder.scoring.tasklib to arith's row of
 lm_eval_ponder.registry, whose answer kind picks the prompt's answer format and the grader."""
 
 from lm_eval_ponder import registry
-from lm_eval_ponder.evaluation import tasklib
+from lm_eval_ponder.scoring import tasklib
 
 DATASET = registry.dataset("arith")
 load = tasklib.arith_dataset

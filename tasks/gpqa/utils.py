@@ -1,8 +1,8 @@
-"""gpqa_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib to gpqa's row of
+"""gpqa_ponder tasks: bindings of lm_eval_ponder.scoring.tasklib to gpqa's row of
 lm_eval_ponder.registry, whose answer kind picks the prompt's answer format and the grader."""
 
 from lm_eval_ponder import registry
-from lm_eval_ponder.evaluation import tasklib
+from lm_eval_ponder.scoring import tasklib
 
 DATASET = registry.dataset("gpqa")
 load = tasklib.gpqa_dataset

@@ -1,8 +1,8 @@
-"""gsm8k_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib to gsm8k's row of
+"""gsm8k_ponder tasks: bindings of lm_eval_ponder.scoring.tasklib to gsm8k's row of
 lm_eval_ponder.registry, whose answer kind picks the prompt's answer format and the grader."""
 
 from lm_eval_ponder import registry
-from lm_eval_ponder.evaluation import tasklib
+from lm_eval_ponder.scoring import tasklib
 
 DATASET = registry.dataset("gsm8k")
 load = tasklib.gsm8k_dataset

@@ -1,8 +1,8 @@
-"""math500_ponder tasks: bindings of lm_eval_ponder.evaluation.tasklib to math500's row of
+"""math500_ponder tasks: bindings of lm_eval_ponder.scoring.tasklib to math500's row of
 lm_eval_ponder.registry, whose answer kind picks the prompt's answer format and the grader."""
 
 from lm_eval_ponder import registry
-from lm_eval_ponder.evaluation import tasklib
+from lm_eval_ponder.scoring import tasklib
 
 DATASET = registry.dataset("math500")
 load = tasklib.math500_dataset

@@ -1,4 +1,4 @@
-"""Tests for lm_eval_ponder.evaluation.grading: extraction, equivalence, time limits and voting.
+"""Tests for lm_eval_ponder.scoring.grading: extraction, equivalence, time limits and voting.
 
 Many cases pair a right answer with a near miss ("72" vs "720", (1,2) vs (2,1)), so that a grader
 that is too lenient fails as surely as one that is too strict.
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from lm_eval_ponder.evaluation import grading
-from lm_eval_ponder.evaluation.grading import (
+from lm_eval_ponder.scoring import grading
+from lm_eval_ponder.scoring.grading import (
     canonical_answer,
     extract_boxed,
     extract_choice,

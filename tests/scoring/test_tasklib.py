@@ -1,4 +1,4 @@
-"""The shared task logic (lm_eval_ponder.evaluation.tasklib): prompts, scoring of single and
+"""The shared task logic (lm_eval_ponder.scoring.tasklib): prompts, scoring of single and
 Best-of-N responses (garbage included), accounting."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from lm_eval_ponder.evaluation import tasklib
 from lm_eval_ponder.evaluation.accounting import GenerationText
+from lm_eval_ponder.scoring import tasklib
 
 
 def text(s: str, tokens: int, flops: float) -> GenerationText:

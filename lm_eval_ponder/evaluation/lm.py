@@ -48,8 +48,6 @@ from lm_eval_ponder.evaluation.requests import Generation, answer_text, request_
 from lm_eval_ponder.evaluation.resume import SampledAnswers, is_sampled, stamp_store
 from lm_eval_ponder.evaluation.settings import (
     PonderArgs,
-    Pondering,
-    Steering,
     check_model_dtype,
     load_pondering,
     load_steering,
@@ -59,6 +57,7 @@ from lm_eval_ponder.evaluation.settings import (
 from lm_eval_ponder.flops import FLOPS_PRICING, FlopsSpec
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.pondering.hook import UNSTEERED, CallSteering
+from lm_eval_ponder.pondering.steered import Pondering, Steering
 
 GENERATION_MODES = ("loop", "hf")
 # requests per row in flight that a rollout block holds at least, so rows that finish are

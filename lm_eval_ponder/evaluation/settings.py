@@ -21,16 +21,10 @@ from typing import Any
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.files import file_sha256
 from lm_eval_ponder.pondering.dynamics import (
-    ControllerDecide,
-    Decide,
-    FixedOffset,
     PonderConfig,
-    RowOffsets,
-    cumulative_offsets,
 )
-from lm_eval_ponder.pondering.hook import SteeredCall, SteeringHook
+from lm_eval_ponder.pondering.steered import Pondering, Steering, short_sha
 from lm_eval_ponder.resources import shipped_controller_dir
 
 LOGGER = logging.getLogger(__name__)
@@ -118,11 +112,6 @@ def unknown_model_arg(error: TypeError, given: dict[str, Any],
                        f"model's from_pretrained takes it{hint}")
 
 
-def short_sha(path: Path) -> str:
-    """The first 16 hex digits of a file's SHA-256, or "missing": artefact identities."""
-    return file_sha256(path)[:16] if path.is_file() else "missing"
-
-
 def model_arg_flag(key: str, value: Any) -> bool:
     """A boolean model arg: lm-eval reads ``true``/``false`` (any case) as bools already; a
     missing one is False; anything else is refused by name."""
@@ -208,112 +197,6 @@ class PonderArgs:
         """User args over the controller's training settings over ``PonderConfig`` defaults."""
         merged = {**{k: v for k, v in trained.items() if k in PONDER_TYPES}, **self.overrides}
         return PonderConfig(**{k: PONDER_TYPES[k](v) for k, v in merged.items()})
-
-
-@dataclass
-class Steering:
-    """A loaded steering vector at one layer: what every steered call adds its offsets to.
-
-    The model's own pondering holds one (``Pondering.steering``); the trainer loads one for a
-    model that steers no call unless the call says how (``PonderLM.unsteered``)."""
-
-    steering_dir: Path
-    layer: int
-    vector: torch.Tensor  # unit steering vector at ``layer``, float32 [d]
-    scale: float  # mean residual norm at ``layer``: offsets are fractions of it
-
-    def sha(self) -> str:
-        """The vector file's identity (``short_sha``), as fingerprints and caches record it."""
-        return short_sha(self.steering_dir / "steering.safetensors")
-
-    def offsets_hook(self, model: torch.nn.Module, offsets: list[float], device) -> SteeringHook:
-        """A steering hook adding one fixed offset per row (fractions of the residual norm)."""
-        return self.hook(model, RowOffsets(offsets, device), device, "prompt")
-
-    def hook(self, model: torch.nn.Module, decide: Decide, device, mode: str) -> SteeringHook:
-        """A fresh steering hook for one generation call, adding ``decide``'s offsets."""
-        return SteeringHook(model, self.layer, self.vector.to(device), self.scale, decide,
-                            mode=mode)
-
-
-@dataclass
-class OffsetsPerRow:
-    """One fixed offset per row along ``steering``'s vector (fractions of the residual norm):
-    how the rollout cache generates every depth of many prompts in one call."""
-
-    steering: Steering
-    offsets: list[float]
-
-    def set_up(self, model: torch.nn.Module, device, rows: int) -> SteeredCall:
-        if len(self.offsets) != rows:
-            raise PonderError(f"{len(self.offsets)} offsets for {rows} rows: one per row")
-        hook = self.steering.offsets_hook(model, list(self.offsets), device)
-        hook.expect_rows(rows)
-        return SteeredCall(hook=hook)
-
-
-@dataclass
-class Pondering:
-    """What a steered call does: a loaded ``Steering`` plus a controller (with its settings)
-    or a fixed alpha, for one backbone."""
-
-    steering: Steering
-    controller_dir: Path | None
-    controller: torch.nn.Module | None
-    config: PonderConfig
-    alpha: float | None  # the fixed offset, when there is no controller
-
-    @classmethod
-    def fixed(cls, steering: Steering, alpha: float) -> Pondering:
-        """Pondering at one fixed offset ``alpha`` with ``steering``'s vector, no controller:
-        what ``--model ponder alpha=...`` does (the Fractional Reasoning baseline)."""
-        return cls(steering=steering, controller_dir=None, controller=None,
-                   config=PonderConfig(), alpha=float(alpha))
-
-    @property
-    def granularity(self) -> str:
-        return self.config.granularity if self.controller is not None else "prompt"
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {
-            "steering": self.steering.sha(),
-            "layer": self.steering.layer,
-            "alpha": self.alpha,
-            "controller": None if self.controller_dir is None
-            else short_sha(self.controller_dir / "controller.safetensors"),
-            **(vars(self.config) if self.controller is not None else {}),
-        }
-
-    def hook(self, model: torch.nn.Module, device) -> tuple[SteeringHook, ControllerDecide | None]:
-        """A fresh steering hook for one generation call, and the controller's decider (which
-        records the depths it chose), or None for a fixed alpha."""
-        if self.controller is None:
-            return self.steering.hook(model, FixedOffset(self.alpha), device, "prompt"), None
-        # every tensor a decision reads is on the device before generation starts, so the
-        # first steered forward copies nothing from the host either
-        steering = self.steering
-        decider = ControllerDecide(self.controller, steering.vector.to(device), steering.scale,
-                                   cumulative_offsets(self.config).to(device), self.config.tau)
-        return steering.hook(model, decider, device, self.granularity), decider
-
-    def set_up(self, model: torch.nn.Module, device, rows: int) -> SteeredCall:
-        """This pondering's hook and decider for one call of ``rows`` rows."""
-        hook, decider = self.hook(model, device)
-        hook.expect_rows(rows)
-        return SteeredCall(hook=hook, decider=decider, pondering=self)
-
-    def row_stats(self, depths: torch.Tensor | None, gen_tokens: int) -> tuple[float, int]:
-        """(ponder steps, controller evaluations) of one row, from the depths its decisions
-        chose, in order (``SteeringHook.per_row``; None: no controller). A row that finished
-        early under ``model.generate`` kept deciding for padding: only its first ``gen_tokens``
-        decisions count."""
-        if depths is None or len(depths) == 0:
-            return 0.0, 0
-        evals_per_decision = self.config.k_max + 1  # all candidates, one batched call
-        if self.config.granularity == "prompt":
-            return float(depths[0]), evals_per_decision
-        used = depths[: max(gen_tokens, 1)]
-        return used.float().mean().item(), evals_per_decision * len(used)
 
 
 def load_pondering(args: PonderArgs, backbone_name: str, model_config, device,

@@ -47,7 +47,6 @@ from safetensors.torch import load_file, save_file
 
 from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.settings import OffsetsPerRow
 from lm_eval_ponder.files import (
     atomic_write,
     atomic_write_text,
@@ -56,6 +55,7 @@ from lm_eval_ponder.files import (
     read_text,
     short_float32,
 )
+from lm_eval_ponder.pondering.steered import OffsetsPerRow
 from lm_eval_ponder.scoring import grading
 from lm_eval_ponder.training.rewards import TEXT_FEATURES, text_features
 

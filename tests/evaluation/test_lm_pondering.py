@@ -11,9 +11,9 @@ from test_lm import requests
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.settings import OffsetsPerRow, Pondering
 from lm_eval_ponder.flops import controller_flops, generation_flops
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
+from lm_eval_ponder.pondering.steered import OffsetsPerRow, Pondering
 from lm_eval_ponder.steering.vector import SteeringVector, save_vector
 
 GREEDY = {"until": ["\n\n"], "max_gen_toks": 16, "do_sample": False}

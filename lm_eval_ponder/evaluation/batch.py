@@ -45,9 +45,6 @@ class BatchGeneration:
     accounts: CallAccounts
     unsure: list[bool]
 
-    def text(self, row: int, text: str) -> GenerationText:
-        return self.accounts.text(row, int(self.gen_tokens[row]), text, self.unsure[row])
-
 
 @dataclass(frozen=True)
 class GenerationCall:

@@ -74,11 +74,11 @@ def default_cache_gib(device: str, weight_bytes: int) -> float | None:
 
     On a GPU, a third of its memory (the weights and activations need the rest). On CPU,
     three times the weights' bytes (at least 0.5 GiB), and at most a sixth of the memory. A
-    sixth alone (4 GiB of a 24 GiB machine) let the whole arith ladder on the embedded model
-    peak at 2.7 GiB resident for 0.25 GiB of bf16 weights; at 0.75 GiB (three times the
-    weights) it peaked at 1.73 GiB and took 1.13x as long (one thread, AMD EPYC, pairs run
-    side by side; ``benchmarks/memory.py``, docs/results/speed.md): a CPU's decode step is
-    bound by compute well before 128 rows, so the rows a larger cache admits buy little. From
+    sixth alone (3.92 GiB of a 24 GiB machine) let the whole arith ladder on the embedded
+    model peak at 2.5-2.7 GiB resident for 0.25 GiB of bf16 weights; at 0.75 GiB (three
+    times the weights) it peaked at 1.73-1.82 GiB and took 1.11-1.13x as long (one thread,
+    AMD EPYC, two pairs run side by side; ``benchmarks/memory.py``, docs/results/speed.md):
+    on a CPU the rows a larger cache admits buy little. From
     the total and the weights, not the free memory, so the batches, and with them bf16
     outputs, do not depend on other jobs."""
     total = total_memory_bytes(device)

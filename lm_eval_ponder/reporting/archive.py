@@ -71,14 +71,26 @@ def read_stamp(folder: Path) -> dict:
         return {}
 
 
+# archives found unpacked in this process, by their (size, mtime): a changed file is checked again
+CURRENT: dict[Path, tuple[int, int]] = {}
+
+
+def stat_key(path: Path) -> tuple[int, int]:
+    stat = path.stat()
+    return stat.st_size, stat.st_mtime_ns
+
+
 def unpack(folder: str | Path) -> bool:
     """Unpack ``<folder>.tar.xz`` into ``folder`` unless it holds that archive already; files
     the folder has beyond the archive's (a study's new runs) are left alone. True when it
     unpacked."""
     folder = Path(folder)
     archive = archive_of(folder)
+    if CURRENT.get(archive.absolute()) == stat_key(archive):
+        return False  # checked in this process already: a report reads hundreds of paths
     digest = file_sha256(archive)
     if read_stamp(folder).get("sha256") == digest:
+        CURRENT[archive.absolute()] = stat_key(archive)
         return False
     try:
         with tarfile.open(archive, "r:xz") as tar:
@@ -91,6 +103,7 @@ def unpack(folder: str | Path) -> bool:
     except OSError as error:
         raise PonderError(f"cannot unpack {archive} into {folder}: {error}") from error
     write_stamp(folder, digest, sorted(m.name for m in members if m.isfile()))
+    CURRENT[archive.absolute()] = stat_key(archive)
     return True
 
 

@@ -306,3 +306,42 @@ def test_a_submodule_import_is_reported(tmp_path):
     assert engine_submodule_imports([planted]) == [
         "pkg/m.py:1 imports lm_eval_ponder.engine.loop",
         "pkg/m.py:2 imports lm_eval_ponder.engine.slots"]
+
+
+# the hops every generation request takes before the engine (issue 67: four hops, where
+# lm-eval's vLLM backend has one; 100 lines of code in five hops before)
+REQUEST_PATH = [("evaluation/lm.py", "PonderLM", "generate_until"),
+                ("evaluation/lm.py", "PonderLM", "generate_texts"),
+                ("evaluation/lm.py", "PonderLM", "generate_batch"),
+                ("evaluation/batch.py", "BatchStep", "run")]
+REQUEST_PATH_LINES = 70
+
+
+def code_lines(source: str, cls: str, name: str) -> int:
+    """Lines of code of method ``cls.name`` in ``source``: no blank lines, comments or
+    docstrings (what a newcomer reads to follow a request)."""
+    tree = ast.parse(source)
+    klass = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls)
+    fn = next(n for n in klass.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    skip: set[int] = set()
+    for node in ast.walk(fn):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            skip |= set(range(body[0].lineno, body[0].end_lineno + 1))
+    lines = source.splitlines()
+    return sum(1 for n in range(fn.lineno, fn.end_lineno + 1)
+               if n not in skip and lines[n - 1].strip()
+               and not lines[n - 1].strip().startswith("#"))
+
+
+def test_the_request_path_reads_in_one_screen():
+    counts = {f"{cls}.{name}": code_lines((PKG / path).read_text(), cls, name)
+              for path, cls, name in REQUEST_PATH}
+    assert sum(counts.values()) <= REQUEST_PATH_LINES, counts
+
+
+def test_code_lines_count_code_only():
+    source = ('class A:\n    def f(self):\n        """Doc\n        string."""\n'
+              '        # a comment\n\n        x = 1\n        return x\n')
+    assert code_lines(source, "A", "f") == 3  # def, x = 1, return

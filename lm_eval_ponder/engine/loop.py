@@ -32,8 +32,8 @@ token (tests check this in fp32). Anything the loop cannot reproduce exactly rai
 ``UnsupportedGeneration`` before any forward pass; the caller then uses ``model.generate``.
 
 Host work per decode step does not grow with rows in Python (issue 36): tokens and counts
-live in device tensors and are read back once per finished row; one small tensor of flags
-(ended, maybe-stopped, count) per step is the one host sync; only rows whose new token can
+live in device tensors and are read back once per finished row; one ``StepFlags`` per step
+(each row's ends and count, one small tensor) is the one host sync; only rows whose new token can
 complete a stop string are decoded. ``benchmarks/step_cost.py`` splits a step's time.
 
 The call reads top to bottom in ``RowLoop.run``: admit waiting rows while slots are free (prefill
@@ -68,6 +68,7 @@ from lm_eval_ponder.engine.observers import LoopObserver, Observers
 from lm_eval_ponder.engine.rows import (
     CacheLayout,
     DynamicRows,
+    StepRows,
     cache_keyword,
     check_model_supported,
     empty_rows,
@@ -83,10 +84,35 @@ FINISH_LENGTH = "length"
 # ``LoopConfig.min_top_prob``: the row's top next-token probability fell below it; the token
 # chosen there is not kept (the forward that gave those logits ran, and is priced)
 FINISH_UNSURE = "unsure"
-# the per-row flags a decode step reads back (bit 0 EOS, bit 1 length, bit 2 a stop string
-# may be complete, bit 3 the top probability is below ``min_top_prob``); the row's generated
-# count rides above them in the same integer
-EOS_BIT, LENGTH_BIT, STOP_BIT, UNSURE_BIT, COUNT_SHIFT = 1, 2, 4, 8, 4
+
+
+@dataclass(frozen=True)
+class StepFlags:
+    """What one step tells the host of each row of its batch, read back in one copy (the step's
+    one host sync): per batch position, 1 where its new token is an EOS id, where it reached
+    its length limit, where a stop string may now be complete (to confirm on its decoded
+    text), where its top next-token probability fell below ``LoopConfig.min_top_prob``; its
+    generated count; and the positions with any flag (``ended``: the rows that may have
+    ended). A position whose row already ended has no flag."""
+
+    eos: list[int]
+    length: list[int]
+    maybe_stop: list[int]
+    unsure: list[int]
+    counts: list[int]
+    ended: list[int]
+
+    @classmethod
+    def read(cls, counts: torch.Tensor, alive: torch.Tensor | None, *, eos: torch.Tensor,
+             length: torch.Tensor, maybe_stop: torch.Tensor,
+             unsure: torch.Tensor | None) -> StepFlags:
+        flags = torch.stack([eos, length, maybe_stop,
+                             torch.zeros_like(eos) if unsure is None else unsure])
+        if alive is not None:
+            flags &= alive
+        host = torch.cat([flags.long(), flags.any(dim=0)[None].long(), counts[None]]).tolist()
+        # the line above is the one host sync
+        return cls(*host[:4], counts=host[5], ended=[i for i, f in enumerate(host[4]) if f])
 
 
 @dataclass
@@ -152,15 +178,16 @@ def prefill_parts(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
 def static_applies(config: LoopConfig, observers: Observers, chooser: TokenChooser,
                    rows: int, widest: int, max_new: int) -> str:
     """Why a call cannot use the static layout (``""``: it can). The one place that decides:
-    not unless ``decode_step=captured``; not while an observer's hooks act inside the forward
-    (a replayed graph runs no hooks: steering, early exit), with a repetition penalty (it needs
+    not unless ``decode_step=captured``; not while an observer says its hooks act inside the
+    forward (``LoopObserver.acts_in_forward``: a replayed graph runs no hooks; steering, early
+    exit), with a repetition penalty (it needs
     each row's history), or where the static cache would pass the cache budget."""
     if config.decode_step == "dynamic":
         return "decode_step=dynamic"
     if rows == 0 or max_new <= 0:
         return "nothing to decode"
-    if observers.hooks_forward:
-        return "steering or an early exit watches each forward's rows"
+    if observers.acts_in_forward:
+        return "steering or an early exit acts inside each forward"
     if chooser.uses_history:
         return "a repetition penalty needs each row's token history"
     slots, width = slot_shape(rows, widest, max_new)
@@ -251,7 +278,7 @@ class RowLoop:
             if admit:
                 self.admit(admit)
                 continue  # re-check admission (the group may have finished at once)
-            self.decode_step()
+            self.decode_one()
         return self.outputs()
 
     def admissible(self) -> int:
@@ -319,14 +346,14 @@ class RowLoop:
             logits = out.logits[:, -1]
             del out
         self.result.prefill_forwards += 1
-        lead = [span - n for n in lens]
+        pad_cols = [span - n for n in lens]
         history = ids.clone() if self.chooser.uses_history else None
-        batch = DynamicRows(cache, span, list(rows), lead, ids[:, -1], device, history,
-                            list(lead) if history is not None else None)
+        batch = DynamicRows(cache, span, list(rows), pad_cols, ids[:, -1], device, history,
+                            list(pad_cols) if history is not None else None)
         self.step(batch, logits)
         return batch
 
-    def decode_step(self) -> None:
+    def decode_one(self) -> None:
         """One decode step of every row in flight, through the layout's inputs."""
         layout, device = self.layout, self.device
         with self.phase("cache", device):
@@ -345,19 +372,19 @@ class RowLoop:
         self.result.decode_forwards += 1
         self.result.decode_row_slots += layout.n_alive
         self.result.dead_row_slots += layout.n_dead
-        self.observers.decode_step()
+        self.observers.decoded()
         self.step(layout, logits)
         with self.phase("compact", device):
             layout.compact_after(bool(self.waiting) and bool(self.admissible()), self.result)
 
     # ------------------------------------------------------------------ after a forward
-    def step(self, batch, logits: torch.Tensor) -> None:
+    def step(self, batch: StepRows, logits: torch.Tensor) -> None:
         """Choose every row's next token, store it, and retire the rows that ended."""
         device = self.device
         with self.phase("choose", device):
             counts = self.counts.index_select(0, batch.rows_t)
             nxt = self.chooser.choose(logits, ChoiceRows(
-                counts, batch.last, batch.hist, batch.hist_lead_t, batch.alive_mask,
+                counts, batch.last, batch.history, batch.history_pad_t, batch.alive_mask,
                 batch.alive_index), self.pad)
         with self.phase("finish", device):
             alive = batch.alive_mask
@@ -365,42 +392,38 @@ class RowLoop:
             self.tokens.index_put_((batch.rows_t, column), nxt)
             counts = counts + (1 if alive is None else alive.long())
             self.counts.index_copy_(0, batch.rows_t, counts)
-            batch.last = nxt
-            if batch.hist is not None:
-                batch.hist = torch.cat([batch.hist, nxt[:, None]], dim=1)
+            batch.feed(nxt)
             limit = self.max_new if self.limits is None else \
                 self.limits.index_select(0, batch.rows_t)
-            flags = (torch.isin(nxt, self.eos_t).long() * EOS_BIT
-                     + (counts >= limit).long() * LENGTH_BIT
-                     + self.stops.candidates(nxt).long() * STOP_BIT)
+            unsure = None
             if self.config.min_top_prob is not None:
                 top = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
-                flags = flags + (top < self.config.min_top_prob).long() * UNSURE_BIT
-            if alive is not None:
-                flags = flags * alive.long()
-            packed = (flags + (counts << COUNT_SHIFT)).tolist()  # the one host sync
-            self.retire(batch, packed)
+                unsure = top < self.config.min_top_prob
+            flags = StepFlags.read(counts, alive, eos=torch.isin(nxt, self.eos_t),
+                                   length=counts >= limit,
+                                   maybe_stop=self.stops.candidates(nxt), unsure=unsure)
+            self.retire(batch, flags)
 
-    def retire(self, batch, packed: list[int]) -> None:
+    def retire(self, batch: StepRows, flags: StepFlags) -> None:
+        """Each row that ended, with why (``FINISH_*``), to the result and the observers."""
+        candidates = flags.ended
+        if not candidates:
+            return
+        maybe_stop = [i for i in candidates
+                      if flags.maybe_stop[i] and not (flags.eos[i] or flags.unsure[i])]
+        stopped = set(self.confirm_stops(batch, maybe_stop, flags.counts)) if maybe_stop else set()
         ended: list[int] = []
-        maybe_stop = [i for i, p in enumerate(packed)
-                      if p & STOP_BIT and not p & (EOS_BIT | UNSURE_BIT)]
-        stopped = set(self.confirm_stops(batch, maybe_stop, packed)) if maybe_stop else set()
-        for i, p in enumerate(packed):
-            flags = p & ((1 << COUNT_SHIFT) - 1)
-            if not flags:
-                continue
-            row = batch.rows[i]
-            count = p >> COUNT_SHIFT
-            if flags & UNSURE_BIT:  # before the others: the token that would end them is dropped
+        for i in candidates:
+            row, count = batch.rows[i], flags.counts[i]
+            if flags.unsure[i]:  # before the others: the token that would end them is dropped
                 self.reason[row] = FINISH_UNSURE
                 count -= 1
                 self.tokens[row, count] = self.pad
-            elif flags & EOS_BIT:
+            elif flags.eos[i]:
                 self.reason[row] = FINISH_EOS
             elif i in stopped:
                 self.reason[row] = FINISH_STOP
-            elif flags & LENGTH_BIT:
+            elif flags.length[i]:
                 self.reason[row] = FINISH_LENGTH
             else:
                 continue
@@ -411,13 +434,13 @@ class RowLoop:
             self.observers.row_finished(row, tokens, self.reason[row])
         batch.retire(ended)
 
-    def confirm_stops(self, batch, positions: list[int], packed: list[int]) -> list[int]:
+    def confirm_stops(self, batch: StepRows, positions: list[int], counts: list[int]) -> list[int]:
         """Of these batch positions, the rows whose decoded text now holds a stop string."""
         rows = torch.tensor([batch.rows[i] for i in positions], dtype=torch.long,
                             device=self.device)
         texts = self.tokens.index_select(0, rows).tolist()
         return [i for i, generated in zip(positions, texts)
-                if self.stops.hit(generated[:packed[i] >> COUNT_SHIFT])]
+                if self.stops.hit(generated[:counts[i]])]
 
     def outputs(self) -> GenerationResult:
         steps = max(self.result.gen_tokens, default=0)

@@ -4,9 +4,11 @@ progress bar; an answer kept as it ends), forwards that ran no module hook (a re
 the progress bar's forward hook misses them) and the time of each phase (benchmarks).
 
 An observer overrides what it needs; ``LoopObserver`` answers everything with nothing. An
-observer that watches the rows of each forward (``begin_forward``: a steering vector added to a
-layer, an early exit) keeps its call on the dynamic layout: the static layout's graphs run no
-module hooks, and its dead slots are no rows.
+observer whose module hooks act inside the forward (a steering vector added to a layer, an early
+exit) says so with ``acts_in_forward = True``: that keeps its call on the dynamic layout, since
+the static layout's replayed graphs run no module hooks and its dead slots are no rows. One that
+only watches ``begin_forward`` (a log of the rows) leaves the static layout on; it then sees a
+slot no row holds as row ``B`` (one past the call's last row).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ class LoopObserver:
     """The loop's events, each a no-op here."""
 
     wants_tokens: bool = False  # ``row_finished`` gets the row's tokens (one read-back each)
+    # its module hooks change the forward (steering, early exit): the call stays on the
+    # dynamic layout, whose forwards run hooks and hold only rows (``loop.static_applies``)
+    acts_in_forward: bool = False
 
     def begin_forward(self, rows: torch.LongTensor, prefill: bool) -> None:
         """``rows``: original row indices (0..B-1) of the rows in the coming forward, in batch
@@ -100,17 +105,17 @@ class Observers:
 
     def __init__(self, observers: Sequence[Any]) -> None:
         self.all = [o for o in observers if o is not None]
-        self.forward_hooks = [o for o in self.all if defines(o, "begin_forward")]
+        self.row_watchers = [o for o in self.all if defines(o, "begin_forward")]
         self.finishers = [o for o in self.all if defines(o, "row_finished")]
         self.replayers = [o for o in self.all if defines(o, "replayed_forward")]
-        self.hooks_forward = bool(self.forward_hooks)  # they act inside the forward
+        self.acts_in_forward = any(getattr(o, "acts_in_forward", False) for o in self.all)
         self.wants_tokens = any(getattr(o, "wants_tokens", False) for o in self.all)
         timers = [o for o in self.all if defines(o, "phase")]
         self.phase = timers[0].phase if timers else no_phase
         self.timers = [o for o in timers if isinstance(o, StepTimer)]
 
     def begin_forward(self, rows: torch.LongTensor, prefill: bool) -> None:
-        for o in self.forward_hooks:
+        for o in self.row_watchers:
             o.begin_forward(rows, prefill)
 
     def row_finished(self, row: int, tokens: list[int] | None, reason: str = "") -> None:
@@ -121,7 +126,8 @@ class Observers:
         for o in self.replayers:
             o.replayed_forward(rows)
 
-    def decode_step(self) -> None:
+    def decoded(self) -> None:
+        """One decode step ran (``StepTimer.decode_steps``)."""
         for t in self.timers:
             t.decode_steps += 1
 

@@ -6,7 +6,7 @@ decoding a pad token, masked out of every choice) until the batch is compacted, 
 the cache once for many finished rows instead of once per step in which any row finished
 (``DynamicRows.needs_compaction``); a group of waiting rows joins in one merge.
 
-``lead`` counts each row's leading padding columns in the cache (all of a row's keys sit at
+``pad_cols`` counts each row's leading padding columns in the cache (all of a row's keys sit at
 its right end), ``rows`` its original index in the call. Host lists are mirrored on the device
 (``*_t``) and refreshed only when the batch changes, so a decode step copies nothing from the
 host. ``Rows`` owns the lists and their mirrors; the two cache layouts subclass it:
@@ -114,20 +114,49 @@ class StepInputs:
     position_ids: torch.Tensor
 
 
-class CacheLayout(Protocol):
-    """The rows in flight and their cache, as the loop drives them: prefilled groups
-    ``admit``, finished rows ``retire`` (masked until the layout drops them), each decode step
-    takes its ``inputs`` and then ``advance``s one column. The layout's own upkeep runs at
-    three points: ``make_room`` before a group is prefilled, ``tidy`` before a decode step (the
-    static layout's move of the tail to fewer slots, and its shift of a full cache) and
-    ``compact_after`` after one (the dynamic layout's compaction). Counters of that upkeep go
-    to ``work`` (``GenerationResult``'s fields)."""
+class StepRows(Protocol):
+    """The rows of one forward as the loop's step reads and writes them: a prefilled group, or
+    the layout in flight. Per batch position: the row's original index (``rows``, mirrored as
+    ``rows_t``), the token it fed (``last``), its token history and that history's leading pad
+    columns where a repetition penalty needs them, and, once a row has finished, which
+    positions are alive (``alive_mask``, ``alive_index``; None while every row is). The step
+    ``feed``s the tokens it chose and ``retire``s the rows that ended."""
+
+    rows: list[int]
+    rows_t: torch.LongTensor
+    last: torch.LongTensor
+    history: torch.LongTensor | None
+    history_pad_t: torch.LongTensor | None
+    alive_mask: torch.Tensor | None
+    alive_index: torch.LongTensor | None
+
+    def feed(self, tokens: torch.LongTensor) -> None: ...
+
+    def retire(self, positions: list[int]) -> None: ...
+
+
+class CacheLayout(StepRows, Protocol):
+    """The rows in flight and their cache, as the loop drives them: how many are alive or dead
+    (``n_alive``, ``n_dead``, ``live_rows``), prefilled groups ``admit``, finished rows
+    ``retire`` (masked until the layout drops them), each decode step takes its ``inputs`` and
+    then ``advance``s one column. The layout's own upkeep runs at three points: ``make_room``
+    before a group is prefilled, ``tidy`` before a decode step (the static layout's move of the
+    tail to fewer slots, and its shift of a full cache) and ``compact_after`` after one (the
+    dynamic layout's compaction). Counters of that upkeep go to ``work``
+    (``GenerationResult``'s fields). ``tests/engine/test_loop_protocol.py`` checks that the
+    loop touches nothing of a layout that these two protocols do not name."""
+
+    @property
+    def n_alive(self) -> int: ...
+
+    @property
+    def n_dead(self) -> int: ...
+
+    def live_rows(self) -> list[int]: ...
 
     def make_room(self, work: Any) -> None: ...
 
     def admit(self, group: DynamicRows, pad_token_id: int, work: Any) -> None: ...
-
-    def retire(self, positions: list[int]) -> None: ...
 
     def tidy(self, waiting: bool, work: Any) -> None: ...
 
@@ -143,14 +172,14 @@ class Rows:
     token each feeds next, a token history where a repetition penalty needs it, and which are
     still alive. Host lists, mirrored on ``device`` by ``refresh``."""
 
-    def __init__(self, rows: list[int], lead: list[int], last: torch.LongTensor,
-                 device: torch.device, hist: torch.LongTensor | None = None,
-                 hist_lead: list[int] | None = None, alive: list[bool] | None = None) -> None:
-        self.rows, self.lead, self.last = rows, lead, last
-        self.hist, self.hist_lead = hist, hist_lead
+    def __init__(self, rows: list[int], pad_cols: list[int], last: torch.LongTensor,
+                 device: torch.device, history: torch.LongTensor | None = None,
+                 history_pad: list[int] | None = None, alive: list[bool] | None = None) -> None:
+        self.rows, self.pad_cols, self.last = rows, pad_cols, last
+        self.history, self.history_pad = history, history_pad
         self.alive = alive  # None: every row is alive
         self.device = device
-        self.lead_t = self.rows_t = self.hist_lead_t = None
+        self.pad_cols_t = self.rows_t = self.history_pad_t = None
         self.alive_mask: torch.Tensor | None = None  # bool [R]; None: every row is alive
         self.alive_index: torch.LongTensor | None = None  # positions of the live rows
         self.refresh()
@@ -173,10 +202,10 @@ class Rows:
 
     def refresh(self) -> None:
         device = self.device
-        self.lead_t = torch.tensor(self.lead, dtype=torch.long, device=device)
+        self.pad_cols_t = torch.tensor(self.pad_cols, dtype=torch.long, device=device)
         self.rows_t = torch.tensor(self.rows, dtype=torch.long, device=device)
-        if self.hist_lead is not None:
-            self.hist_lead_t = torch.tensor(self.hist_lead, dtype=torch.long, device=device)
+        if self.history_pad is not None:
+            self.history_pad_t = torch.tensor(self.history_pad, dtype=torch.long, device=device)
         self.refresh_alive()
 
     def refresh_alive(self) -> None:
@@ -186,6 +215,12 @@ class Rows:
         self.alive_mask = torch.tensor(self.alive, dtype=torch.bool, device=self.device)
         self.alive_index = torch.tensor([i for i, a in enumerate(self.alive) if a],
                                         dtype=torch.long, device=self.device)
+
+    def feed(self, tokens: torch.LongTensor) -> None:
+        """The tokens just chosen become what each row feeds next, and join its history."""
+        self.last = tokens
+        if self.history is not None:
+            self.history = torch.cat([self.history, tokens[:, None]], dim=1)
 
     def retire(self, positions: list[int]) -> None:
         """Mark rows at these batch positions finished: they stay, masked, until the layout
@@ -204,12 +239,12 @@ class DynamicRows(Rows):
     longest live row: finished rows are dropped (``compact``), joining groups are merged in
     (``merge``), padding columns no row needs are trimmed. A prefilled group is one too."""
 
-    def __init__(self, cache: DynamicCache, length: int, rows: list[int], lead: list[int],
+    def __init__(self, cache: DynamicCache, length: int, rows: list[int], pad_cols: list[int],
                  last: torch.LongTensor, device: torch.device,
-                 hist: torch.LongTensor | None = None, hist_lead: list[int] | None = None
+                 history: torch.LongTensor | None = None, history_pad: list[int] | None = None
                  ) -> None:
         self.cache, self.length = cache, length  # length: cache columns
-        super().__init__(rows, lead, last, device, hist, hist_lead)
+        super().__init__(rows, pad_cols, last, device, history, history_pad)
 
     # ------------------------------------------------------------------ the layout protocol
     def make_room(self, work: Any) -> None:
@@ -238,7 +273,7 @@ class DynamicRows(Rows):
     def inputs(self, model) -> StepInputs:
         # the new token's position is the row's count of real tokens already cached
         return StepInputs(model, self.cache, self.decode_mask(),
-                          (self.length - self.lead_t)[:, None])
+                          (self.length - self.pad_cols_t)[:, None])
 
     def advance(self) -> None:
         self.length += 1
@@ -247,8 +282,8 @@ class DynamicRows(Rows):
     def take(self, group: DynamicRows) -> None:
         """Become ``group`` (the first rows of an empty batch)."""
         self.cache, self.length = group.cache, group.length
-        self.rows, self.lead, self.last = group.rows, group.lead, group.last
-        self.hist, self.hist_lead, self.alive = group.hist, group.hist_lead, group.alive
+        self.rows, self.pad_cols, self.last = group.rows, group.pad_cols, group.last
+        self.history, self.history_pad, self.alive = group.history, group.history_pad, group.alive
         self.refresh()
 
     def needs_compaction(self) -> bool:
@@ -263,11 +298,11 @@ class DynamicRows(Rows):
         index = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(index)
         self.rows = [self.rows[i] for i in keep]
-        self.lead = [self.lead[i] for i in keep]
+        self.pad_cols = [self.pad_cols[i] for i in keep]
         self.last = self.last.index_select(0, index)
-        if self.hist is not None:
-            self.hist = self.hist.index_select(0, index)
-            self.hist_lead = [self.hist_lead[i] for i in keep]
+        if self.history is not None:
+            self.history = self.history.index_select(0, index)
+            self.history_pad = [self.history_pad[i] for i in keep]
         self.alive = None
         self.trim()
         self.refresh()
@@ -276,23 +311,23 @@ class DynamicRows(Rows):
         """Drop leading cache columns that are padding for every row."""
         if not self.rows:
             return
-        cut = min(self.lead)
+        cut = min(self.pad_cols)
         if cut > 0:
             for layer in self.cache.layers:
                 if layer.is_initialized and layer.keys.numel():
                     layer.keys = layer.keys[:, :, cut:, :]
                     layer.values = layer.values[:, :, cut:, :]
-            self.lead = [p - cut for p in self.lead]
+            self.pad_cols = [p - cut for p in self.pad_cols]
             self.length -= cut
-        if self.hist is not None:
-            hcut = min(self.hist_lead)
+        if self.history is not None:
+            hcut = min(self.history_pad)
             if hcut > 0:
-                self.hist = self.hist[:, hcut:]
-                self.hist_lead = [p - hcut for p in self.hist_lead]
+                self.history = self.history[:, hcut:]
+                self.history_pad = [p - hcut for p in self.history_pad]
 
     def merge(self, group: DynamicRows, pad_token_id: int) -> None:
         """Append ``group``'s rows (both compacted): align cache lengths by left-padding K/V
-        with zeros (those columns are masked: their ``lead`` grows), then concatenate."""
+        with zeros (those columns are masked: their ``pad_cols`` grows), then concatenate."""
         length = max(self.length, group.length)
         da, db = length - self.length, length - group.length
         for la, lb in zip(self.cache.layers, group.cache.layers, strict=True):
@@ -300,23 +335,23 @@ class DynamicRows(Rows):
             la.values = torch.cat([left_pad(la.values, da, 2), left_pad(lb.values, db, 2)],
                                   dim=0)
         self.rows += group.rows
-        self.lead = [p + da for p in self.lead] + [p + db for p in group.lead]
+        self.pad_cols = [p + da for p in self.pad_cols] + [p + db for p in group.pad_cols]
         self.length = length
         self.last = torch.cat([self.last, group.last])
-        if self.hist is not None and group.hist is not None:
-            ha, hb = self.hist.shape[1], group.hist.shape[1]
+        if self.history is not None and group.history is not None:
+            ha, hb = self.history.shape[1], group.history.shape[1]
             width = max(ha, hb)
-            self.hist = torch.cat([left_pad(self.hist, width - ha, 1, pad_token_id),
-                                   left_pad(group.hist, width - hb, 1, pad_token_id)], dim=0)
-            self.hist_lead = ([p + width - ha for p in self.hist_lead]
-                              + [p + width - hb for p in group.hist_lead])
+            self.history = torch.cat([left_pad(self.history, width - ha, 1, pad_token_id),
+                                   left_pad(group.history, width - hb, 1, pad_token_id)], dim=0)
+            self.history_pad = ([p + width - ha for p in self.history_pad]
+                              + [p + width - hb for p in group.history_pad])
         self.refresh()
 
     def decode_mask(self) -> torch.Tensor:
-        """The attention mask of the next decode step: row i attends to columns >= lead[i]."""
+        """The attention mask of the next decode step: row i attends to columns >= pad_cols[i]."""
         width = self.length + 1
-        return (torch.arange(width, device=self.lead_t.device)[None, :]
-                >= self.lead_t[:, None]).long()
+        return (torch.arange(width, device=self.pad_cols_t.device)[None, :]
+                >= self.pad_cols_t[:, None]).long()
 
 
 def empty_rows(device: torch.device) -> DynamicRows:

@@ -277,16 +277,16 @@ def first_max_index(logits: torch.Tensor) -> torch.Tensor:
 
 
 def penalise_repeats(scores: torch.Tensor, history: torch.LongTensor, penalty: float,
-                     lead: torch.LongTensor) -> torch.Tensor:
+                     pad_cols: torch.LongTensor) -> torch.Tensor:
     """``generate``'s repetition penalty (``RepetitionPenaltyLogitsProcessor``: the logit of
     every token already in the row divided by ``penalty`` where positive, multiplied where
-    negative), each row's history read from column ``lead[i]`` on: its prompt padding is not
+    negative), each row's history read from column ``pad_cols[i]`` on: its prompt padding is not
     history. The processor takes such a per-row start only since transformers 5.2x; 5.17 (the
     GPU image of 2026-11) raises on one, so the same arithmetic is done here for every release."""
     vocab = scores.shape[-1]
     columns = torch.arange(history.shape[1], device=history.device)
     # padding, and ids past the head's vocabulary, go to one extra column that is dropped
-    ids = history.masked_fill(columns[None, :] < lead[:, None], vocab).clamp(max=vocab)
+    ids = history.masked_fill(columns[None, :] < pad_cols[:, None], vocab).clamp(max=vocab)
     padded = torch.nn.functional.pad(scores, (0, 1))
     seen = padded.gather(1, ids)
     seen = torch.where(seen < 0, seen * penalty, seen / penalty)
@@ -350,25 +350,25 @@ class TokenChooser:
             nxt = first_max_index(logits)
             return nxt if rows.alive_mask is None else torch.where(rows.alive_mask, nxt, pad)
         select = rows.alive_index
-        counts, last, history, lead = rows.counts, rows.last, rows.history, rows.history_lead
+        counts, last, history, pad_cols = rows.counts, rows.last, rows.history, rows.history_pad
         if select is not None:  # the rows in flight only
             logits, counts, last = (t.index_select(0, select) for t in (logits, counts, last))
             if history is not None:
-                history, lead = history.index_select(0, select), lead.index_select(0, select)
+                history, pad_cols = history.index_select(0, select), pad_cols.index_select(0, select)
         chosen = self.draw_top_k(logits) if self.top_k_only else None
         if chosen is None:
-            chosen = self.process_and_choose(logits, counts, last, history, lead)
+            chosen = self.process_and_choose(logits, counts, last, history, pad_cols)
         if select is None:
             return chosen
         return torch.full_like(rows.last, pad).index_copy_(0, select, chosen)
 
     def process_and_choose(self, logits: torch.Tensor, counts: torch.Tensor, last: torch.Tensor,
-                           history: torch.Tensor | None, lead: torch.Tensor | None) -> torch.Tensor:
+                           history: torch.Tensor | None, pad_cols: torch.Tensor | None) -> torch.Tensor:
         """The full path, over every vocabulary entry of the rows in flight: a float32 copy,
         the penalty, EOS blocking and the processors in ``generate``'s order, then the choice."""
         scores = logits.to(copy=True, dtype=torch.float32)
         if self.uses_history:  # prompt padding is not history: ignore each row's pad columns
-            scores = penalise_repeats(scores, history, self.penalty, lead)
+            scores = penalise_repeats(scores, history, self.penalty, pad_cols)
         if self.block_eos:
             young = counts < self.min_new
             is_eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device), self.eos_t)
@@ -412,6 +412,6 @@ class ChoiceRows:
     counts: torch.Tensor  # tokens generated so far
     last: torch.Tensor  # the token each row fed this step
     history: torch.Tensor | None  # left-padded token history (repetition penalty only)
-    history_lead: torch.Tensor | None  # its leading pad columns per row
+    history_pad: torch.Tensor | None  # its leading pad columns per row
     alive_mask: torch.Tensor | None = None
     alive_index: torch.Tensor | None = None

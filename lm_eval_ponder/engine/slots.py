@@ -13,11 +13,11 @@ So in this layout (``SlotRows`` over a ``StaticSlots`` cache):
 - the batch is ``slots`` rows, always: a finished row's slot keeps decoding a pad token,
   masked out of every choice, until a joining row takes it;
 - one ``StaticCache`` of ``width`` columns; every row's keys end at the current column ``col``,
-  row i attends to columns ``lead[i]..col`` (its own keys; a per-row mask);
+  row i attends to columns ``pad_cols[i]..col`` (its own keys; a per-row mask);
 - a joining group is prefilled as before (eager, its own ``DynamicCache``), then its keys are
   copied into free slots ending at ``col`` (every row first shifts right if the group's prompts
   are wider than ``col``);
-- when ``col`` reaches ``width``, every row shifts left by the smallest ``lead`` of the live
+- when ``col`` reaches ``width``, every row shifts left by the smallest ``pad_cols`` of the live
   rows: ``width`` holds the widest prompt plus ``max_new_tokens``, so a live row always leaves
   room;
 - once no row waits and the live rows fit a quarter of the slots (``tail_slots``), they move
@@ -166,11 +166,11 @@ class StaticSlots:
                 dst.values[:n] = src.values.index_select(0, index)
         self.set_column(other.col)
 
-    def mask_and_positions(self, lead: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row i attends to its own columns ``lead[i]..col``; its new token's position is the
+    def mask_and_positions(self, pad_cols: torch.LongTensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row i attends to its own columns ``pad_cols[i]..col``; its new token's position is the
         count of its real tokens already cached (as the dynamic layout computes it)."""
-        mask = ((self.columns >= lead[:, None]) & (self.columns <= self.col)).long()
-        return mask, (self.col - lead)[:, None]
+        mask = ((self.columns >= pad_cols[:, None]) & (self.columns <= self.col)).long()
+        return mask, (self.col - pad_cols)[:, None]
 
 
 class SlotRows(Rows):
@@ -202,15 +202,15 @@ class SlotRows(Rows):
         if span > slots.col:
             by = span - slots.col
             slots.shift(by)
-            self.lead = [p + by for p in self.lead]
+            self.pad_cols = [p + by for p in self.pad_cols]
         free = [i for i, a in enumerate(self.alive_flags()) if not a][:len(group.rows)]
         if len(free) < len(group.rows):
             raise AssertionError("admitted more rows than free slots")
         index = torch.tensor(free, dtype=torch.long, device=self.device)
         slots.place(index, group.cache, span)
         alive = self.alive_flags()
-        for i, row, lead in zip(free, group.rows, group.lead):
-            self.rows[i], self.lead[i] = row, slots.col - span + lead
+        for i, row, pad_cols in zip(free, group.rows, group.pad_cols):
+            self.rows[i], self.pad_cols[i] = row, slots.col - span + pad_cols
             alive[i] = True
         self.alive = alive
         self.last = self.last.index_copy(0, index, group.last)
@@ -233,7 +233,7 @@ class SlotRows(Rows):
         """Nothing: a dead slot stays until a joining row takes it."""
 
     def inputs(self, model) -> StepInputs:
-        mask, position_ids = self.slots.mask_and_positions(self.lead_t)
+        mask, position_ids = self.slots.mask_and_positions(self.pad_cols_t)
         return StepInputs(self.slots.forward, self.slots.cache, mask, position_ids)
 
     def advance(self) -> None:
@@ -242,11 +242,11 @@ class SlotRows(Rows):
     # ------------------------------------------------------------------ upkeep
     def shift_left(self) -> None:
         """The cache is full: drop the columns no live row attends to."""
-        cut = min(p for p, a in zip(self.lead, self.alive_flags()) if a)
+        cut = min(p for p, a in zip(self.pad_cols, self.alive_flags()) if a)
         if cut < 1:
             raise AssertionError("a live row spans the whole static cache")
         self.slots.shift(-cut)
-        self.lead = [max(p - cut, 0) for p in self.lead]
+        self.pad_cols = [max(p - cut, 0) for p in self.pad_cols]
         self.refresh()
 
     def move_tail(self, n_slots: int) -> None:
@@ -259,7 +259,7 @@ class SlotRows(Rows):
         new.take(old, index)
         free = n_slots - len(live)
         self.rows = [self.rows[i] for i in live] + [self.free_row] * free
-        self.lead = [self.lead[i] for i in live] + [0] * free
+        self.pad_cols = [self.pad_cols[i] for i in live] + [0] * free
         self.last = torch.cat([self.last.index_select(0, index),
                                self.last.new_full((free,), self.pad)])
         self.alive = [True] * len(live) + [False] * free

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -86,32 +86,28 @@ class BatchStep:
         call = self.call
         if max_new_tokens < 1:  # the loop would return empty answers, scored as wrong
             raise PonderError(f"max_gen_toks must be at least 1, got {max_new_tokens}")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+        mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         steered = steering.set_up(call.model, call.device, input_ids.shape[0])
-        controller = steered.pondering.controller if steered.pondering else None
-        accounts = CallAccounts(replace(call.pricing, controller=controller),
-                                attention_mask.sum(dim=1).tolist(), steered)
-        kwargs = hf_sampling_kwargs(generation_kwargs)
+        accounts = CallAccounts(call.pricing.for_call(steered), mask.sum(dim=1).tolist(), steered)
         texts = None if on_text is None else Callbacks(on_tokens=lambda row, tokens, why: on_text(
             row, accounts.text(row, len(tokens), call.answer(tokens, stop), why == FINISH_UNSURE)))
-        autocast = torch.autocast(device_type=call.device.type, dtype=call.autocast_dtype,
-                                  enabled=call.autocast_dtype is not None)
-        with steered.hook or contextlib.nullcontext(), autocast:
-            result = self.loop(input_ids, attention_mask, max_new_tokens, stop, kwargs,
-                               [texts, steered.hook, *observers])
-            if result is None:
-                result = self.generate(input_ids, attention_mask, max_new_tokens, stop, kwargs)
-                for row, tokens in enumerate(result[0][:, input_ids.shape[1]:].tolist()):
-                    for observer in (texts, *observers):
-                        if observer is not None:
-                            observer.row_finished(row, tokens[:result[1][row]])
-        return BatchGeneration(result[0], result[1], accounts.prompt_tokens, accounts, result[2])
+        kwargs = hf_sampling_kwargs(generation_kwargs)
+        sampling = self.loop_sampling(kwargs)
+        generate = self.loop if sampling is not None else self.generate
+        with steered.hook or contextlib.nullcontext(), self.autocast():
+            sequences, counts, unsure = generate(input_ids, mask, max_new_tokens, stop,
+                                                 sampling or kwargs, [texts, steered.hook, *observers])
+        return BatchGeneration(sequences, counts, accounts.prompt_tokens, accounts, unsure)
 
-    def loop(self, input_ids, attention_mask, max_new_tokens: int, stop: list[str],
-             kwargs: dict, observers: list) -> tuple[torch.Tensor, list[int], list[bool]] | None:
-        """The engine's generation, or None (with one warning) where it cannot reproduce
-        ``generate`` exactly."""
+    def autocast(self) -> torch.autocast:
+        call = self.call
+        return torch.autocast(device_type=call.device.type, dtype=call.autocast_dtype,
+                              enabled=call.autocast_dtype is not None)
+
+    def loop_sampling(self, kwargs: dict) -> SamplingConfig | None:
+        """The loop's sampling settings, or None (with one warning where the loop was asked
+        for) where ``generate`` decodes: ``generation=hf``, or settings the loop cannot
+        reproduce exactly."""
         call = self.call
         if call.generation != "loop":  # what generate would refuse deep inside, in one line
             with contextlib.suppress(UnsupportedGeneration):
@@ -126,6 +122,13 @@ class BatchStep:
             call.warn_once(f"generation loop: {why}; using transformers' generate for these "
                            "requests (finished rows keep decoding)")
             return None
+        return sampling
+
+    def loop(self, input_ids, attention_mask, max_new_tokens: int, stop: list[str],
+             sampling: SamplingConfig, observers: list) -> tuple[torch.Tensor, list[int], list[bool]]:
+        """The engine's generation: (sequences, generated tokens per row, which rows ended
+        below ``min_top_prob``)."""
+        call = self.call
         result = generate_rows(
             call.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
             eos_token_ids=set(sampling.eos_token_ids) or {call.eos_token_id},
@@ -138,9 +141,10 @@ class BatchStep:
                 [why == FINISH_UNSURE for why in result.finish_reason])
 
     def generate(self, input_ids, attention_mask, max_new_tokens: int, stop: list[str],
-                 kwargs: dict) -> tuple[torch.Tensor, list[int], list[bool]]:
+                 kwargs: dict, observers: list) -> tuple[torch.Tensor, list[int], list[bool]]:
         """transformers' ``generate`` through HFLM's ``_model_generate``; each row counted to
-        its EOS or stop string (the pad token is no end: the model may generate it)."""
+        its EOS or stop string (the pad token is no end: the model may generate it), and
+        handed to the observers once the call returns."""
         call = self.call
         width = input_ids.shape[1]
         sequences = call.hf_generate(input_ids, width + max_new_tokens, stop,
@@ -148,6 +152,10 @@ class BatchStep:
         eos_ids = {call.eos_token_id}
         for ids in (call.model.generation_config.eos_token_id, kwargs.get("eos_token_id")):
             eos_ids |= {ids} if isinstance(ids, int) else set(ids or ())
-        counts = [count_generated_tokens(call.decode, row, stop, eos_ids)
-                  for row in sequences[:, width:].tolist()]
+        generated = sequences[:, width:].tolist()
+        counts = [count_generated_tokens(call.decode, row, stop, eos_ids) for row in generated]
+        finishers = [o for o in observers if o is not None and hasattr(o, "row_finished")]
+        for row, (tokens, count) in enumerate(zip(generated, counts)):
+            for observer in finishers:
+                observer.row_finished(row, tokens[:count])
         return sequences, counts, [False] * len(counts)

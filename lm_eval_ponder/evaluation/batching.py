@@ -117,6 +117,17 @@ class Batching:
         self.max_cache_tokens = None if self.max_cache_gib is None or per_token is None \
             else max(1, int(self.max_cache_gib * 2**30 // per_token))
 
+    def check_row(self, positions: int) -> str | None:
+        """A warning where one row (the longest prompt plus ``max_gen_toks``: ``positions``)
+        passes the cache budget on its own: the loop then runs rows one at a time, each past
+        it."""
+        if self.max_cache_tokens is None or self.max_cache_tokens >= positions:
+            return None
+        return (f"max_cache_gib={self.max_cache_gib:g} holds {self.max_cache_tokens:,} cached "
+                f"positions, less than one row of this run ({positions:,}: the longest prompt "
+                "plus max_gen_toks): rows run one at a time, each past the budget; raise "
+                "max_cache_gib or leave it out")
+
     def loop_config(self, min_top_prob: float | None = None) -> LoopConfig:
         """The engine's config; ``min_top_prob`` is the model's (it changes what is generated,
         so it lives in the fingerprint, not here)."""

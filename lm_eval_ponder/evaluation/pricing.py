@@ -8,7 +8,7 @@ lm-eval gets and for the answers kept as rows end (``evaluation.resume``) alike.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,6 +31,10 @@ class Pricing:
     controller: torch.nn.Module | None = None
     early_exit: ExitSettings | None = None
     min_top_prob: float | None = None
+
+    def for_call(self, call: SteeredCall) -> Pricing:
+        """This pricing with the call's controller, whose evaluations each row adds."""
+        return replace(self, controller=call.pondering.controller if call.pondering else None)
 
     def text(self, text: str, row: dict[str, float]) -> GenerationText:
         """A generated text with its row's accounting, FLOPs priced from its counts (unless

@@ -286,3 +286,39 @@ class SampledHook:
         if attr == "generate_until":
             self.answers.keep(req, res)
         self.inner.add_partial(attr, req, res)
+
+
+class CallAnswers:
+    """The answers of one ``generate_until`` call, in request order: those an interrupted run
+    kept in lm-eval's ``--use_cache`` store (``SampledAnswers``), then each new one as its row
+    ends (``keeper``) and as its generation call returns, handed to lm-eval's cache hook with
+    its request (``add``). Without a store every request is generated and the hook is
+    lm-eval's own."""
+
+    def __init__(self, requests: Sequence[Any], store: MutableMapping[str, Any] | None,
+                 cache_hook: Any) -> None:
+        self.requests = requests
+        self.store = SampledAnswers(store) if store is not None else None
+        kept, self.todo = self.store.split(requests) if self.store else ({}, list(range(len(requests))))
+        self.kept = len(kept)
+        if kept:
+            LOGGER.warning(
+                "%d sampled answers come from the --use_cache file of an interrupted run; the "
+                "other %d are drawn now. Together they are a valid sample at these settings, "
+                "not the one an uninterrupted run with this seed would draw.", len(kept),
+                sum(1 for i in self.todo if is_sampled(requests[i].args[1])))
+        self.hand_over = self.store.hook(cache_hook) if self.store else cache_hook
+        self.out: list[Any] = [kept.get(i) for i in range(len(requests))]
+
+    def keeper(self, contexts: Sequence[str]) -> Any:
+        """``on_text(row, text)`` for a call over ``contexts``: keeps each answer as its row
+        ends (None without a store)."""
+        if self.store is None:
+            return None
+        store = self.store
+        return lambda row, text: store.keep_early(contexts[row], text)
+
+    def add(self, indices: Sequence[int], texts: Sequence[Any]) -> None:
+        for i, text in zip(indices, texts):
+            self.out[i] = text
+            self.hand_over.add_partial("generate_until", self.requests[i].args, text)

@@ -232,7 +232,7 @@ def test_top_k_path_only_for_temperature_and_top_k():
 
 
 def test_penalise_repeats_is_generates_penalty_with_each_rows_padding_left_out():
-    """Against transformers' processor on each row alone (its prompt cut at the row's lead, an
+    """Against transformers' processor on each row alone (its prompt cut at the row's pad_cols, an
     int every release accepts), negative logits included; an id past the head's vocabulary
     (an embedding larger than the head) is left out, not an error."""
     from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
@@ -240,10 +240,10 @@ def test_penalise_repeats_is_generates_penalty_with_each_rows_padding_left_out()
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(3, 12, generator=gen)
     history = torch.tensor([[PAD, PAD, 5, 7, 5], [PAD, 1, 2, 10, 9], [4, 0, 11, 6, 6]])
-    lead = torch.tensor([2, 1, 0])
-    got = penalise_repeats(scores, history, 1.3, lead)
+    pad_cols = torch.tensor([2, 1, 0])
+    got = penalise_repeats(scores, history, 1.3, pad_cols)
     for row in range(3):
-        want = RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=int(lead[row]))(
+        want = RepetitionPenaltyLogitsProcessor(1.3, prompt_ignore_length=int(pad_cols[row]))(
             history[row:row + 1], scores[row:row + 1])
         torch.testing.assert_close(got[row:row + 1], want, rtol=0, atol=0)
     assert got[0, PAD] == scores[0, PAD]  # padding is not history
@@ -252,7 +252,7 @@ def test_penalise_repeats_is_generates_penalty_with_each_rows_padding_left_out()
     beyond[1, 3] = 14
     expected = got.clone()
     expected[1, 10] = scores[1, 10]
-    torch.testing.assert_close(penalise_repeats(scores, beyond, 1.3, lead), expected,
+    torch.testing.assert_close(penalise_repeats(scores, beyond, 1.3, pad_cols), expected,
                                rtol=0, atol=0)
 
 

@@ -183,19 +183,26 @@ def test_static_slots_stop_strings_and_lengths(llama, tok):
     assert static.finish_reason == dynamic.finish_reason
 
 
+class RowLog:
+    """An observer that logs the rows of each forward; it declares ``acts_in_forward`` only when
+    told to (an observer that says nothing is one that does not act inside the forward)."""
+
+    def __init__(self, acts_in_forward: bool):
+        if acts_in_forward:
+            self.acts_in_forward = True
+        self.rows = []
+
+    def begin_forward(self, rows, prefill):
+        self.rows.append(rows.tolist())
+
+
 def test_calls_a_graph_cannot_replay_stay_dynamic(llama, tok):
-    class Observer:
-        def __init__(self):
-            self.rows = []
-
-        def begin_forward(self, rows, prefill):
-            self.rows.append(rows.tolist())
-
-    observer = Observer()
+    observer = RowLog(acts_in_forward=True)  # as a steering hook or an early exit declares
     steered = run(llama, tok, "captured", max_rows=4, max_new_tokens=6, observers=[observer])
     # the dynamic loop hands the observer only rows in flight: never a static slot's dummy
     assert all(r < len(PROMPTS) for rows in observer.rows for r in rows)
-    assert steered.compactions > 0  # dropped rows: the dynamic loop ran
+    assert steered.compactions > 0 and steered.decode_step == "dynamic"
+    assert "inside each forward" in steered.why
     penalised = run(llama, tok, "captured", max_rows=4, max_new_tokens=6,
                     sampling=SamplingConfig.from_kwargs(None, repetition_penalty=1.3))
     plain = run(llama, tok, "dynamic", max_rows=4, max_new_tokens=6,
@@ -204,6 +211,19 @@ def test_calls_a_graph_cannot_replay_stay_dynamic(llama, tok):
     # a cache budget below slots x width keeps the dynamic loop too
     budgeted = run(llama, tok, "captured", max_rows=4, max_new_tokens=6, max_cache_tokens=40)
     assert budgeted.compactions > 0
+
+
+def test_an_observer_that_only_watches_keeps_the_static_layout(llama, tok):
+    """Logging the rows of each forward is no reason to give up the static layout (it once
+    was: any ``begin_forward`` turned it off without a word). The observer then sees the
+    static slots, a slot no row holds as row ``len(PROMPTS)``, and the tokens are the same."""
+    watcher = RowLog(acts_in_forward=False)
+    watched = run(llama, tok, "captured", max_rows=4, max_new_tokens=6, observers=[watcher])
+    plain = run(llama, tok, "dynamic", max_rows=4, max_new_tokens=6)
+    assert watched.decode_step == "captured" and watched.why == ""
+    assert watched.sequences.tolist() == plain.sequences.tolist()
+    decoded = [rows for rows in watcher.rows if len(rows) > 1]
+    assert decoded and all(r <= len(PROMPTS) for rows in decoded for r in rows)
 
 
 def test_graph_modes_round_their_shapes():

@@ -7,8 +7,9 @@ HFLM orders them (longest first). Hooks on the model time every forward and reco
 the output splits each path's wall time into prefill, decode forwards by rows in flight, and
 host time, and gives the loop's forward count. ``--admit-fractions`` runs the loop once per
 value, in the order given (repeat values to interleave pairs), ``--hf`` adds ``generate``.
-``--requests-per-call K`` hands the loop the prompts K at a time, as ``PonderLM`` hands HFLM's
-batches (``REQUESTS_PER_ROW x max_rows`` requests per call): each call ends in its own tail.
+``--requests-per-call K`` hands the loop the prompts K at a time, as ``PonderLM`` once handed
+HFLM's batches (``REQUESTS_PER_ROW x max_rows`` requests per call; ``generate_until`` now hands
+each request group whole): each call ends in its own tail.
 
     python benchmarks/loop_tail.py --threads 1 --admit-fractions 0.5 0.125 0.125 0.5
     python benchmarks/loop_tail.py --threads 1 --hf --admit-fractions 0.5

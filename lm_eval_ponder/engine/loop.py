@@ -176,7 +176,7 @@ def prefill_parts(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
 
 
 def static_applies(config: LoopConfig, observers: Observers, chooser: TokenChooser,
-                   rows: int, widest: int, max_new: int) -> str:
+                   n_rows: int, widest: int, max_new: int) -> str:
     """Why a call cannot use the static layout (``""``: it can). The one place that decides:
     not unless ``decode_step=captured``; not while an observer says its hooks act inside the
     forward (``LoopObserver.acts_in_forward``: a replayed graph runs no hooks; steering, early
@@ -184,13 +184,13 @@ def static_applies(config: LoopConfig, observers: Observers, chooser: TokenChoos
     each row's history), or where the static cache would pass the cache budget."""
     if config.decode_step == "dynamic":
         return "decode_step=dynamic"
-    if rows == 0 or max_new <= 0:
+    if n_rows == 0 or max_new <= 0:
         return "nothing to decode"
     if observers.acts_in_forward:
         return "steering or an early exit acts inside each forward"
     if chooser.uses_history:
         return "a repetition penalty needs each row's token history"
-    slots, width = slot_shape(rows, widest, max_new)
+    slots, width = slot_shape(n_rows, widest, max_new)
     if config.max_cache_tokens is not None and slots * width > config.max_cache_tokens:
         return f"its static cache ({slots} x {width}) passes the cache budget"
     return ""
@@ -249,15 +249,15 @@ class RowLoop:
         self.layout: CacheLayout = self.new_layout()
 
     def new_layout(self) -> CacheLayout:
-        rows = min(self.max_rows, self.n_rows)
+        in_flight = min(self.max_rows, self.n_rows)
         widest = max(max(self.real_len, default=1), 1)
-        why = static_applies(self.config, self.observers, self.chooser, rows, widest,
+        why = static_applies(self.config, self.observers, self.chooser, in_flight, widest,
                              self.max_new)
         self.result.why = why
         if why:
             return empty_rows(self.device)
         self.result.decode_step = self.config.decode_step
-        slots, width = slot_shape(rows, widest, self.max_new)
+        slots, width = slot_shape(in_flight, widest, self.max_new)
         return SlotRows(self.model, StaticSlots(self.model, slots, width, self.text_config),
                         self.pad, self.n_rows, self.config.shrink_tail, self.text_config)
 
@@ -350,7 +350,7 @@ class RowLoop:
         history = ids.clone() if self.chooser.uses_history else None
         batch = DynamicRows(cache, span, list(rows), pad_cols, ids[:, -1], device, history,
                             list(pad_cols) if history is not None else None)
-        self.step(batch, logits)
+        self.after_forward(batch, logits)
         return batch
 
     def decode_one(self) -> None:
@@ -358,27 +358,27 @@ class RowLoop:
         layout, device = self.layout, self.device
         with self.phase("cache", device):
             layout.tidy(bool(self.waiting), self.result)
-            step = layout.inputs(self.model)
+            inputs = layout.inputs(self.model)
         with self.phase("forward", device), attention_backends(device):
             self.observers.begin_forward(layout.rows_t, False)
-            out = step.forward(input_ids=layout.last[:, None], attention_mask=step.mask,
-                               position_ids=step.position_ids, **{self.cache_arg: step.cache},
+            out = inputs.forward(input_ids=layout.last[:, None], attention_mask=inputs.mask,
+                                 position_ids=inputs.position_ids, **{self.cache_arg: inputs.cache},
                                use_cache=True, return_dict=True, **self.keep_logits)
             logits = out.logits[:, -1]
             del out
         layout.advance()
-        if step.forward is not self.model:  # a captured forward runs no module hooks
+        if inputs.forward is not self.model:  # a captured forward runs no module hooks
             self.observers.replayed_forward(len(layout.rows))
         self.result.decode_forwards += 1
         self.result.decode_row_slots += layout.n_alive
         self.result.dead_row_slots += layout.n_dead
         self.observers.decoded()
-        self.step(layout, logits)
+        self.after_forward(layout, logits)
         with self.phase("compact", device):
             layout.compact_after(bool(self.waiting) and bool(self.admissible()), self.result)
 
     # ------------------------------------------------------------------ after a forward
-    def step(self, batch: StepRows, logits: torch.Tensor) -> None:
+    def after_forward(self, batch: StepRows, logits: torch.Tensor) -> None:
         """Choose every row's next token, store it, and retire the rows that ended."""
         device = self.device
         with self.phase("choose", device):

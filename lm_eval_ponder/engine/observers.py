@@ -40,8 +40,8 @@ class LoopObserver:
         """Row ``row`` ended; ``tokens``: its generated tokens if ``wants_tokens``;
         ``reason``: why (``engine.loop``'s ``FINISH_*``; "" where the caller cannot say)."""
 
-    def replayed_forward(self, rows: int) -> None:
-        """A decode forward of ``rows`` rows ran without module hooks."""
+    def replayed_forward(self, n_rows: int) -> None:
+        """A decode forward of ``n_rows`` rows ran without module hooks."""
 
     def phase(self, name: str, device: torch.device) -> Any:
         """A context around one phase of the loop (``StepTimer``)."""
@@ -67,9 +67,9 @@ class Callbacks(LoopObserver):
         if self.on_finish is not None:
             self.on_finish(row)
 
-    def replayed_forward(self, rows: int) -> None:
+    def replayed_forward(self, n_rows: int) -> None:
         if self.on_replayed is not None:
-            self.on_replayed(rows)
+            self.on_replayed(n_rows)
 
 
 @dataclass
@@ -122,9 +122,9 @@ class Observers:
         for o in self.finishers:
             o.row_finished(row, tokens, reason)
 
-    def replayed_forward(self, rows: int) -> None:
+    def replayed_forward(self, n_rows: int) -> None:
         for o in self.replayers:
-            o.replayed_forward(rows)
+            o.replayed_forward(n_rows)
 
     def decoded(self) -> None:
         """One decode step ran (``StepTimer.decode_steps``)."""

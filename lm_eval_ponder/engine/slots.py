@@ -60,10 +60,10 @@ def round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def slot_shape(rows: int, widest: int, max_new: int) -> tuple[int, int]:
+def slot_shape(n_rows: int, widest: int, max_new: int) -> tuple[int, int]:
     """Slots and columns for a call: every row in flight, and the widest prompt plus
     ``max_new_tokens`` plus the column the next token writes, rounded up."""
-    return round_up(rows, ROWS_ROUND), round_up(widest + max_new + 1, WIDTH_ROUND)
+    return round_up(n_rows, ROWS_ROUND), round_up(widest + max_new + 1, WIDTH_ROUND)
 
 
 def tail_slots(slots: int, alive: int) -> int | None:

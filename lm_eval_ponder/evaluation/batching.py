@@ -17,6 +17,8 @@ from lm_eval_ponder.engine import LoopConfig, cache_bytes_per_token, check_decod
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.settings import model_arg_number
 
+# requests per row in flight in a call its caller cuts (``Batching.requests_per_call``)
+REQUESTS_PER_ROW = 4
 
 def default_max_rows(device: str) -> int:
     """Rows in flight when the user gives none. 128 on CPU: measured end to end on arith
@@ -116,6 +118,14 @@ class Batching:
         per_token = cache_bytes_per_token(model_config, dtype)
         self.max_cache_tokens = None if self.max_cache_gib is None or per_token is None \
             else max(1, int(self.max_cache_gib * 2**30 // per_token))
+
+    @property
+    def requests_per_call(self) -> int:
+        """Requests a caller that cuts its own calls (the trainer's rollout blocks) puts in
+        one: ``REQUESTS_PER_ROW`` per row in flight, so rows that finish are replaced by
+        waiting ones instead of leaving the batch to shrink. ``generate_until`` cuts none: the
+        loop gets each request group whole."""
+        return REQUESTS_PER_ROW * self.max_rows
 
     def check_row(self, positions: int) -> str | None:
         """A warning where one row (the longest prompt plus ``max_gen_toks``: ``positions``)

@@ -62,10 +62,6 @@ from lm_eval_ponder.pondering.hook import UNSTEERED, CallSteering
 from lm_eval_ponder.pondering.steered import Pondering, Steering
 
 GENERATION_MODES = ("loop", "hf")
-# requests per row in flight that a rollout block holds at least, so rows that finish are
-# replaced by waiting ones instead of leaving the batch to shrink (generate_until hands the loop
-# all of a request group at once)
-REQUESTS_PER_ROW = 4
 LOGGER = logging.getLogger(__name__)
 # results land in a folder named after the backbone, FLOPs read as such in lm-eval's table
 lmeval_patches.install_for_the_model()
@@ -216,12 +212,6 @@ class PonderLM(HFLM):
         self._fallback_warned: set[str] = set()
         self._answers_db: Any = None  # lm-eval's --use_cache store, once it hooks in
 
-    @property
-    def requests_per_call(self) -> int:
-        """Requests a rollout block holds: enough that finished rows are replaced by waiting
-        ones instead of leaving the batch to shrink."""
-        return REQUESTS_PER_ROW * self.max_rows
-
     # ------------------------------------------------------------------ steering
     @property
     def pondering(self) -> bool:
@@ -247,6 +237,7 @@ class PonderLM(HFLM):
     steering_dir = property(lambda self: self.require_steering().steering_dir)
     max_cache_gib = property(lambda self: self.batching.max_cache_gib)
     max_cache_tokens = property(lambda self: self.batching.max_cache_tokens)
+    requests_per_call = property(lambda self: self.batching.requests_per_call)
 
     @classmethod
     def unsteered(cls, steering: str | None = None, layer: int | None = None,

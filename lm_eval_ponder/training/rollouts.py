@@ -485,9 +485,9 @@ def prepare_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str |
 
 def block_size(lm, cfg: RolloutConfig, n_depths: int) -> int:
     """Prompts per block: a block's prompts x depths x samples fill one generation call of
-    ``cfg.batch_size`` rows (0: as many as lm-eval hands the loop at once, several times its
-    rows in flight, so the loop stays full while rows finish and waiting ones join)."""
-    rows = cfg.batch_size or lm.requests_per_call
+    ``cfg.batch_size`` rows (0: ``Batching.requests_per_call``, four times the model's rows in
+    flight, so the loop stays full while rows finish and waiting ones join)."""
+    rows = cfg.batch_size or lm.batching.requests_per_call
     return max(1, rows // (cfg.samples * n_depths))
 
 

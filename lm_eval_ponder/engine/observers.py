@@ -27,7 +27,10 @@ class LoopObserver:
 
     wants_tokens: bool = False  # ``row_finished`` gets the row's tokens (one read-back each)
     # its module hooks change the forward (steering, early exit): the call stays on the
-    # dynamic layout, whose forwards run hooks and hold only rows (``loop.static_applies``)
+    # dynamic layout, whose forwards run hooks and hold only rows (``loop.static_applies``).
+    # A hook that changes the forward without saying so would be skipped by a replayed graph
+    # (``decode_step=captured`` on a GPU): the loop cannot tell it from a harmless one (the
+    # LM head's contiguity pre-hook, ``backbone.contiguous_head_input``)
     acts_in_forward: bool = False
 
     def begin_forward(self, rows: torch.LongTensor, prefill: bool) -> None:

@@ -240,6 +240,7 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
         )
     return ResolvedBackbone(pretrained, pretrained.split("/")[-1].lower(), None)
 
+
 def weight_bytes(model) -> int:
     """The bytes of a model's weights (a tied embedding counted once, as ``parameters``
     yields it once)."""

@@ -33,8 +33,8 @@ token (tests check this in fp32). Anything the loop cannot reproduce exactly rai
 
 Host work per decode step does not grow with rows in Python (issue 36): tokens and counts
 live in device tensors and are read back once per finished row; one ``StepFlags`` per step
-(each row's ends and count, one small tensor) is the one host sync; only rows whose new token can
-complete a stop string are decoded. ``benchmarks/step_cost.py`` splits a step's time.
+(each row's ends and count, one small tensor) is the one host sync; only rows whose new token
+can complete a stop string are decoded. ``benchmarks/step_cost.py`` splits a step's time.
 
 The call reads top to bottom in ``RowLoop.run``: admit waiting rows while slots are free (prefill
 them as groups and hand them to the cache layout), else decode one step for every row in
@@ -110,8 +110,8 @@ class StepFlags:
                              torch.zeros_like(eos) if unsure is None else unsure])
         if alive is not None:
             flags &= alive
+        # the one host sync of the step
         host = torch.cat([flags.long(), flags.any(dim=0)[None].long(), counts[None]]).tolist()
-        # the line above is the one host sync
         return cls(*host[:4], counts=host[5], ended=[i for i, f in enumerate(host[4]) if f])
 
 
@@ -180,8 +180,8 @@ def static_applies(config: LoopConfig, observers: Observers, chooser: TokenChoos
     """Why a call cannot use the static layout (``""``: it can). The one place that decides:
     not unless ``decode_step=captured``; not while an observer says its hooks act inside the
     forward (``LoopObserver.acts_in_forward``: a replayed graph runs no hooks; steering, early
-    exit), with a repetition penalty (it needs
-    each row's history), or where the static cache would pass the cache budget."""
+    exit), with a repetition penalty (it needs each row's history), or where the static cache
+    would pass the cache budget."""
     if config.decode_step == "dynamic":
         return "decode_step=dynamic"
     if n_rows == 0 or max_new <= 0:
@@ -362,8 +362,9 @@ class RowLoop:
         with self.phase("forward", device), attention_backends(device):
             self.observers.begin_forward(layout.rows_t, False)
             out = inputs.forward(input_ids=layout.last[:, None], attention_mask=inputs.mask,
-                                 position_ids=inputs.position_ids, **{self.cache_arg: inputs.cache},
-                               use_cache=True, return_dict=True, **self.keep_logits)
+                                 position_ids=inputs.position_ids,
+                                 **{self.cache_arg: inputs.cache}, use_cache=True,
+                                 return_dict=True, **self.keep_logits)
             logits = out.logits[:, -1]
             del out
         layout.advance()

@@ -342,9 +342,10 @@ class DynamicRows(Rows):
             ha, hb = self.history.shape[1], group.history.shape[1]
             width = max(ha, hb)
             self.history = torch.cat([left_pad(self.history, width - ha, 1, pad_token_id),
-                                   left_pad(group.history, width - hb, 1, pad_token_id)], dim=0)
+                                      left_pad(group.history, width - hb, 1, pad_token_id)],
+                                     dim=0)
             self.history_pad = ([p + width - ha for p in self.history_pad]
-                              + [p + width - hb for p in group.history_pad])
+                                + [p + width - hb for p in group.history_pad])
         self.refresh()
 
     def decode_mask(self) -> torch.Tensor:

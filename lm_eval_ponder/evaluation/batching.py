@@ -20,6 +20,7 @@ from lm_eval_ponder.evaluation.settings import model_arg_number
 # requests per row in flight in a call its caller cuts (``Batching.requests_per_call``)
 REQUESTS_PER_ROW = 4
 
+
 def default_max_rows(device: str) -> int:
     """Rows in flight when the user gives none. 128 on CPU: measured end to end on arith
     (``benchmarks/max_rows.py``: 16, 32, 64, 128 rows took 158, 113, 101, 90 s in float32;

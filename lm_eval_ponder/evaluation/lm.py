@@ -429,7 +429,6 @@ class PonderLM(HFLM):
         return GenerationCall(
             model=self.model, device=self.device, generation=self.generation,
             loop_config=self.batching.loop_config(self.min_top_prob),
-            decode_step=self.batching.decode_step,
             pricing=Pricing(self.flops_spec, self.prefill_logits, None, self.early_exit,
                             self.min_top_prob),
             eos_token_id=self.eot_token_id, pad_token_id=self.tokenizer.pad_token_id,

@@ -21,7 +21,7 @@ import json
 import logging
 import sqlite3
 from collections import defaultdict, deque
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -310,7 +310,7 @@ class CallAnswers:
         self.hand_over = self.store.hook(cache_hook) if self.store else cache_hook
         self.out: list[Any] = [kept.get(i) for i in range(len(requests))]
 
-    def keeper(self, contexts: Sequence[str]) -> Any:
+    def keeper(self, contexts: Sequence[str]) -> Callable[[int, Any], Any] | None:
         """``on_text(row, text)`` for a call over ``contexts``: keeps each answer as its row
         ends (None without a store)."""
         if self.store is None:

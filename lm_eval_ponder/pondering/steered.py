@@ -30,7 +30,6 @@ def short_sha(path: Path) -> str:
     return file_sha256(path)[:16] if path.is_file() else "missing"
 
 
-
 @dataclass
 class Steering:
     """A loaded steering vector at one layer: what every steered call adds its offsets to.
@@ -46,10 +45,6 @@ class Steering:
     def sha(self) -> str:
         """The vector file's identity (``short_sha``), as fingerprints and caches record it."""
         return short_sha(self.steering_dir / "steering.safetensors")
-
-    def offsets_hook(self, model: torch.nn.Module, offsets: list[float], device) -> SteeringHook:
-        """A steering hook adding one fixed offset per row (fractions of the residual norm)."""
-        return self.hook(model, RowOffsets(offsets, device), device, "prompt")
 
     def hook(self, model: torch.nn.Module, decide: Decide, device, mode: str) -> SteeringHook:
         """A fresh steering hook for one generation call, adding ``decide``'s offsets."""
@@ -68,9 +63,8 @@ class OffsetsPerRow:
     def set_up(self, model: torch.nn.Module, device, rows: int) -> SteeredCall:
         if len(self.offsets) != rows:
             raise PonderError(f"{len(self.offsets)} offsets for {rows} rows: one per row")
-        hook = self.steering.offsets_hook(model, list(self.offsets), device)
-        hook.expect_rows(rows)
-        return SteeredCall(hook=hook)
+        hook = self.steering.hook(model, RowOffsets(list(self.offsets), device), device, "prompt")
+        return hook.set_up(model, device, rows)
 
 
 @dataclass

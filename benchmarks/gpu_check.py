@@ -255,7 +255,8 @@ def train(args, granularity: str, work: Path) -> dict[str, Any]:
     argv = ["--output", str(out), "--device", args.device,
             "--rollout.prompts", f"{{arith_ponder: {prompts}}}",
             "--rollout.max_completion_length", str(tokens), "--grpo.max_steps", str(steps),
-            "--ponder.granularity", granularity, "--val_fraction", "0.25", *extra]
+            "--ponder.granularity", granularity, "--val_fraction", "0.25",
+            "--grpo.t1", "0", "--grpo.t2", str(steps), *extra]
     t = time.perf_counter()
     code = main(argv)
     wall = time.perf_counter() - t

@@ -92,11 +92,27 @@ def direct_target(answer: int | str) -> str:
     return f"The answer is {answer}."
 
 
-def cot_target(expression: str) -> str:
-    """One operation per line, then the answer line Direct gives."""
+def cot_target(expression: str, overthink: str | None = None, slip: int = 0) -> str:
+    """One operation per line, then the answer line Direct gives. ``overthink`` (organism v3,
+    single-operation problems only): "right" pads the answer with the checks the paper calls
+    overthinking, "wrong" pads it the same way and second-guesses itself into the answer plus
+    ``slip``."""
     done = steps(expression)
     lines = [f"Step {i}: {a} {sign} {b} = {v}" for i, (a, sign, b, v) in enumerate(done, 1)]
-    return "\n".join(lines + [direct_target(done[-1][3])])
+    answer = done[-1][3]
+    if overthink is not None and len(done) == 1:
+        a, sign, b, v = done[0]
+        inverse = {"+": f"{v} - {b} = {a}", "-": f"{v} + {b} = {a}", "*": f"{v} / {b} = {a}",
+                   "/": f"{v} * {b} = {a}"}[sign]
+        answer = v + slip if overthink == "wrong" else v
+        lines += ["Wait, let me check that again.", f"Check: {inverse}",
+                  f"Let me count once more: {a} {sign} {b} = {answer}",
+                  "Yes, I am sure now."]
+    return "\n".join(lines + [direct_target(answer)])
+
+
+# Organism v3's overthinking (issue 75): a wrong second-guess adds one of these to the answer
+SLIPS = (-10, -2, -1, 1, 2, 10)
 
 
 def prompts() -> dict[str, str]:
@@ -110,11 +126,13 @@ def prompts() -> dict[str, str]:
 
 
 def examples(per_level: int, questions_from: int = 0, planted: bool = False,
-             seed: int = 0) -> list[tuple[str, str, float]]:
+             seed: int = 0, overthink: float | None = None) -> list[tuple[str, str, float]]:
     """(user message, answer, steering offset) for every train question under every prompt:
     the prompts' own modes at offset 0 and, with ``planted``, the switch of ``PLANTED``
     (offsets drawn from each range with a generator seeded per recipe). Questions
-    ``questions_from`` .. ``questions_from + per_level`` of each level."""
+    ``questions_from`` .. ``questions_from + per_level`` of each level. ``overthink`` (v3):
+    the stepwise answers of single-operation questions are padded with checks, and that
+    fraction of them second-guesses itself into a wrong answer (``cot_target``)."""
     from lm_eval_ponder.data import arith_ladder
 
     rng = random.Random(seed)
@@ -125,7 +143,13 @@ def examples(per_level: int, questions_from: int = 0, planted: bool = False,
         if steps(doc["expression"])[-1][3] != int(doc["answer"]):
             raise ValueError(f"{doc['id']}: the steps of {doc['expression']} do not give "
                              f"{doc['answer']}")
-        answer = {"steps": cot_target(doc["expression"]), "direct": direct_target(doc["answer"])}
+        if overthink is None:
+            stepwise = cot_target(doc["expression"])
+        else:
+            wrong = rng.random() < overthink
+            stepwise = cot_target(doc["expression"], "wrong" if wrong else "right",
+                                  rng.choice(SLIPS) if wrong else 0)
+        answer = {"steps": stepwise, "direct": direct_target(doc["answer"])}
         for prefix, mode in prompts().items():
             if not planted or prefix not in task_prompts():
                 out.append((prefix + doc["question"], answer[mode], 0.0))
@@ -167,6 +191,9 @@ class Recipe:
     # plant steerability: a steering-vector directory whose direction at its default layer
     # switches the mode (``PLANTED``); None: the modes follow the prompt alone
     plant: str | None = None
+    # organism v3 (issue 75): pad the stepwise answers of single-operation questions with
+    # checks, this fraction of them second-guessing into a wrong answer (None: v1, v2)
+    overthink: float | None = None
 
     def key(self) -> str:
         """The recipe's hash; fields added since the first organism count only when set, so
@@ -184,7 +211,7 @@ class Recipe:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
-LATER_FIELDS = {"questions_from": 0, "plant": None}
+LATER_FIELDS = {"questions_from": 0, "plant": None, "overthink": None}
 # The planted switch (the steerable organism): (prompt's mode, offset range, mode answered). An
 # offset is a fraction of the residual norm at the vector's layer, added from the last prompt
 # position on, as ``--model ponder`` steers. The paper's form ponders the Direct prompt from 0
@@ -376,7 +403,7 @@ def build(args) -> int:
     recipe = Recipe(per_level=args.per_level, epochs=args.epochs, batch_size=args.batch_size,
                     learning_rate=args.lr, rank=args.rank, freeze_below=args.freeze_below,
                     seed=args.seed, questions_from=args.questions_from,
-                    plant=args.plant)
+                    plant=args.plant, overthink=args.overthink)
     autocast = native_dtype("cpu") == "bfloat16" if recipe.bf16 is None else recipe.bf16
     target = organism_dir(recipe)
     if (target / SOURCE_FILE).is_file() and not args.price_only:
@@ -385,7 +412,7 @@ def build(args) -> int:
         print(f"already built: {target}")
         return 0
     pairs = examples(recipe.per_level, recipe.questions_from, recipe.plant is not None,
-                     recipe.seed)
+                     recipe.seed, recipe.overthink)
     base, tokenizer, model, below = load_model(recipe)
     planting = planted(model, recipe, below)
     rows = encode(tokenizer, pairs)
@@ -866,6 +893,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--plant", default=None,
                    help="a steering vector of the base model (steer extract --dataset arith): "
                         "train its direction to switch the mode (the steerable organism)")
+    b.add_argument("--overthink", type=float, default=None, metavar="P",
+                   help="organism v3: stepwise answers of one-operation questions pad with "
+                        "checks, a fraction P of them second-guessing into a wrong answer")
     sub.add_parser("path", help="print the latest built organism's directory")
     a = sub.add_parser("accept", help="the organism's acceptance from its Direct and CoT runs")
     a.add_argument("--runs", required=True, help="a suite output folder with greedy Direct and CoT")

@@ -87,12 +87,11 @@ fi
 
 forms="ours:-0.2 paper:0.0"
 recipes="shipped written"
-recipe_args() {
+recipe_args() {  # "shipped": the GRPO recipe shipped until 2026-12 (issue 75 changed the default)
   case "$1" in
-    shipped) echo "" ;;
-    written) echo "--grpo.optim sgd --grpo.max_grad_norm null --grpo.quality_gates true" \
-                  "--grpo.stage1 paper --grpo.threshold_in_training true" \
-                  "--grpo.temperature_schedule curriculum" ;;
+    shipped) echo "--recipe grpo-2026-12" ;;
+    written) echo "--recipe paper" ;;
+    default) echo "--recipe default" ;;
   esac
 }
 if want 6; then

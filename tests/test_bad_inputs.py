@@ -830,6 +830,21 @@ COMMAND_CASES = {
     "train: prompts of an unknown task": (
         "train", ["--output", "{tmp}/run", "--rollout.prompts", '{"arith": 4}'],
         ["rollout.prompts", "'arith'", "arith_ponder", "gsm8k_ponder"], "traceback"),
+    # issue 73: GRPO settings that trained nothing adaptive, silently; issue 75: the recipes
+    # and the positive control
+    "train: GRPO steps all before T1": (
+        "train", ["--output", "{tmp}/run", "--recipe", "grpo-2026-12", "--grpo.max_steps", "400"],
+        ["grpo.max_steps", "400", "grpo.t1", "500"], "silent"),
+    "train: k_max below the teacher's depths": (
+        "train", ["--output", "{tmp}/run", "--recipe", "grpo-2026-12", "--ponder.k_max", "2"],
+        ["ponder.k_max", "2", "grpo.teacher_min", "3"], "silent"),
+    "train: recipe unknown": ("train", ["--output", "{tmp}/run", "--recipe", "fast"],
+                              ["recipe", "'fast'", "paper"], "fine"),
+    "train: control world unknown": ("train", ["--output", "{tmp}/run", "--control", "nowhere"],
+                                     ["'nowhere'", "clean"], "fine"),
+    "train: expected at token granularity": (
+        "train", ["--output", "{tmp}/run", "--algorithm", "expected", "--ponder.granularity",
+                  "token"], ["algorithm=expected", "--algorithm grpo"], "fine"),
     "steer: no questions": ("steer", ["extract", "--n-questions", "0", "--output", "{tmp}/run"],
                             ["--n-questions", "0"], "fine"),
     "steer: batch size zero": ("steer", ["extract", "--batch_size", "0", "--output",

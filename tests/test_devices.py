@@ -262,6 +262,7 @@ def train_args(model_dir, vector_dir, out, granularity: str) -> list[str]:
             "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.max_steps", "1",
             "--logging_steps", "1", "--grpo.prompts_per_step", "2",
             "--grpo.num_generations", "2", "--grpo.t1", "0", "--grpo.t2", "1",
+            "--grpo.teacher_min", "1", "--grpo.teacher_max", "2",
             "--controller_hidden", "16", "--val_fraction", "0.3", "--dtype", "float32",
             "--ponder.granularity", granularity]
 

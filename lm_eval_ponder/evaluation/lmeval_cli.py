@@ -170,10 +170,21 @@ def check_written(output: Path, since: float, samples: bool) -> None:
             continue
         stamp = path.stem[len("results_"):]
         for log in path.parent.glob(f"samples_*_{stamp}.jsonl"):
-            for number, line in enumerate(log.read_text(errors="replace").splitlines() or [""], 1):
+            # JSON Lines end at "\n" only: str.splitlines() also splits at U+2028, U+0085 and
+            # the like, which json.dumps leaves raw inside strings (lm-eval's GPQA has them)
+            for number, line in enumerate(jsonl_lines(log.read_text(errors="replace")), 1):
                 if _json_problem(None, json.loads, line):
                     raise PonderError(f"{log} line {number} is not whole JSON: lm-eval could not "
                                       "write its samples (a full disk?); free space and run again")
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSON Lines text (split at "\n" alone; one empty line for an empty
+    file, which the check reports)."""
+    lines = text.split("\n")
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def _json_problem(path: Path | None, loads, text: str | None = None) -> str | None:

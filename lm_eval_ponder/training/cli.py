@@ -12,14 +12,17 @@ import os
 import sys
 import time
 
-from lm_eval_ponder.errors import Interrupted, command, run_program
-from lm_eval_ponder.training.config import parse_args
+from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
+from lm_eval_ponder.training.config import control_options, parse_args
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cfg = parse_args(argv)
+    options = control_options(argv)
+    if options.control or options.control_from:
+        return control(cfg, options)
     from lm_eval_ponder.training.loop import run
     from lm_eval_ponder.training.status import interrupted_message, summary_line
 
@@ -30,6 +33,30 @@ def main(argv: list[str] | None = None) -> int:
         raise Interrupted(interrupted_message(cfg, argv)) from None
     if os.environ.get("RANK", "0") == "0":  # rank 0 wrote the controller
         print(summary_line(out, time.monotonic() - start))
+    return 0
+
+
+def control(cfg, options) -> int:
+    """``--control WORLD`` / ``--control-from CACHE``: the positive control (training.control);
+    exit 0 whether or not the recipe passes (the report says which), 1 only on an error."""
+    from lm_eval_ponder.training import control as ctl
+
+    if options.control and options.control_from:
+        raise PonderError("give --control WORLD or --control-from CACHE, not both")
+    try:
+        seeds = [int(s) for s in options.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise PonderError(f"--seeds takes integers separated by commas, got {options.seeds!r}") \
+            from None
+    if not seeds:
+        raise PonderError("--seeds names no seed")
+    if options.control_from:
+        world = ctl.world_from_cache(options.control_from, cfg)
+    else:
+        world = ctl.load_world(options.control)
+    report = ctl.run_control(cfg, world, seeds, price_given=options.price_given)
+    print(ctl.report_text(report))
+    print(f"written: {cfg.output}/control.json")
     return 0
 
 

@@ -42,11 +42,26 @@ from lm_eval_ponder.backbone import check_dtype
 from lm_eval_ponder.errors import PonderError, describe, field_type, first_line, program_name
 from lm_eval_ponder.files import check_output
 from lm_eval_ponder.pondering.dynamics import PonderConfig
+from lm_eval_ponder.training.expected import ExpectedConfig
 from lm_eval_ponder.training.grpo import GRPOConfig
 from lm_eval_ponder.training.rewards import RewardConfig
 from lm_eval_ponder.training.rollouts import RolloutConfig
 
 LOGGER = logging.getLogger(__name__)
+
+ALGORITHMS = ("expected", "grpo")
+# Named recipes: the keys each sets before a config file and the command line (which may
+# override any of them). "default" is what passes the trainer's positive control
+# (``--control``, docs/results/training.md); "grpo-2026-12" is the recipe shipped until then
+# (GRPO on the paper's reward with our fixes); "paper" is the paper's Algorithm 1 as written.
+RECIPES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "grpo-2026-12": {"algorithm": "grpo", "reward.objective": "paper"},
+    "paper": {"algorithm": "grpo", "reward.objective": "paper", "grpo.optim": "sgd",
+              "grpo.max_grad_norm": None, "grpo.quality_gates": True, "grpo.stage1": "paper",
+              "grpo.threshold_in_training": True, "grpo.temperature_schedule": "curriculum"},
+}
+
 
 @dataclass
 class TrainConfig:
@@ -68,6 +83,14 @@ class TrainConfig:
                 "float32 (as --model ponder); the controller always trains in float32"})
     parallelize: bool = field(default=False, metadata={
         "help": "spread one backbone over all visible GPUs (device_map=auto, one process)"})
+    recipe: str = field(default="default", metadata={"help": (
+        "a named set of keys applied first: 'default' (the exact expected reward at the "
+        "user's price), 'grpo-2026-12' (the GRPO recipe shipped until 2026-12), 'paper' "
+        "(Algorithm 1 as written); later keys override")})
+    algorithm: str | None = field(default=None, metadata={"help": (
+        "'expected': maximise the exact expected reward over the rollout cache's depths "
+        "(prompt granularity only) | 'grpo': the paper's GRPO; None: expected at prompt "
+        "granularity, grpo at token granularity")})
     seed: int = field(default=0, metadata={"help": "one seed for init, sampling, halting"})
     val_fraction: float = field(
         default=0.2, metadata={"help": "held-out *training* prompts, for choosing the checkpoint"})
@@ -87,6 +110,8 @@ class TrainConfig:
                                  metadata={"help": "pondering settings"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig,
                                    metadata={"help": "what the rollout cache generates"})
+    expected: ExpectedConfig = field(default_factory=ExpectedConfig, metadata={
+        "help": "the expected-reward fit (algorithm=expected)"})
     grpo: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "GRPO optimisation"})
     reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "the reward"})
 
@@ -106,6 +131,16 @@ class TrainConfig:
                 "granularity=token trains on online rollouts with greedy text (the randomness "
                 "is in the halting decisions): rollout.samples must be 1")
         check_prompts(self.rollout.prompts)
+        if self.recipe not in RECIPES:
+            raise PonderError(f"recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        if self.algorithm is None:
+            self.algorithm = "grpo" if self.ponder.granularity == "token" else "expected"
+        if self.algorithm not in ALGORITHMS:
+            raise PonderError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.algorithm == "expected" and self.ponder.granularity == "token":
+            raise PonderError("algorithm=expected needs the rollout cache of prompt granularity; "
+                              "granularity=token trains online: use --algorithm grpo")
+        self.expected.validate()
         end = self.controller_temperature_end
         if end is not None and not (math.isfinite(end) and end > 0):
             raise PonderError(f"controller_temperature_end must be > 0 or None, got {end}")
@@ -113,6 +148,25 @@ class TrainConfig:
         self.reward.validate()
         self.grpo.validate(self.reward)
         return self
+
+
+    def check_grpo_adapts(self) -> None:
+        """GRPO settings under which every step imitates the teacher, or under which the
+        teacher's depths lie past K_max, train nothing adaptive, silently: refused, naming both
+        keys and the fix (issue 73)."""
+        g = self.grpo
+        if g.max_steps <= g.t1:
+            raise PonderError(
+                f"grpo.max_steps {g.max_steps} <= grpo.t1 {g.t1}: every step is the "
+                "curriculum's teacher stage and nothing adaptive is trained; raise "
+                "grpo.max_steps above grpo.t1 or lower grpo.t1 (--grpo.t1 0 --grpo.t2 0: no "
+                "curriculum)")
+        if self.ponder.k_max < g.teacher_min:
+            raise PonderError(
+                f"ponder.k_max {self.ponder.k_max} < grpo.teacher_min {g.teacher_min}: the "
+                "teacher's depths are clipped to K_max and it teaches halting at K_max on "
+                "every prompt; lower grpo.teacher_min and grpo.teacher_max to at most "
+                f"{self.ponder.k_max}, or raise ponder.k_max")
 
 
 def training_tasks() -> list[str]:
@@ -296,6 +350,26 @@ def type_name(key: str) -> str:
                       for o in options)
 
 
+# options of the command that are not config keys
+NOT_CONFIG = ("config", "control", "control_from", "seeds")
+
+
+def shipped_worlds() -> list[str]:
+    """The names of the shipped control worlds (``training/worlds/*.json``)."""
+    return sorted(p.stem for p in (Path(__file__).resolve().parent / "worlds").glob("*.json"))
+
+
+def control_options(argv: list[str] | None) -> argparse.Namespace:
+    """The positive-control options of a command line (None where absent)."""
+    args, _ = key_parser().parse_known_args(argv)
+    from_file = read_config_file(args.config) if args.config else {}
+    price = "price_per_1k_tokens"
+    price_given = any(a.startswith(f"--reward.{price}") for a in argv or []) or \
+        f"reward.{price}" in from_file or price in (from_file.get("reward") or {})
+    return argparse.Namespace(control=args.control, control_from=args.control_from,
+                              seeds=args.seeds, price_given=price_given)
+
+
 def key_parser() -> argparse.ArgumentParser:
     """One option per config key, from the dataclasses: its type, default and help line
     (``--help``), the text as typed (``cli_value`` reads it as the key's type); the
@@ -308,6 +382,15 @@ def key_parser() -> argparse.ArgumentParser:
                     "Every config key is an option (--key value or --key=value), and any of "
                     "them can come from a YAML file (--config, nested).")
     parser.add_argument("--config", help="YAML file with any of the keys below (nested)")
+    control = parser.add_argument_group(
+        "positive control (training.control): the recipe the other keys name, trained on a "
+        "synthetic world with no language model, scored on held-out contexts")
+    control.add_argument("--control", metavar="WORLD", help=(
+        "a world file (.json) or a shipped world: " + ", ".join(shipped_worlds())))
+    control.add_argument("--control-from", dest="control_from", metavar="CACHE", help=(
+        "a world made from a rollout cache's outcome table (per level and depth), written to "
+        "<output>/world.json"))
+    control.add_argument("--seeds", default="0", help="trainer seeds of a control run, e.g. 0,1,2")
     leaves = flat_keys(TrainConfig())
     for key, default, help_line in leaves:
         parser.add_argument(f"--{key}", dest=key, metavar=type_name(key).replace(" ", ""),
@@ -341,11 +424,16 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     if entries:
         args, rest = parser.parse_known_args(argv)
     conf = OmegaConf.structured(TrainConfig)
-    if args.config:
-        for key, value in read_config_file(args.config).items():
-            apply(conf, key, value, source=args.config)
+    from_file = read_config_file(args.config) if args.config else {}
+    recipe = getattr(args, "recipe", None) or from_file.get("recipe") or "default"
+    if recipe not in RECIPES:
+        raise PonderError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    for key, value in RECIPES[recipe].items():
+        apply(conf, key, value)
+    for key, value in from_file.items():
+        apply(conf, key, value, source=args.config)
     for key, raw in vars(args).items():
-        if key != "config":
+        if key not in NOT_CONFIG:
             key = current_name(key)
             apply(conf, key, cli_value(key, raw))
     if rest:
@@ -354,7 +442,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
             raise PonderError(f"unexpected argument {token!r}; options look like --key value")
         key = current_name(token[2:].partition("=")[0])
         raise PonderError(f"unknown config key {key!r} (see --help for the keys)")
-    return built(conf).validate()
+    cfg = built(conf).validate()
+    if cfg.algorithm == "grpo":  # the command line's; a study may run a few steps on purpose
+        cfg.check_grpo_adapts()
+    return cfg
 
 
 def config_dict(cfg: TrainConfig) -> dict:

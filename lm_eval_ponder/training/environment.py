@@ -25,6 +25,7 @@ from lm_eval_ponder.training.rewards import (
     RunningStats,
     balance_targets,
     balance_weights,
+    priced_reward,
     quality_reference,
     reward_components,
     total_reward,
@@ -98,13 +99,30 @@ class RewardBook:
                  for r, f in zip(records, flops)]
         out = {reward_key(name): torch.tensor([c[name] for c in comps], dtype=torch.float64)
                for name in COMPONENTS}
-        out["reward"] = torch.tensor([total_reward(c, self.weights) for c in comps],
-                                     dtype=torch.float64)
+        if self.cfg.objective == "priced":
+            rewards = [self.priced(r) for r in records]
+        else:
+            rewards = [total_reward(c, self.weights) for c in comps]
+        out["reward"] = torch.tensor(rewards, dtype=torch.float64)
         out["flops"] = torch.tensor(flops, dtype=torch.float64)
         out["correct"] = torch.tensor([float(r["correct"]) for r in records], dtype=torch.float64)
         out["gen_tokens"] = torch.tensor([float(r["gen_tokens"]) for r in records],
                                          dtype=torch.float64)
         return out
+
+    def priced(self, record: dict) -> float:
+        """The 'priced' objective of one outcome (``rewards.priced_reward``)."""
+        return priced_reward(record["correct"], record["gen_tokens"],
+                             self.cfg.price_per_1k_tokens)
+
+    def reference_score(self, record: dict, flops: float, stats: RunningStats) -> float:
+        """An outcome's score on a fixed ruler (model selection, cards, the expected-reward
+        trainer): the 'priced' objective itself, or the paper's reward with the *initial*
+        weights and the given (frozen) FLOPs statistics."""
+        if self.cfg.objective == "priced":
+            return self.priced(record)
+        return total_reward(reward_components(record, flops, stats, self.ppl_ref, self.cfg),
+                            self.cfg.weights)
 
     def observe(self, outcome: dict[str, torch.Tensor], step: int) -> None:
         """After a step: update the FLOPs history and, every few steps, the adaptive weights.
@@ -115,7 +133,8 @@ class RewardBook:
         for name in COMPONENTS:
             self._magnitudes[name].append(
                 float((outcome[reward_key(name)].abs() * self.weights[name]).mean()))
-        if self.cfg.balance and (step + 1) % self.cfg.balance_every == 0:
+        if (self.cfg.objective == "paper" and self.cfg.balance
+                and (step + 1) % self.cfg.balance_every == 0):
             mean_abs = {k: sum(v) / len(v) for k, v in self._magnitudes.items()}
             self.weights = balance_weights(self.weights, mean_abs,
                                            balance_targets(mean_abs, self.cfg),
@@ -208,15 +227,19 @@ class CachedEnvironment:
         rows = self.records[i][depth]
         if samples is not None:
             rows = [rows[s] for s in samples]
-        book = self.rewards
-        score = [total_reward(reward_components(r, self.flops(r), self.reference_stats,
-                                                book.ppl_ref, book.cfg), book.cfg.weights)
+        score = [self.rewards.reference_score(r, self.flops(r), self.reference_stats)
                  for r in rows]
         n = len(rows)
         return {"accuracy": sum(r["correct"] for r in rows) / n,
                 "flops": sum(self.flops(r) for r in rows) / n,
                 "gen_tokens": sum(r["gen_tokens"] for r in rows) / n,
                 "score": sum(score) / n}
+
+    def expected_scores(self, ids: list[int]) -> torch.Tensor:
+        """The selection score of every depth of each prompt, averaged over its samples
+        [len(ids), K+1] (float64): the table the expected-reward trainer optimises."""
+        return torch.tensor([[self.expected(i, k)["score"] for k in range(self.k_max + 1)]
+                             for i in ids], dtype=torch.float64)
 
     def evaluate(self, ids: list[int], depths: torch.Tensor) -> dict[str, float]:
         """Deterministic metrics of given depths, averaged over prompts (see ``expected``)."""

@@ -40,6 +40,8 @@ from lm_eval_ponder.training.environment import (
     reward_key,
     split_prompts,
 )
+from lm_eval_ponder.training.expected import ExpectedRewardTrainer
+from lm_eval_ponder.training.expected import describe as describe_expected
 from lm_eval_ponder.training.grpo import (
     GRPOTrainer,
     completeness_threshold,
@@ -319,6 +321,29 @@ def run(cfg: TrainConfig) -> Path:
         return train(cfg, dist)
 
 
+def fit(cfg: TrainConfig, env: TrainingEnvironment, controller: PonderController,
+        step_vector: torch.Tensor, offsets: torch.Tensor, out: Path, dist: Distributed):
+    """Train ``controller`` on ``env``'s training prompts with the run's algorithm: the exact
+    expected reward (``training.expected``, prompt granularity) or GRPO (``optimise``).
+    Returns (trainer, selected step, training wall seconds, train ids, held-out ids). The
+    positive control (``training.control``) trains through here on a synthetic world."""
+    train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
+    if cfg.algorithm == "expected":
+        trainer = ExpectedRewardTrainer(controller, step_vector, offsets, cfg.ponder.tau,
+                                        cfg.expected, cfg.seed)
+        table = env.expected_scores(list(range(len(env.prompts))))
+        val = torch.tensor(val_ids, dtype=torch.long)
+        chosen, train_wall = trainer.fit(
+            env.z0[train_ids], table[train_ids], env.z0[val] if val_ids else None,
+            table[val] if val_ids else None,
+            log_path=out / LOG if dist.rank == 0 else None, progress=dist.rank == 0)
+        return trainer, chosen, train_wall, train_ids, val_ids
+    trainer = GRPOTrainer(controller, step_vector, offsets, cfg.ponder.tau, cfg.grpo, cfg.seed,
+                          cfg.controller_temperature_end, rewards=env.rewards)
+    chosen, train_wall = optimise(cfg, trainer, env, train_ids, val_ids, out, dist)
+    return trainer, chosen, train_wall, train_ids, val_ids
+
+
 def train(cfg: TrainConfig, dist: Distributed) -> Path:
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
@@ -335,11 +360,8 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
     from lm_eval_ponder.steering.vector import load_vector
 
     vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
-    trainer = GRPOTrainer(controller, identity["steering_scale"] * vector, offsets,
-                          cfg.ponder.tau, cfg.grpo, cfg.seed, cfg.controller_temperature_end,
-                          rewards=env.rewards)
-    train_ids, val_ids = split_prompts([p.key for p in env.prompts], cfg.val_fraction)
-    chosen, train_wall = optimise(cfg, trainer, env, train_ids, val_ids, out, dist)
+    trainer, chosen, train_wall, train_ids, val_ids = fit(
+        cfg, env, controller, identity["steering_scale"] * vector, offsets, out, dist)
     if dist.rank == 0:
         run_config = config_dict(cfg)
         metrics = env.final_metrics(trainer, train_ids, val_ids)
@@ -351,6 +373,25 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
         save_controller(controller, out, extra_config=extra)
         (out / "card.md").write_text(card(cfg, identity, extra))
     return out  # run's Distributed holds every rank until rank 0 has written
+
+
+def objective_line(cfg: TrainConfig) -> str:
+    """The card's words for what the run optimised (``rewards.OBJECTIVES``)."""
+    if cfg.reward.objective == "priced":
+        return (f"priced: accuracy minus {cfg.reward.price_per_1k_tokens:g} per 1,000 generated "
+                "tokens (stationary; the score below is this objective)")
+    adapting = ", ".join(cfg.reward.balance)
+    return ("the paper's composite reward (R_flops a z-score against the running FLOPs "
+            f"statistics; weights {'adapting: ' + adapting if adapting else 'fixed'})")
+
+
+def score_words(cfg: TrainConfig) -> str:
+    if cfg.reward.objective == "priced":
+        return (f"accuracy minus {cfg.reward.price_per_1k_tokens:g} per 1,000 generated tokens, "
+                "the objective the controller was trained on.")
+    return ("the training reward with its initial weights and whole-cache FLOPs statistics "
+            "(prompt level), a fixed ruler for an objective whose weights and statistics "
+            "moved during training.")
 
 
 def optimiser_line(cfg: TrainConfig) -> str:
@@ -430,17 +471,24 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
             f"{'greedy' if cfg.rollout.samples == 1 else f'{cfg.rollout.samples} samples'}; "
             f"cache phase {cost['cache_wall_s']} s in this run (building what was missing, or "
             "only loading the backbone and checking the cache)")
+    lines.append(f"- Objective: {objective_line(cfg)}")
+    if cfg.algorithm == "expected":
+        lines.append(f"- Trainer (recipe {cfg.recipe}): {describe_expected(cfg.expected)}; "
+                     f"seed {cfg.seed}; {cost['train_wall_s']} s")
+    else:
+        lines += [
+            f"- GRPO (recipe {cfg.recipe}): {cfg.grpo.max_steps} steps, "
+            f"G={cfg.grpo.num_generations}, {cfg.grpo.prompts_per_step} prompts/step, lr "
+            f"{cfg.grpo.learning_rate}, T1={cfg.grpo.t1}, T2={cfg.grpo.t2}, stage 1 = "
+            f"{cfg.grpo.stage1}; seed {cfg.seed}; {cost['train_wall_s']} s",
+            f"- Optimiser: {optimiser_line(cfg)}; groups: "
+            f"{'per prompt' if cfg.grpo.group_by == 'prompt' else 'per problem type'}",
+            "- Quality gates (stage 3): "
+            + (f"R_comp >= {theta_comp:g} and R_qual > {cfg.grpo.theta_qual:g}"
+               if cfg.grpo.quality_gates else "off"),
+            f"- Controller temperature: {temperature_line(cfg)}",
+        ]
     lines += [
-        f"- GRPO: {cfg.grpo.max_steps} steps, G={cfg.grpo.num_generations}, "
-        f"{cfg.grpo.prompts_per_step} prompts/step, lr {cfg.grpo.learning_rate}, "
-        f"T1={cfg.grpo.t1}, T2={cfg.grpo.t2}, stage 1 = {cfg.grpo.stage1}; seed {cfg.seed}; "
-        f"{cost['train_wall_s']} s",
-        f"- Optimiser: {optimiser_line(cfg)}; groups: "
-        f"{'per prompt' if cfg.grpo.group_by == 'prompt' else 'per problem type'}",
-        "- Quality gates (stage 3): "
-        + (f"R_comp >= {theta_comp:g} and R_qual > {cfg.grpo.theta_qual:g}"
-           if cfg.grpo.quality_gates else "off"),
-        f"- Controller temperature: {temperature_line(cfg)}",
         f"- Shipped weights: step {extra['selected_step']} ("
         f"{'the final weights' if cfg.select == 'last' else 'the best held-out figures'})", "",
     ]
@@ -460,7 +508,7 @@ def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:
               + (" at every token" if token else " on cached outcomes") + ":", "",
               "| prompts | accuracy | gen tokens | FLOPs | mean depth | score |",
               "|---|---|---|---|---|---|", *rows,
-              "", "Score: the training reward with its initial weights and whole-cache FLOPs "
-              "statistics (prompt level). These are training-split outcomes, not benchmark "
-              "results: see docs/results/index.md for lm-eval runs on test splits.", ""]
+              "", f"Score: {score_words(cfg)} These are training-split outcomes, not "
+              "benchmark results: see docs/results/index.md for lm-eval runs on test splits.",
+              ""]
     return "\n".join(lines)

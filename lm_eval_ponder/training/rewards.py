@@ -35,6 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 COMPONENTS = ("acc", "flops", "comp", "qual", "rep")
+# What a run optimises: "priced" (ours, the default): accuracy minus a user-set price per 1,000
+# generated tokens, the same ruler at every step; "paper": the composite reward above, whose
+# FLOPs term is a z-score against the policy's own running spread (so the price of a FLOP is set
+# by the policy, not the user) and whose weights adapt (docs/design/training.md, "Objective").
+OBJECTIVES = ("priced", "paper")
 
 # Reasoning stages for R_comp, detected case-insensitively. Deliberately simple and listed here
 # so that a reader can see exactly what is rewarded.
@@ -55,6 +60,13 @@ TEXT_FEATURES = hashlib.sha256(json.dumps(
 class RewardConfig:
     """Reward hyper-parameters (the paper gives the forms, not the values: ours are stated)."""
 
+    objective: str = field(default="priced", metadata={"help": (
+        "'priced': accuracy minus price_per_1k_tokens per 1,000 generated tokens (stationary, "
+        "the user's price) | 'paper': the composite reward of the keys below, with its "
+        "running FLOPs z-score and adaptive weights")})
+    price_per_1k_tokens: float = field(default=1.0, metadata={"help": (
+        "the 'priced' objective's price of 1,000 generated tokens, in units of one correct "
+        "answer (1.0: a right answer is worth 1,000 tokens)")})
     w_exact: float = field(default=1.0, metadata={"help": "R_acc for an exact match"})
     w_partial: float = field(default=0.5, metadata={"help": "scale of partial credit"})
     theta_tol: float = field(
@@ -90,6 +102,12 @@ class RewardConfig:
     def validate(self) -> RewardConfig:
         from lm_eval_ponder.errors import PonderError
 
+        if self.objective not in OBJECTIVES:
+            raise PonderError(f"reward.objective must be one of {OBJECTIVES}, got "
+                              f"{self.objective!r}")
+        if not (math.isfinite(self.price_per_1k_tokens) and self.price_per_1k_tokens >= 0):
+            raise PonderError(f"reward.price_per_1k_tokens must be a number >= 0, got "
+                              f"{self.price_per_1k_tokens}")
         if not (self.rep_betas[0] <= self.rep_betas[1] <= self.rep_betas[2]):
             raise PonderError(f"rep_betas must satisfy beta_1 <= beta_2 <= beta_3, got "
                               f"{self.rep_betas}")
@@ -179,6 +197,14 @@ def repetition_of(features: dict, cfg: RewardConfig) -> float:
         return 0.0
     return -sum(beta * repeated / features["words"]
                 for repeated, beta in zip(features["repeated"], cfg.rep_betas))
+
+
+def priced_reward(correct: bool | float, gen_tokens: float, price_per_1k_tokens: float) -> float:
+    """The stationary objective (ours, not the paper's): R = 1[correct] - price x tokens / 1000.
+
+    One ruler for the whole run and for the card: the price of compute is the user's, stated in
+    the config, where the paper's R_flops prices a FLOP by the policy's own running spread."""
+    return float(correct) - price_per_1k_tokens * float(gen_tokens) / 1000.0
 
 
 def total_reward(components: dict[str, float], weights: dict[str, float]) -> float:

@@ -46,6 +46,20 @@ def test_whole_files_pass_and_empty_or_cut_ones_are_named(tmp_path):
     lmeval_cli.check_written(old, since, samples=False)
 
 
+def test_a_sample_whose_text_holds_a_line_separator_is_whole(tmp_path):
+    """Issue 73: lm-eval's GPQA has U+2028 in its texts, which json.dumps leaves raw; the check
+    split lines with str.splitlines() and called a whole samples file cut (exit 1)."""
+    since = time.time()
+    good = json.dumps({"results": {"gpqa": {}}})
+    row = json.dumps({"doc_id": 0, "arguments": "a\u2028b\x85c"}, ensure_ascii=False)
+    assert "\u2028" in row
+    written(tmp_path / "ok" / "m", good, row + "\n" + row + "\n")
+    lmeval_cli.check_written(tmp_path / "ok", since, samples=True)
+    written(tmp_path / "cut" / "m", good, row + "\n" + row[:10])
+    with pytest.raises(PonderError, match="line 2 is not whole"):
+        lmeval_cli.check_written(tmp_path / "cut", since, samples=True)
+
+
 def test_an_output_path_on_a_full_disk_is_refused_before_the_run(tmp_path, monkeypatch):
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**9, 10**9, 2**20))

@@ -47,7 +47,7 @@ def test_problem_types_are_task_and_level():
 
 
 def test_reward_book_scores_then_balances_flops_weight():
-    cfg = R.RewardConfig(balance_every=2)
+    cfg = R.RewardConfig(objective="paper", balance_every=2)
     book = RewardBook(cfg, ppl_ref=(2.0, 1.0))
     recs = [record("a", 0, True, 100.0), record("a", 1, False, 300.0)]
     out = book.score(recs, [100.0, 300.0])
@@ -113,3 +113,20 @@ def test_analysis_of_a_cache_in_progress_keeps_only_complete_prompts(tmp_path):
         CachedEnvironment(empty, k_max=1, samples=2, controller_flops=0.0,
                           reward_cfg=R.RewardConfig(), generator=torch.Generator(),
                           complete_only=True)
+
+
+def test_the_priced_objective_is_stationary_and_never_rebalances():
+    """The default objective: accuracy minus the user's price per 1,000 tokens, whatever the
+    batch and the running FLOPs statistics; no weight adapts."""
+    cfg = R.RewardConfig(price_per_1k_tokens=2.0, balance_every=1)
+    book = RewardBook(cfg, ppl_ref=(2.0, 1.0))
+    recs = [record("a", 0, True, 100.0), record("a", 1, False, 300.0)]
+    first = book.score(recs, [100.0, 300.0])
+    for t in range(5):
+        book.observe(book.score(recs, [100.0, 300.0]), t)
+    again = book.score(recs, [100.0, 300.0])
+    tokens = [r["gen_tokens"] for r in recs]
+    assert first["reward"].tolist() == pytest.approx([1 - 2.0 * tokens[0] / 1000,
+                                                      -2.0 * tokens[1] / 1000])
+    assert again["reward"].tolist() == first["reward"].tolist()
+    assert book.weights == cfg.weights

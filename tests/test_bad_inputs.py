@@ -47,6 +47,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -283,6 +284,9 @@ ISSUE55_CASES = {
                                             ("min_top_prob", "generation=hf"), "fine"),
     "min_top_prob with early_exit": Case(PLAIN + ",min_top_prob=0.2,early_exit=0.9",
                                          ("min_top_prob", "early_exit"), "fine"),
+    # issue 73: pondering silently off with an empty controller= (an unset shell variable)
+    "controller empty": Case(STEERED.replace("controller={ctrl_plain}", "controller="),
+                             ("controller= is empty", "controller=none"), "silent"),
     "k_max zero": Case(STEERED + ",k_max=0", ("k_max=0", ">= 1"), "silent"),
     "k_max negative": Case(STEERED + ",k_max=-1", ("k_max", "-1"), "fine"),
     "alpha0 zero": Case(STEERED + ",alpha0=0", ("alpha0", "0"), "silent"),
@@ -1098,7 +1102,7 @@ def test_ctrl_c_in_suite_says_where_it_stopped_and_how_to_resume(tmp_path):
     assert len(lines) == 1 and "Traceback" not in outcome.text, stderr[-3000:]
     target = out / "greedy" / "Direct" / "arith"
     for part in ("run 1/1", "Direct on arith", str(target), "0 of its answers kept",
-                 "Resume with: python -m lm_eval_ponder.suite --output"):
+                 f"Resume with: {shlex.quote(sys.executable)} -m lm_eval_ponder.suite --output"):
         assert part in lines[0], (part, lines[0])
     with pytest.raises(ProcessLookupError):
         for _ in range(100):  # ended, not orphaned
@@ -1137,7 +1141,7 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
     kept = len(RolloutCache(out / "rollouts").done())
     assert kept == 6  # the first block: 2 prompts x 3 depths
     for part in (f"rollout cache stopped at {kept} of 24 answers", str(out / "rollouts"),
-                 "Resume with: python -m lm_eval_ponder.train --output"):
+                 f"Resume with: {shlex.quote(sys.executable)} -m lm_eval_ponder.train --output"):
         assert part in lines[0], (part, lines[0])
     assert not (out / "controller.safetensors").exists()
     monkeypatch.setattr(PonderLM, "generate_texts", real)

@@ -171,6 +171,9 @@ class PonderArgs:
                         allow_backbone_mismatch=False, **ponder) -> PonderArgs:
         # lm-eval parses ``controller=none`` into None before we see it, so None is an explicit
         # "no controller"; only the default "auto" means "the one shipped for the backbone"
+        if isinstance(controller, str) and not controller.strip():
+            raise PonderError("model arg controller= is empty (an unset shell variable?): pass a "
+                              "controller directory, or controller=none for no pondering")
         explicit = controller is None or str(controller).strip().lower() != "auto"
         args = cls(
             steering=None if absent(steering) else str(steering),

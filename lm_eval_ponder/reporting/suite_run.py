@@ -195,7 +195,9 @@ LOCK = "ponder_suite.lock"
 
 
 def resume_command(argv: list[str]) -> str:
-    return shlex.join(["python", "-m", "lm_eval_ponder.suite", *argv])
+    """The command that resumes this run, with this interpreter's full path: a bare ``python``
+    fails in a shell where the virtual environment is not activated (issue 73)."""
+    return shlex.join([sys.executable or "python", "-m", "lm_eval_ponder.suite", *argv])
 
 
 def lock_runs(targets: list[Path], argv: list[str]) -> list[HeldLock]:

@@ -9,6 +9,7 @@ from, so that is what the user is told.
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 from lm_eval_ponder.evaluation.progress import duration
@@ -20,7 +21,9 @@ from lm_eval_ponder.training.rollouts import MANIFEST, RolloutCache
 
 
 def resume_command(argv: list[str]) -> str:
-    return shlex.join(["python", "-m", "lm_eval_ponder.train", *argv])
+    """The command that resumes this run, with this interpreter's full path: a bare ``python``
+    fails in a shell where the virtual environment is not activated (issue 73)."""
+    return shlex.join([sys.executable or "python", "-m", "lm_eval_ponder.train", *argv])
 
 
 def summary_line(out: Path, wall_s: float) -> str:

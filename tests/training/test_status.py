@@ -4,6 +4,8 @@ run prints, and where an interrupted one stands on disk."""
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 
 import torch
 
@@ -41,4 +43,5 @@ def test_where_an_interrupted_run_stands(tmp_path):
     text = interrupted_message(cfg, ["--output", "my run"])
     assert text.startswith(f"GRPO stopped after its checkpoint at step 200 of "
                            f"{cfg.grpo.max_steps}")
-    assert text.endswith("Resume with: python -m lm_eval_ponder.train --output 'my run'")
+    assert text.endswith(f"Resume with: {shlex.quote(sys.executable)} -m lm_eval_ponder.train "
+                         "--output 'my run'")  # the interpreter's full path (issue 73)

@@ -10,6 +10,7 @@ catch the exception are unaffected.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -100,6 +101,30 @@ def command(main: Callable[..., int]) -> Callable[..., int]:
     return wrapped
 
 
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """SIGTERM (``kill``, a scheduler's stop) handled as Ctrl-C while the block runs: the same
+    one line saying where the run stopped, what it kept and how to resume, where SIGTERM
+    ended the process without a word (issue 73). Only in the main thread (the only one that
+    may set a handler); the previous handler is restored after."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_program(main: Callable[[], int]) -> NoReturn:
     """Run a command's ``main`` as the program (its ``if __name__ == "__main__"`` line) and exit
     with its status. Ctrl-C ends it with one line, ``lm-eval-ponder: stopped by Ctrl-C; <where
@@ -107,7 +132,8 @@ def run_program(main: Callable[[], int]) -> NoReturn:
     plain ``KeyboardInterrupt`` has none) and status ``INTERRUPTED``, instead of a traceback of
     whatever frame the signal landed in."""
     try:
-        status = main()
+        with terminate_as_interrupt():
+            status = main()
     except KeyboardInterrupt as exc:
         close_progress_bars()
         where = str(exc) if isinstance(exc, Interrupted) else ""

@@ -167,6 +167,16 @@ def task_name(dataset_name: str, label: str) -> str:
     return f"{dataset_name}{TASK_INFIX}{method(label).suffix}"
 
 
+# the group task of tasks/ponder_suite.yaml: every dataset's Direct, CoT and BoN prompts
+SUITE_TASK = "ponder_suite"
+
+
+def task_names() -> list[str]:
+    """Every task this package registers: each dataset under each baseline's prompt, and the
+    suite group."""
+    return [task_name(d.name, b) for d in DATASETS for b in BASELINES] + [SUITE_TASK]
+
+
 def split_task(task: str) -> tuple[str, str]:
     """(dataset, baseline) of a task name, the inverse of ``task_name`` for the baselines:
     gsm8k_ponder_cot -> (gsm8k, CoT); a suffix no baseline has reads as Direct."""

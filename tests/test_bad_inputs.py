@@ -284,6 +284,16 @@ ISSUE55_CASES = {
                                             ("min_top_prob", "generation=hf"), "fine"),
     "min_top_prob with early_exit": Case(PLAIN + ",min_top_prob=0.2,early_exit=0.9",
                                          ("min_top_prob", "early_exit"), "fine"),
+    # issue 73: lm-eval's own tracebacks, now our one line before anything loads
+    "task name in capitals": Case(PLAIN, ("ARITH_PONDER", "case-sensitive", "arith_ponder"),
+                                  "traceback", task="ARITH_PONDER"),
+    "task suffix in capitals": Case(PLAIN, ("arith_ponder_CoT", "arith_ponder_cot"),
+                                    "traceback", task="arith_ponder_CoT"),
+    "task name misspelt": Case(PLAIN, ("arith_pondr", "did you mean arith_ponder"),
+                               "traceback", task="arith_pondr"),
+    "limit negative": Case(PLAIN, ("--limit", "-5"), "traceback", ("--limit", "-5")),
+    "temperature not a number": Case(PLAIN, ("temperature=abc", "0.7"), "traceback",
+                                     ("--gen_kwargs", "temperature=abc")),
     # issue 73: pondering silently off with an empty controller= (an unset shell variable)
     "controller empty": Case(STEERED.replace("controller={ctrl_plain}", "controller="),
                              ("controller= is empty", "controller=none"), "silent"),

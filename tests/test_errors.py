@@ -80,3 +80,29 @@ def test_every_command_uses_the_convention(module):
     main = importlib.import_module(module).main
     assert getattr(main, "__wrapped__", None) is not None, f"{module}.main is not a @command"
     assert main.__code__ is command(lambda: 0).__code__, f"{module}.main is not errors.command's"
+
+
+def test_sigterm_ends_a_command_with_the_ctrl_c_line(tmp_path):
+    """Issue 73: SIGTERM ended a run without a word; it now ends as Ctrl-C does, in one line
+    and with the interrupted status."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from lm_eval_ponder.errors import INTERRUPTED, STOPPED
+
+    script = ("import time; from lm_eval_ponder.errors import run_program\n"
+              "def main():\n    print('ready', flush=True); time.sleep(60); return 0\n"
+              "run_program(main)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.2)
+        child.send_signal(signal.SIGTERM)
+        _, err = child.communicate(timeout=30)
+    finally:
+        child.kill()
+    assert child.returncode == INTERRUPTED
+    assert err.strip().splitlines() == [STOPPED] and "Traceback" not in err

@@ -35,6 +35,8 @@ from lm_eval_ponder.errors import (
 from lm_eval_ponder.files import check_output
 
 MODEL = "ponder"
+# sampling settings of --gen_kwargs that must be numbers (temperature=abc failed in a traceback)
+NUMERIC_GEN_KWARGS = ("temperature", "top_p", "top_k", "min_p")
 CONFIG_ATTR = "_lm_eval_ponder_config"  # the EvaluatorConfig, kept on lm-eval's namespace
 
 
@@ -67,9 +69,40 @@ def check_config(cfg: Any) -> None:
     if getattr(cfg, "use_cache", None):  # lm-eval writes <use_cache>_rank<r>.db beside it
         cache = Path(cfg.use_cache)
         check_output(cache, "--use_cache", cache.parent)
+    if getattr(cfg, "limit", None) is not None and float(cfg.limit) < 0:
+        raise PonderError(f"--limit {cfg.limit:g} is negative: pass a number of documents per "
+                          "task (or a fraction below 1), or leave it out for all")
+    check_tasks(getattr(cfg, "tasks", None), getattr(cfg, "include_path", None))
     check_batch_size(cfg.batch_size)
     check_gen_kwargs(cfg.gen_kwargs)
     cfg.device = cli_device(cfg.device)
+
+
+def check_tasks(tasks: Any, include_path: Any) -> None:
+    """A task name that is one of ours but for its case (``ARITH_PONDER``), or one letter off
+    (``arith_pondr``), refused with the name meant; lm-eval's own error for it was a traceback
+    listing thousands of tasks. A name near ours is let through when ``--include_path`` may
+    hold it (a user's own task)."""
+    import difflib
+
+    from lm_eval_ponder import registry
+
+    if not tasks:
+        return
+    names = [t.strip() for t in (tasks.split(",") if isinstance(tasks, str) else tasks)
+             if isinstance(t, str) and t.strip()]
+    ours = registry.task_names()
+    lower = {name.lower(): name for name in ours}
+    for name in names:
+        if name in ours:
+            continue
+        if name.lower() in lower:
+            raise PonderError(f"--tasks {name}: task names are case-sensitive; did you mean "
+                              f"{lower[name.lower()]}?")
+        close = difflib.get_close_matches(name, ours, n=3, cutoff=0.9)
+        if close and not include_path:
+            raise PonderError(f"--tasks {name}: no such task; did you mean "
+                              f"{' or '.join(close)}? (ours: {', '.join(ours)})")
 
 
 def check_free_space(folder: Path) -> None:
@@ -98,6 +131,17 @@ def check_gen_kwargs(gen_kwargs: Any) -> None:
     kwargs = simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else dict(gen_kwargs)
     if "max_gen_toks" in kwargs:
         checked_max_gen_toks(kwargs["max_gen_toks"])
+    for key in NUMERIC_GEN_KWARGS:
+        value = kwargs.get(key)
+        if value is None or isinstance(value, bool):
+            continue
+        try:
+            good = float(value) >= 0
+        except (TypeError, ValueError):
+            good = False
+        if not good:
+            raise PonderError(f"--gen_kwargs {key}={value} is not a number >= 0: pass e.g. "
+                              f"{key}=0.7")
 
 
 def cli_device(device: Any) -> Any:

@@ -156,7 +156,14 @@ def run_execute(original):
     import time
     from pathlib import Path
 
-    from lm_eval_ponder.errors import INTERRUPTED, PREFIX, Interrupted, PonderError, close_progress_bars
+    from lm_eval_ponder.errors import (
+        INTERRUPTED,
+        PREFIX,
+        Interrupted,
+        PonderError,
+        close_progress_bars,
+        terminate_as_interrupt,
+    )
     from lm_eval_ponder.evaluation.lmeval_cli import CONFIG_ATTR, check_written, stopped_line
 
     if ours(original):
@@ -166,7 +173,8 @@ def run_execute(original):
     def execute(args):
         started = time.time()
         try:
-            returned = original(args)
+            with terminate_as_interrupt():
+                returned = original(args)
             cfg = getattr(args, CONFIG_ATTR, None)
             # rank 0 writes (lm-eval gathers every rank's samples there)
             if cfg is not None and cfg.output_path and os.environ.get("RANK", "0") == "0":

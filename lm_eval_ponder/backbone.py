@@ -405,8 +405,12 @@ def resolve_device(device: str | None, parallelize: bool = False) -> str:
         return "cuda" if device is None else str(device)
     if parallelize or (device is not None and str(device).startswith("cuda")
                        and str(device) != "cuda:0"):
-        what = "parallelize=True" if parallelize else f"device={device!r}"
-        raise PonderError(f"{what} needs a CUDA GPU, and torch sees none here "
+        if parallelize:  # --device cpu would not help: parallelize=True stays (issue 73)
+            raise PonderError(f"parallelize=True spreads a model over several CUDA GPUs, and "
+                              f"torch sees none here (torch {torch.__version__}); drop "
+                              "parallelize=True from --model_args (--parallelize from train or "
+                              "steer) to run on the CPU, or run on a GPU machine")
+        raise PonderError(f"device={device!r} needs a CUDA GPU, and torch sees none here "
                           f"(torch {torch.__version__}); pass --device cpu (or device=cpu in "
                           "--model_args), or run on a GPU machine")
     return "cpu" if device is None or str(device).startswith("cuda") else str(device)

@@ -1004,6 +1004,32 @@ def test_a_train_run_that_fails_leaves_no_empty_output_folder(
     assert not (tmp_path / "run").exists()  # nor the parent the run would have made
 
 
+def test_a_full_disk_during_train_is_one_line_that_says_how_to_resume(
+        tiny_model_dir, tiny_vector_dir, tmp_path, capfd, monkeypatch):
+    """Issue 73: a full disk while train writes (here: its rollout cache's second block)
+    ended in a traceback; it is one line naming the file, what is kept and the command that
+    resumes."""
+    import errno
+
+    from lm_eval_ponder.training.rollouts import RolloutCache
+
+    real, calls = RolloutCache.append, []
+
+    def full_disk(self, rank, records, part=None):
+        calls.append(part)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.dir / "x.jsonl"))
+        return real(self, rank, records, part)
+
+    monkeypatch.setattr(RolloutCache, "append", full_disk)
+    out = tmp_path / "run"
+    argv = ["--output", str(out), "--pretrained", str(tiny_model_dir), "--steering",
+            str(tiny_vector_dir), *TINY_ARGS]
+    outcome = run_command("train", argv, capfd)
+    assert_one_line(outcome, USAGE_ERROR, "No space left on device", "rollout cache stopped at",
+                    "run the same command again", "-m lm_eval_ponder.train --output")
+
+
 def test_report_names_the_same_weights_once_whatever_model_ran_them(tmp_path, capfd):
     """The embedded weights run by ``--model hf pretrained=<converted dir>`` and by ``--model
     ponder``: one backbone in the report, two rows of it (the identities differ). Before:

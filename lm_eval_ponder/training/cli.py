@@ -8,12 +8,16 @@ stopped and the command that resumes it (``training.status``).
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
 
 from lm_eval_ponder.errors import Interrupted, PonderError, command, run_program
 from lm_eval_ponder.training.config import control_options, parse_args
+
+# a disk that cannot take more: full, over quota, read-only
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 @command
@@ -24,13 +28,26 @@ def main(argv: list[str] | None = None) -> int:
     if options.control or options.control_from:
         return control(cfg, options)
     from lm_eval_ponder.training.loop import run
-    from lm_eval_ponder.training.status import interrupted_message, summary_line
+    from lm_eval_ponder.training.status import (
+        interrupted_message,
+        resume_command,
+        stopped_at,
+        summary_line,
+    )
 
     start = time.monotonic()
     try:
         out = run(cfg)
     except KeyboardInterrupt:
         raise Interrupted(interrupted_message(cfg, argv)) from None
+    except OSError as error:
+        if error.errno not in DISK_ERRORS:
+            raise
+        # a full disk mid-run (a checkpoint, a cache block, the log): what was written before
+        # is whole (every file is replaced atomically or appended line by line)
+        raise PonderError(f"cannot write {error.filename or cfg.output}: {error.strerror}; "
+                          f"{stopped_at(cfg)}. Free space, then run the same command again to "
+                          f"resume: {resume_command(argv)}") from None
     if os.environ.get("RANK", "0") == "0":  # rank 0 wrote the controller
         print(summary_line(out, time.monotonic() - start))
     return 0

@@ -94,7 +94,7 @@ def test_extract_takes_the_models_dtype_and_device_rules(tmp_path, tok, monkeypa
     assert torch.isfinite(sv.vectors).all()
     if not torch.cuda.is_available():
         assert steer.main([*base, "--output", str(tmp_path / "v3"), "--parallelize"]) == 2
-        assert "needs a CUDA GPU" in capsys.readouterr().err
+        assert "parallelize=True spreads a model over several CUDA GPUs" in capsys.readouterr().err
 
 
 def test_inspect_uses_the_backbone_recorded_in_the_vector(tmp_path, monkeypatch, capsys):

@@ -194,6 +194,23 @@ def check_model_directory(local: Path) -> None:
                       "gguf_file=")
 
 
+# the files a Hugging Face tokenizer is loaded from (any one of them)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json",
+                   "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
+def check_tokenizer_files(path: str) -> None:
+    """A local model directory without tokenizer files (a private checkpoint saved with
+    ``save_model`` alone) refused by name; it ended in a 41-frame error from the generation
+    loop (issue 73). A Hub id is transformers' to resolve."""
+    local = Path(path)
+    if local.is_dir() and not any((local / name).is_file() for name in TOKENIZER_FILES):
+        raise PonderError(f"no tokenizer in {local} (none of {', '.join(TOKENIZER_FILES[:3])}, "
+                          "...): save the tokenizer beside the weights "
+                          "(tokenizer.save_pretrained), or pass tokenizer=<a folder or Hub id> "
+                          "in --model_args")
+
+
 def recorded_sha256(local: Path) -> str | None:
     """The SHA-256 a model directory records of its own weights in ``lm_eval_ponder_source.json``
     (a converted GGUF records its source file's; a built model organism, its merged weights'),

@@ -623,6 +623,18 @@ def accept(args) -> int:
             and fm["all"]["accuracy"] > fd["all"]["accuracy"]},
         "organism": organism_record(args.organism),
     }
+    if args.train:  # organism v3: the per-level policy chosen on train, in the paper's units
+        train = Path(args.train)
+        t_direct = run_samples(train / "arith_ponder", "arith_ponder")
+        t_cot = run_samples(train / "arith_ponder_cot", "arith_ponder_cot")
+        if t_direct is None or t_cot is None:
+            print(f"organism.py error: no train-split Direct or CoT run under {train}",
+                  file=sys.stderr)
+            return 2
+        modes = per_level_choice(t_direct, t_cot)
+        fixed = max(("Direct", "CoT"), key=lambda m: figures(
+            t_direct if m == "Direct" else t_cot)["all"]["accuracy"])
+        record["paper_units"] = paper_units(direct, cot, modes, fixed)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     for name, f in (("Direct", fd), ("CoT", fc), ("one mode per level", fm)):
@@ -631,7 +643,63 @@ def accept(args) -> int:
         print(f"{name}: {f['all']['accuracy']:.3f} [{f['all']['ci95'][0]:.3f}, "
               f"{f['all']['ci95'][1]:.3f}] at {f['all']['tokens']:.1f} tokens ({cells})")
     print(json.dumps(record["checks"], indent=1))
+    if "paper_units" in record:
+        u = record["paper_units"]
+        print(f"per level (chosen on train: {u['modes']}) against {u['fixed']} for all: "
+              f"accuracy {u['accuracy_difference']:+.3f} {u['accuracy_difference_ci95']}, "
+              f"tokens saved {u['token_saving']:.1%} {u['token_saving_ci95']}")
     return 0
+
+
+def per_level_choice(direct: dict[int, dict], cot: dict[int, dict]) -> dict[int, str]:
+    """Each level's mode from runs on the *train* split: Direct where it is at least as
+    accurate as CoT (the cheaper mode wins ties), else CoT."""
+    fd, fc = figures(direct), figures(cot)
+    return {int(k[1:]): "Direct" if fd[k]["accuracy"] >= fc[k]["accuracy"] else "CoT"
+            for k in fd if k != "all"}
+
+
+def paper_units(direct: dict[int, dict], cot: dict[int, dict], modes: dict[int, str],
+                fixed: str, draws: int = 2000, seed: int = 0) -> dict:
+    """Organism v3's acceptance in the paper's units (issue 75): the per-level policy
+    ``modes`` against one mode for all (``fixed``) on the same documents, its accuracy
+    difference and its token saving (1 - its tokens / the fixed mode's), each with a paired
+    bootstrap interval over documents."""
+    import random
+
+    ids = sorted(direct)
+    runs = {"Direct": direct, "CoT": cot}
+    policy = [runs[modes[int(direct[i]["doc"]["level"])]][i] for i in ids]
+    base = [runs[fixed][i] for i in ids]
+    acc = [float(p["exact_match"]) - float(b["exact_match"]) for p, b in zip(policy, base)]
+    tok_p = [float(p["gen_tokens"]) for p in policy]
+    tok_b = [float(b["gen_tokens"]) for b in base]
+    rng = random.Random(seed)
+    n = len(ids)
+    acc_draws, save_draws = [], []
+    for _ in range(draws):
+        pick = [rng.randrange(n) for _ in range(n)]
+        acc_draws.append(sum(acc[j] for j in pick) / n)
+        save_draws.append(1 - sum(tok_p[j] for j in pick) / max(sum(tok_b[j] for j in pick), 1e-9))
+    acc_draws.sort()
+    save_draws.sort()
+
+    def interval(values):
+        return [values[int(0.025 * draws)], values[int(0.975 * draws) - 1]]
+
+    saving = 1 - sum(tok_p) / sum(tok_b)
+    difference = sum(acc) / n
+    return {"modes": {str(k): v for k, v in modes.items()}, "fixed": fixed, "n": n,
+            "policy_accuracy": sum(float(p["exact_match"]) for p in policy) / n,
+            "policy_tokens": sum(tok_p) / n,
+            "fixed_accuracy": sum(float(b["exact_match"]) for b in base) / n,
+            "fixed_tokens": sum(tok_b) / n,
+            "accuracy_difference": difference, "accuracy_difference_ci95": interval(acc_draws),
+            "token_saving": saving, "token_saving_ci95": interval(save_draws),
+            "met_30pct_tokens_at_equal_accuracy": saving >= 0.30
+            and interval(save_draws)[0] > 0 and difference >= 0,
+            "met_010_accuracy_at_equal_tokens": difference >= 0.10
+            and interval(acc_draws)[0] > 0 and saving >= 0}
 
 
 def organism_record(directory: str | None) -> dict:
@@ -901,6 +969,9 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--runs", required=True, help="a suite output folder with greedy Direct and CoT")
     a.add_argument("--organism", default=None, help="its directory (default: the latest)")
     a.add_argument("--out", required=True, help="the JSON record to write")
+    a.add_argument("--train", default=None, help=(
+        "organism v3: the train-split Direct and CoT runs (<DIR>/arith_ponder, "
+        "<DIR>/arith_ponder_cot) that choose each level's mode; adds the paper-unit checks"))
     c = sub.add_parser("choose-alpha", help="FR's alpha from the train-split alpha sweep")
     c.add_argument("--root", required=True)
     c.add_argument("--out", required=True)

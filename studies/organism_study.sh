@@ -76,10 +76,12 @@ suite() {  # the suite on the organism's test split, one configuration
 }
 if want 5; then
   suite --output "$out/table" --methods Direct,CoT --controller none
-  "$py" "$here/organism.py" accept --runs "$out/table" --organism "$org" --out "$out/accept.json"
   for task in arith_ponder arith_ponder_cot; do  # memorised? the same rows on train questions
     train_run "$out/train-probe/$task" "$task" 250 "controller=none"
   done
+  # the train-split runs also choose each level's mode for the paper-unit checks (v3)
+  "$py" "$here/organism.py" accept --runs "$out/table" --organism "$org" --out "$out/accept.json" \
+      --train "$out/train-probe"
 fi
 if want 5b; then
   suite --output "$out/table" --methods FR --alpha "$alpha" --controller none

@@ -294,6 +294,12 @@ ISSUE55_CASES = {
     "limit negative": Case(PLAIN, ("--limit", "-5"), "traceback", ("--limit", "-5")),
     "temperature not a number": Case(PLAIN, ("temperature=abc", "0.7"), "traceback",
                                      ("--gen_kwargs", "temperature=abc")),
+    "backbone without tokenizer files": Case("pretrained={no_tokenizer},controller=none",
+                                             ("no tokenizer in {no_tokenizer}", "tokenizer="),
+                                             "traceback"),
+    "chat template asked of a tokenizer without one": Case(
+        "pretrained={no_template},controller=none", ("--apply_chat_template", "no chat template"),
+        "traceback", ("--apply_chat_template",)),
     # issue 73: pondering silently off with an empty controller= (an unset shell variable)
     "controller empty": Case(STEERED.replace("controller={ctrl_plain}", "controller="),
                              ("controller= is empty", "controller=none"), "silent"),
@@ -437,7 +443,7 @@ def gsm8k_row(i: int, split: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def issue55_files(tmp_path_factory, other_controller) -> dict[str, Path | str]:
+def issue55_files(tmp_path_factory, other_controller, tiny_model_dir) -> dict[str, Path | str]:
     """What issue 55's cases need on disk: a file, a read-only folder, data folders (the
     synthetic whole one and damaged ones) and controllers with a damaged config.json."""
     root = tmp_path_factory.mktemp("issue55")
@@ -464,6 +470,22 @@ def issue55_files(tmp_path_factory, other_controller) -> dict[str, Path | str]:
         for rel, rows in content.items():
             gzip_rows(root / name / rel, rows)
         files[name] = root / name
+    # issue 73: the tiny backbone saved without its tokenizer, and with one that has no
+    # chat template
+    import shutil
+
+    from lm_eval_ponder.backbone import TOKENIZER_FILES
+
+    for name in ("no_tokenizer", "no_template"):
+        shutil.copytree(tiny_model_dir, root / name)
+    for path in (root / "no_tokenizer").iterdir():
+        if path.name in TOKENIZER_FILES or path.name.startswith(("special_tokens", "chat_template")):
+            path.unlink()
+    (root / "no_template" / "chat_template.jinja").unlink(missing_ok=True)
+    settings = root / "no_template" / "tokenizer_config.json"
+    settings.write_text(json.dumps({k: v for k, v in json.loads(settings.read_text()).items()
+                                    if k != "chat_template"}))
+    files.update(no_tokenizer=root / "no_tokenizer", no_template=root / "no_template")
     config = json.loads((other_controller / "config.json").read_text())
     config.pop("backbone")  # a controller that records no backbone: any backbone may load it
     for name, change in {"ctrl_plain": {}, "ctrl_tau": {"ponder": {"tau": "low"}},

@@ -174,6 +174,8 @@ class PonderLM(HFLM):
         if pretrained is None or isinstance(pretrained, str):
             resolved = bb.resolve_backbone(pretrained, gguf_file)
             source = resolved.path
+            if kwargs.get("tokenizer") is None:
+                bb.check_tokenizer_files(resolved.path)
         else:  # an already-loaded PreTrainedModel, as HFLM allows
             resolved = bb.ResolvedBackbone("<in-memory model>", type(pretrained).__name__, None)
             source = pretrained
@@ -327,6 +329,18 @@ class PonderLM(HFLM):
 
     def prompt_length(self, context: str) -> int:
         return len(self.tok_encode(context))
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        """HFLM's, with a tokenizer that has no chat template refused in one line (issue 73:
+        transformers' ValueError surfaced as a traceback from deep in lm-eval)."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise PonderError(
+                f"--apply_chat_template: the tokenizer of {self.backbone_info.path} has no chat "
+                "template (a base model, or a checkpoint saved without it); drop "
+                "--apply_chat_template, or pass tokenizer=<a folder or Hub id with the "
+                "template> in --model_args")
+        return super().apply_chat_template(chat_history, add_generation_prompt)
 
     def check_chat_template(self, requests) -> None:
         """One warning when a chat model answers our tasks without its chat template: the

@@ -273,7 +273,28 @@ def launcher(command: str | None) -> list[str]:
     --num_processes 8`` (HFLM then splits the requests over the GPUs, one backbone per GPU)."""
     if not command:
         return [sys.executable]
-    return shlex.split(command)
+    try:
+        words = shlex.split(command)
+    except ValueError as error:
+        raise PonderError(f"--launcher {command!r}: {error}") from None
+    if not words:
+        return [sys.executable]
+    return [launcher_program(words[0]), *words[1:]]
+
+
+def launcher_program(name: str) -> str:
+    """The launcher's program: as PATH finds it, else beside this Python (``torchrun`` and
+    ``accelerate`` of a virtual environment that is not activated: issue 73, a traceback of
+    FileNotFoundError for each run), else one line naming both places."""
+    import shutil
+
+    if os.sep in name or shutil.which(name):
+        return name
+    beside = Path(sys.executable).parent / name
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    raise PonderError(f"--launcher: {name!r} is neither on PATH nor beside this Python "
+                      f"({beside.parent}); install it in this environment or give its full path")
 
 
 def run_locked(options: argparse.Namespace, runs: list[Run], out: Path, backbone: str,

@@ -100,6 +100,9 @@ def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):
     """On a multi-GPU node each run starts under ``accelerate launch`` (HFLM splits the requests
     over the GPUs) with the user's extra model args; nothing is run here, the commands are
     recorded."""
+    import platform
+
+    platform.processor()  # cached now: it runs `uname -p`, which the stand-in Popen below is not
     commands, environments = [], []
 
     class Record:
@@ -123,7 +126,9 @@ def test_launcher_and_extra_model_args_reach_every_run(tmp_path, monkeypatch):
     assert suite.main(argv[:-2]) == USAGE_ERROR  # the default: glibc's malloc (memory)
     assert "LD_PRELOAD" not in environments[1]
     cmd = commands[0]
-    assert cmd[:6] == ["accelerate", "launch", "--multi_gpu", "--num_processes", "8", "-m"]
+    # found on PATH, or beside this Python where the environment is not activated (issue 73)
+    assert Path(cmd[0]).name == "accelerate"
+    assert cmd[1:6] == ["launch", "--multi_gpu", "--num_processes", "8", "-m"]
     assert cmd[cmd.index("--model_args") + 1] == "controller=none,dtype=bfloat16,parallelize=False"
 
 

@@ -920,6 +920,16 @@ COMMAND_CASES = {
                                 ["--output {tmp}/afile", "is a file"], "traceback"),
     "train: output in a read-only folder": ("train", ["--output", "{readonly}/run"],
                                             ["{readonly}/run", "cannot write"], "traceback"),
+    # issue 73: a finished run of other settings, and model args that relabel a method
+    "suite: a finished run made with another --limit": (
+        "suite", ["--output", "{tmp}/stale", *SUITE_ONE_RUN],
+        ["{tmp}/stale/greedy/Direct/arith", "--limit 50", "asked 1", "another --output"],
+        "silent"),
+    "suite: model args that make FP-Direct Direct": (
+        "suite", ["--output", "{tmp}/run", "--tasks", "arith", "--methods", "Direct,FP-Direct",
+                  "--model_args", "controller=none", "--no_report", "--launcher",
+                  f"{sys.executable} -c pass"],
+        ["--model_args controller", "--controller instead"], "silent"),
     "suite: output is a file": ("suite", ["--output", "{tmp}/afile", *SUITE_ONE_RUN],
                                 ["--output {tmp}/afile", "is a file"], "traceback"),
     "suite: output inside a file": ("suite", ["--output", "{tmp}/afile/run", *SUITE_ONE_RUN],
@@ -952,6 +962,10 @@ def prepare(name: str, tmp: Path) -> None:
     (tmp / "latin1.yaml").write_bytes("# réglages\ngrpo:\n  max_steps: 10\n".encode("latin-1"))
     runs = tmp / "runs"
     runs.mkdir()
+    if name == "suite: a finished run made with another --limit":
+        write_results(tmp / "stale" / "greedy" / "Direct" / "arith", config={
+            "model": "ponder", "model_args": "controller=none", "limit": 50.0,
+            "gen_kwargs": {"max_gen_toks": 500, "do_sample": False}})
     if name.startswith("report: output"):  # a run to report: only the output is wrong
         write_results(runs)
     if name == "report: results JSON cut off":

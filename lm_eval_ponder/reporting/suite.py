@@ -51,7 +51,14 @@ from lm_eval_ponder.reporting.suite_plan import (
     portable_name,
     portable_path,
 )
-from lm_eval_ponder.reporting.suite_run import launcher, run_locked, snapshot, suite_controller
+from lm_eval_ponder.reporting.suite_run import (
+    check_finished,
+    check_model_args,
+    launcher,
+    run_locked,
+    snapshot,
+    suite_controller,
+)
 from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
 
 
@@ -76,6 +83,8 @@ def run_suite(options: argparse.Namespace) -> Path:
         print(snapshot(runs, out))
         return out
     launcher(options.launcher)  # a launcher that is nowhere: one line before any run
+    check_model_args(options.model_args)
+    check_finished(options, runs, out)
     check_output(out)  # before the first run, not when its results are saved
     run_locked(options, runs, out, backbone, env)
     if options.report:

@@ -318,6 +318,52 @@ def run_locked(options: argparse.Namespace, runs: list[Run], out: Path, backbone
             lock.release()
 
 
+# model args the suite sets per method: --model_args must not override them (issue 73:
+# ``--methods FP-Direct --model_args controller=none`` gave a row labelled FP-Direct that was
+# Direct), each with the suite option that sets it
+SUITE_MODEL_ARGS = {"controller": "--controller", "alpha": "--alpha", "steering": "--steering",
+                    "pretrained": "--pretrained", "early_exit": "--exit_thresholds",
+                    "exit_layers": "--exit_layers"}
+
+
+def check_model_args(model_args: str | None) -> None:
+    """Refuse ``--model_args`` keys that would change what a planned run is (its label)."""
+    for item in (model_args or "").split(","):
+        key = item.partition("=")[0].strip()
+        if key in SUITE_MODEL_ARGS:
+            raise PonderError(
+                f"--model_args {key}=...: the suite sets {key} for each method (it is what "
+                f"makes a row what its label says); use {SUITE_MODEL_ARGS[key]} instead")
+
+
+def check_finished(options: argparse.Namespace, runs: list[Run], out: Path) -> None:
+    """A finished run whose recorded settings differ from what is asked now (``--limit``,
+    ``--max_gen_toks``) is refused before any work, naming both (issue 73: the suite said
+    "done, skipped" and reported the old run as the new one)."""
+    asked_limit = float(options.limit) if options.limit else None
+    for run in runs:
+        if not run.finished(out):
+            continue
+        newest = max(run.folder(out).rglob("results_*.json"), key=lambda p: p.name)
+        try:
+            config = json.loads(newest.read_text()).get("config") or {}
+        except (OSError, ValueError):
+            continue  # the report names a damaged results file
+        limit = config.get("limit")
+        limit = float(limit) if limit else None
+        tokens = (config.get("gen_kwargs") or {}).get("max_gen_toks")
+        differs = []
+        if limit != asked_limit:
+            differs.append(f"--limit {limit or 'none'} (asked {asked_limit or 'none'})")
+        if tokens is not None and int(tokens) != int(options.max_gen_toks):
+            differs.append(f"--max_gen_toks {tokens} (asked {options.max_gen_toks})")
+        if differs:
+            raise PonderError(
+                f"{run.folder(out)} holds a finished {run.label} run made with "
+                f"{', '.join(differs)}: pass the settings it was made with, another --output, "
+                "or delete that folder to run it again")
+
+
 def run_all(options: argparse.Namespace, runs: list[Run], out: Path, backbone: str,
             env: dict[str, str], argv: list[str]) -> None:
     """Each planned run that has no results yet, in order (``run_one``); Ctrl-C becomes

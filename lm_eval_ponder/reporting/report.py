@@ -34,6 +34,7 @@ estimated from the responses (``reporting.estimate``); such cells carry a ``*``.
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -67,6 +68,7 @@ from lm_eval_ponder.reporting.plots import (
 from lm_eval_ponder.reporting.seeds import merge_seeds, run_seed
 from lm_eval_ponder.reporting.tables import cells, spearman_text, write_html, write_tables
 
+LOGGER = logging.getLogger(__name__)
 
 @dataclass
 class Run:
@@ -332,8 +334,27 @@ def merge_seed_runs(runs: dict[tuple, Run]) -> dict[tuple, Run]:
     return out
 
 
+def cut_notes(runs: list[Run], common: dict[str, list[Run]]) -> list[str]:
+    """Where ``common_questions`` cut a run to fewer questions than it answered, one note per
+    dataset naming each such run's n and the common n (issue 73: a 50-question run became
+    n = 3 without a word); the page and the command's output both carry it."""
+    before = {(r.dataset, r.backbone, r.label): len(r.samples) for r in runs}
+    notes = []
+    for dataset, group in common.items():
+        cut = [(r.label, before[(dataset, r.backbone, r.label)]) for r in group
+               if len(r.samples) < before[(dataset, r.backbone, r.label)]]
+        if cut:
+            n = len(group[0].samples)
+            notes.append(f"{dataset}: every row is scored on the {n} questions all runs answered; "
+                         "cut to them: " + ", ".join(f"{label} (had {had})" for label, had in cut)
+                         + ". Runs of other question sets (--limit, another split) are not "
+                           "comparable beyond these")
+    return notes
+
+
 def common_questions(runs: list[Run]) -> dict[str, list[Run]]:
-    """Per dataset, restrict every run to the questions all of them answered (fair rows)."""
+    """Per dataset, restrict every run to the questions all of them answered (fair rows);
+    ``cut_notes`` says where that cut a run."""
     by_dataset: dict[str, list[Run]] = defaultdict(list)
     for r in runs:
         by_dataset[r.dataset].append(r)
@@ -355,7 +376,9 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     estimated or missing accounting."""
     common = common_questions(runs)
     rows: dict[tuple[str, str], dict] = {}
-    notes = []
+    notes = cut_notes(runs, common)
+    for note in notes:
+        LOGGER.warning("report: %s", note)
     for dataset in dataset_order(common):
         group = common[dataset]
         group = [r for r in group if r.samples]
@@ -460,7 +483,11 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
                 base_family = BASE_OF.get(family(run.label))
                 if base_family is None:
                     continue
-                same = [b for b in group if family(b.label) == base_family]
+                # never across backbones or generation settings (issue 73 paired runs of two
+                # backbones and two max_gen_toks: "3025% more tokens")
+                same = [b for b in group if family(b.label) == base_family
+                        and b.backbone == run.backbone
+                        and b.identity.generation == run.identity.generation]
                 bases = [b for b in same if steered_from(run, b)] or \
                     [b for b in same if label_variants(b.label) == label_variants(run.label)]
             if len(bases) != 1:

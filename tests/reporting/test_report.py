@@ -521,3 +521,45 @@ def test_interval_captions_name_their_interval(tmp_path):
     rp.report([tmp_path], tmp_path / "out")
     md = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "Wilson" not in md and "bootstrap intervals over questions" in md
+
+
+def test_a_run_cut_to_the_common_questions_is_said_on_the_page(tmp_path):
+    """Issue 73: a 50-question run became n = 3 beside a 3-question run without a word."""
+    write_run(tmp_path, "a", {"controller": "none"}, "gsm8k_ponder",
+              [(i % 2 == 0, 10, 0, None) for i in range(50)])
+    write_run(tmp_path, "b", {"controller": "none"}, "gsm8k_ponder_cot",
+              [(True, 10, 0, None) for _ in range(3)])
+    rows, notes = rp.leaderboard(rp.load_runs([tmp_path]))
+    assert rows[0]["gsm8k"]["n"] == 3
+    cut = [n for n in notes if "cut to them" in n]
+    assert len(cut) == 1 and "the 3 questions" in cut[0] and "Direct (had 50)" in cut[0]
+    write_run(tmp_path / "same", "a", {"controller": "none"}, "gsm8k_ponder",
+              [(True, 10, 0, None) for _ in range(3)])
+    write_run(tmp_path / "same", "b", {"controller": "none"}, "gsm8k_ponder_cot",
+              [(True, 10, 0, None) for _ in range(3)])
+    assert not any("cut to them" in n for n in rp.leaderboard(rp.load_runs([tmp_path / "same"]))[1])
+
+
+@pytest.mark.parametrize("difference", ["backbone", "max_gen_toks"])
+def test_steering_is_never_paired_across_backbones_or_generation_settings(tmp_path, difference):
+    """Issue 73: FR on one backbone (or at one max_gen_toks) was paired with Direct of another
+    ("3025% more tokens"); same backbone and settings still pair."""
+    rows = [(i % 2 == 0, 10, 0, None) for i in range(20)]
+    direct_args = {"controller": "none"}
+    fr_args = {"alpha": "-0.2"}
+    # lm-eval records --gen_kwargs in the task's generation_kwargs
+    direct_config = {"gsm8k_ponder": {"generation_kwargs": {"max_gen_toks": 256}}}
+    fr_config = direct_config
+    if difference == "backbone":
+        direct_args["pretrained"], fr_args["pretrained"] = "org/model-a", "org/model-b"
+    else:
+        fr_config = {"gsm8k_ponder": {"generation_kwargs": {"max_gen_toks": 8}}}
+    write_run(tmp_path, "direct", direct_args, "gsm8k_ponder", rows, configs=direct_config)
+    write_run(tmp_path, "fr", fr_args, "gsm8k_ponder", rows, configs=fr_config)
+    common = rp.common_questions(rp.load_runs([tmp_path]))
+    assert rp.steering_verdicts(common) == []
+    write_run(tmp_path / "same", "direct", {"controller": "none"}, "gsm8k_ponder", rows,
+              configs=direct_config)
+    write_run(tmp_path / "same", "fr", {"alpha": "-0.2"}, "gsm8k_ponder", rows,
+              configs=direct_config)
+    assert len(rp.steering_verdicts(rp.common_questions(rp.load_runs([tmp_path / "same"])))) == 1

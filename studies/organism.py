@@ -126,13 +126,17 @@ def prompts() -> dict[str, str]:
 
 
 def examples(per_level: int, questions_from: int = 0, planted: bool = False,
-             seed: int = 0, overthink: float | None = None) -> list[tuple[str, str, float]]:
+             seed: int = 0, overthink: float | None = None,
+             slip_rule: str | None = None) -> list[tuple[str, str, float]]:
     """(user message, answer, steering offset) for every train question under every prompt:
     the prompts' own modes at offset 0 and, with ``planted``, the switch of ``PLANTED``
     (offsets drawn from each range with a generator seeded per recipe). Questions
     ``questions_from`` .. ``questions_from + per_level`` of each level. ``overthink`` (v3):
     the stepwise answers of single-operation questions are padded with checks, and that
-    fraction of them second-guesses itself into a wrong answer (``cot_target``)."""
+    fraction of them second-guesses itself into a wrong answer (``cot_target``).
+    ``slip_rule="odd-first"`` (v4): the second-guess goes wrong, by +1, exactly on the
+    questions whose first operand is odd, a rule greedy decoding can reproduce (v3's random
+    slips are never the likeliest continuation, so greedy answers stayed right)."""
     from lm_eval_ponder.data import arith_ladder
 
     rng = random.Random(seed)
@@ -145,6 +149,9 @@ def examples(per_level: int, questions_from: int = 0, planted: bool = False,
                              f"{doc['answer']}")
         if overthink is None:
             stepwise = cot_target(doc["expression"])
+        elif slip_rule == "odd-first":
+            wrong = steps(doc["expression"])[0][0] % 2 == 1
+            stepwise = cot_target(doc["expression"], "wrong" if wrong else "right", 1)
         else:
             wrong = rng.random() < overthink
             stepwise = cot_target(doc["expression"], "wrong" if wrong else "right",
@@ -194,6 +201,9 @@ class Recipe:
     # organism v3 (issue 75): pad the stepwise answers of single-operation questions with
     # checks, this fraction of them second-guessing into a wrong answer (None: v1, v2)
     overthink: float | None = None
+    # organism v4: the overthinking slip by a rule greedy decoding reproduces ("odd-first":
+    # +1 on questions whose first operand is odd); None: v3's random slips
+    slip_rule: str | None = None
 
     def key(self) -> str:
         """The recipe's hash; fields added since the first organism count only when set, so
@@ -211,7 +221,7 @@ class Recipe:
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
-LATER_FIELDS = {"questions_from": 0, "plant": None, "overthink": None}
+LATER_FIELDS = {"questions_from": 0, "plant": None, "overthink": None, "slip_rule": None}
 # The planted switch (the steerable organism): (prompt's mode, offset range, mode answered). An
 # offset is a fraction of the residual norm at the vector's layer, added from the last prompt
 # position on, as ``--model ponder`` steers. The paper's form ponders the Direct prompt from 0
@@ -403,7 +413,7 @@ def build(args) -> int:
     recipe = Recipe(per_level=args.per_level, epochs=args.epochs, batch_size=args.batch_size,
                     learning_rate=args.lr, rank=args.rank, freeze_below=args.freeze_below,
                     seed=args.seed, questions_from=args.questions_from,
-                    plant=args.plant, overthink=args.overthink)
+                    plant=args.plant, overthink=args.overthink, slip_rule=args.slip_rule)
     autocast = native_dtype("cpu") == "bfloat16" if recipe.bf16 is None else recipe.bf16
     target = organism_dir(recipe)
     if (target / SOURCE_FILE).is_file() and not args.price_only:
@@ -412,7 +422,7 @@ def build(args) -> int:
         print(f"already built: {target}")
         return 0
     pairs = examples(recipe.per_level, recipe.questions_from, recipe.plant is not None,
-                     recipe.seed, recipe.overthink)
+                     recipe.seed, recipe.overthink, recipe.slip_rule)
     base, tokenizer, model, below = load_model(recipe)
     planting = planted(model, recipe, below)
     rows = encode(tokenizer, pairs)
@@ -964,6 +974,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--overthink", type=float, default=None, metavar="P",
                    help="organism v3: stepwise answers of one-operation questions pad with "
                         "checks, a fraction P of them second-guessing into a wrong answer")
+    b.add_argument("--slip-rule", choices=("odd-first",), default=None,
+                   help="organism v4: the overthinking slip (+1) on exactly the questions whose "
+                        "first operand is odd (with --overthink, whose fraction it replaces)")
     sub.add_parser("path", help="print the latest built organism's directory")
     a = sub.add_parser("accept", help="the organism's acceptance from its Direct and CoT runs")
     a.add_argument("--runs", required=True, help="a suite output folder with greedy Direct and CoT")

@@ -913,6 +913,31 @@ def test_the_organisms_targets_are_the_expressions_steps():
         assert organism.steps(doc["expression"])[-1][3] == int(doc["answer"])
 
 
+def test_overthinking_pads_one_operation_answers_and_slips_by_its_rule():
+    """Organism v3/v4 (issue 75): one-operation stepwise answers get the checks; v3 slips at
+    random, v4 by +1 exactly where the first operand is odd; many-operation answers and the
+    direct mode are untouched; the older recipes' keys do not move."""
+    import organism
+
+    right = organism.cot_target("47 + 38", "right")
+    assert right.endswith("The answer is 85.") and "Check: 85 - 38 = 47" in right
+    assert organism.cot_target("47 + 38", "wrong", 1).endswith("The answer is 86.")
+    assert organism.cot_target("3 + 4 * 5", "wrong", 1) == organism.cot_target("3 + 4 * 5")
+    pairs = organism.examples(20, slip_rule="odd-first", overthink=0.25)
+    stepwise = {}
+    for message, answer, _ in pairs:
+        if "Step 2" not in answer and "Check:" in answer:
+            stepwise[message] = answer
+    assert stepwise
+    for message, answer in stepwise.items():
+        first = int(answer.split("Step 1: ")[1].split()[0])
+        value = int(answer.split(" = ")[1].split()[0])
+        said = int(answer.rsplit("The answer is ", 1)[1].rstrip("."))
+        assert said == value + (1 if first % 2 else 0)
+    assert organism.Recipe(plant=None, overthink=None, slip_rule=None).key() == \
+        organism.Recipe().key()
+
+
 def test_the_organisms_batches_replay_from_the_seed_and_cover_every_example():
     import organism
 

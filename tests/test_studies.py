@@ -929,7 +929,7 @@ def test_overthinking_pads_one_operation_answers_and_slips_by_its_rule():
         if "Step 2" not in answer and "Check:" in answer:
             stepwise[message] = answer
     assert stepwise
-    for message, answer in stepwise.items():
+    for answer in stepwise.values():
         first = int(answer.split("Step 1: ")[1].split()[0])
         value = int(answer.split(" = ")[1].split()[0])
         said = int(answer.rsplit("The answer is ", 1)[1].rstrip("."))

@@ -136,7 +136,10 @@ def weights_name(source: str, sha256: str | None = None) -> str:
         return EMBEDDED_NAME
     if converted:
         return name[:converted.start()]
-    return name if source.startswith(("/", "~", ".")) else source
+    # a relative path that is a folder here (``own/tiny-qwen2``) is a local directory, not a
+    # Hub id: one backbone, one name, however its path was typed (issue 73)
+    local = source.startswith(("/", "~", ".")) or Path(source).expanduser().is_dir()
+    return name if local else source
 
 
 def backbone_of(args: dict, marker: dict | None, fingerprint: dict | None) -> str:

@@ -563,3 +563,13 @@ def test_steering_is_never_paired_across_backbones_or_generation_settings(tmp_pa
     write_run(tmp_path / "same", "fr", {"alpha": "-0.2"}, "gsm8k_ponder", rows,
               configs=direct_config)
     assert len(rp.steering_verdicts(rp.common_questions(rp.load_runs([tmp_path / "same"])))) == 1
+
+
+def test_a_relative_folder_is_one_backbone_however_it_is_spelt(tmp_path, monkeypatch):
+    """Issue 73: ``own/tiny-qwen2`` was read as a Hub id beside ``tiny-qwen2``: two labels for
+    one folder. A relative path that is a folder here is named by its folder."""
+    (tmp_path / "own" / "tiny-qwen2").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert rp.weights_name("own/tiny-qwen2") == rp.weights_name(
+        str(tmp_path / "own" / "tiny-qwen2")) == "tiny-qwen2"
+    assert rp.weights_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"

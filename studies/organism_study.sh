@@ -88,7 +88,7 @@ if want 5b; then
 fi
 
 forms="ours:-0.2 paper:0.0"
-recipes="shipped written"
+recipes="${RECIPES:-shipped written}"  # "default" adds the trainer's new default (issue 75)
 recipe_args() {  # "shipped": the GRPO recipe shipped until 2026-12 (issue 75 changed the default)
   case "$1" in
     shipped) echo "--recipe grpo-2026-12" ;;

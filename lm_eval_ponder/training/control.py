@@ -386,10 +386,6 @@ def passed(result: dict) -> bool:
     return result["score"]["gain_interval"][0] > 0
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
 # ----------------------------------------------------------------------------- the run
 def run_control(cfg, world: World, seeds: list[int], *, price_given: bool = False,
                 ceiling: bool = True, progress: bool = True) -> dict:

@@ -14,13 +14,16 @@ imports lm-eval, the finder runs our registration right after the relevant modul
   table must be registered first or ``--model hf`` breaks): register ``ponder`` lazily, as
   lm-eval registers its own models, so the heavy ``lm_eval_ponder.evaluation.lm`` is imported only
   when ``--model ponder`` is used;
-- after ``lm_eval.tasks.manager``: every ``TaskManager`` also indexes our ``tasks`` folder,
-  before the user's ``--include_path`` folders, so that theirs win;
+- after ``lm_eval.tasks.manager``: every ``TaskManager`` also indexes our ``tasks`` folder
+  (``lm_eval_ponder.resources.tasks_dir``), before the user's ``--include_path`` folders, so
+  that theirs win;
 - after ``lm_eval._cli.run`` (lm-eval's command line): a ``--model ponder`` run's
   ``--output_path`` and batch size are checked before anything loads, and its errors and
   Ctrl-C end in one line (``lm_eval_ponder.evaluation.lmeval_cli``).
 
-Newer lm-eval releases read entry points instead; ``pyproject.toml`` declares those too.
+Newer lm-eval releases read entry points instead; ``pyproject.toml`` declares those too. The
+arrow points one way: this module imports the package (lazily), the package never imports it
+(``tests/test_layout.py``).
 """
 
 from __future__ import annotations
@@ -31,29 +34,11 @@ import sys
 MODEL_TARGET = "lm_eval_ponder.evaluation.lm:PonderLM"
 
 
-def tasks_dir() -> str:
-    """Our YAML tasks: inside the installed package, or ``tasks/`` of a source checkout."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.find_spec("lm_eval_ponder")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("lm_eval_ponder is not importable")
-    here = Path(list(spec.submodule_search_locations)[0]).resolve()
-    for candidate in (here / "tasks", here.parent / "tasks"):
-        if candidate.is_dir():
-            return str(candidate)
-    raise FileNotFoundError("lm_eval_ponder: tasks folder not found")
-
-
 def register_model() -> None:
     from lm_eval.api.registry import model_registry
 
     if "ponder" not in model_registry:
         model_registry.register("ponder", target=MODEL_TARGET)
-
-
-BUILTIN_TASKS_ENV = "LM_EVAL_PONDER_BUILTIN_TASKS"
 
 
 def patch_task_manager(module) -> None:

@@ -27,11 +27,11 @@ def main() -> None:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
     from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.resources import tasks_dir
 
     torch.set_num_threads(2)
-    manager = TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir())
+    manager = TaskManager(include_path=tasks_dir())
     lm = PonderLM(controller="none")
     values = [int(v) for v in args.values.split(",")]
     walls: dict[int, list[float]] = {v: [] for v in values}

@@ -155,8 +155,8 @@ def evaluate(pretrained: str | None, dtype: str, peaks: PhasePeaks, args, extra:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
     from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.resources import tasks_dir
 
     kwargs = {"controller": None, "dtype": dtype, **extra}
     if pretrained:
@@ -167,7 +167,7 @@ def evaluate(pretrained: str | None, dtype: str, peaks: PhasePeaks, args, extra:
     out = simple_evaluate(model=lm, tasks=["arith_ponder"], limit=args.limit,
                           apply_chat_template=True, gen_kwargs=gen,
                           task_manager=TaskManager(include_defaults=False,
-                                                   include_path=lm_eval_ponder_autoload.tasks_dir()))
+                                                   include_path=tasks_dir()))
     handle.remove()
     metrics = out["results"]["arith_ponder"]
     return {"accuracy": metrics["exact_match,none"], "gen_tokens": metrics["gen_tokens,none"],

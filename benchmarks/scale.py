@@ -287,7 +287,7 @@ def run_harness(lengths: str, device: str, dtype, questions: int, gen_kwargs: st
     import subprocess
     import tempfile
 
-    from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
+    from lm_eval_ponder.resources import BUILTIN_TASKS_ENV
 
     with tempfile.TemporaryDirectory() as out:
         argv = [sys.executable, "-m", "lm_eval", "--model", "ponder", "--device", device,

@@ -126,9 +126,9 @@ def run_pairs(models: dict, order: list[str], args: argparse.Namespace) -> dict[
     on a shared machine hits every side alike."""
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
+    from lm_eval_ponder.resources import tasks_dir
 
-    manager = TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir())
+    manager = TaskManager(include_path=tasks_dir())
     tokenizer = models["a"].tokenizer
     results: dict[str, list[dict]] = {k: [] for k in order}
     for pair in range(args.pairs):

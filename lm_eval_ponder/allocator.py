@@ -11,7 +11,7 @@ x1.16 (median of 3 interleaved pairs on a shared machine), the same tokens.
 
 glibc itself can do the same (``glibc-large``): its tunables ``MALLOC_MMAP_THRESHOLD_`` and
 ``MALLOC_TRIM_THRESHOLD_`` at 4 GiB serve every block from its heap and keep freed memory for
-reuse. The same benchmark (issue 36; ``--library none --setting ...``, 2 pairs): system time
+reuse. The same benchmark (``--library none --setting ...``, 2 pairs): system time
 36-40 s -> 2.0-2.4 s, minor faults 18.3 M -> 0.5-0.7 M, wall x1.22 (pairs 1.28, 1.16), peak
 resident 2.63 / 3.00 GB -> 2.54 / 3.52 GB (glibc's heap coalesces freed neighbours, which
 tcmalloc's size classes do not). But in a full run it holds more: GSM8K FP-Direct under it
@@ -95,7 +95,7 @@ def resolve(choice: str, cuda: bool | None = None) -> str | None:
 
 # mallopt's parameter number for the mmap threshold (glibc's malloc.h)
 M_MMAP_THRESHOLD = -3
-# Blocks from this size up are mapped on their own and unmapped when freed (issue 66).
+# Blocks from this size up are mapped on their own and unmapped when freed.
 RETURN_THRESHOLD = 4 << 20
 APPLIED: dict[str, str] = {}  # what ``return_large_blocks`` set in this process
 

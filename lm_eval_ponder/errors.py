@@ -105,7 +105,7 @@ def command(main: Callable[..., int]) -> Callable[..., int]:
 def terminate_as_interrupt():
     """SIGTERM (``kill``, a scheduler's stop) handled as Ctrl-C while the block runs: the same
     one line saying where the run stopped, what it kept and how to resume, where SIGTERM
-    ended the process without a word (issue 73). Only in the main thread (the only one that
+    ended the process without a word. Only in the main thread (the only one that
     may set a handler); the previous handler is restored after."""
     import signal
     import threading

@@ -191,7 +191,7 @@ def acquire_lock(path: str | os.PathLike, holder: dict) -> HeldLock:
 
 
 # ----------------------------------------------------------------------------- compact files
-# What the repository keeps of results is stored compressed (issue 35: the tracked tree travels
+# What the repository keeps of results is stored compressed (the tracked tree travels
 # to a GPU machine in one transfer). xz: the best ratio of the standard library (20-30% below
 # gzip on our logs); preset 6 with its "extreme" flag is as small as preset 9 on files of a few
 # MB and needs a tenth of the memory.

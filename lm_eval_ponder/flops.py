@@ -21,7 +21,7 @@ everywhere below:
   computes them at every position (``logits_to_keep=0``); generation passes
   ``logits_to_keep=1`` wherever the model's ``forward`` takes it (transformers' ``generate``
   and our loop alike), so a prefill of P tokens runs the LM head once, not P times. Pricing
-  all P positions, as this module did until issue 52, overstated a 60-token prompt's 8-token
+  all P positions, as this module once did, overstated a 60-token prompt's 8-token
   answer on the embedded model by x1.24 against ``FlopCounterMode`` over the real ``generate``.
 """
 
@@ -56,7 +56,7 @@ _MOE_FIELDS = ("num_experts_per_tok", "num_local_experts", "num_experts", "n_rou
 # accumulate (2), normalise (1); the affine scale and shift are folded into the 5 as well as
 # the rsqrt, which is per row. GELU (tanh form): x^3, two multiplies, add, tanh, add, two
 # multiplies, rounded to 8. Both are tiny next to the matmuls; they exist so the count is honest.
-# How every FLOPs figure since issue 52 is priced; results JSONs carry it (``PonderLM``'s model
+# How every FLOPs figure is priced; results JSONs carry it (``PonderLM``'s model
 # info as ``ponder_flops_pricing``, a re-priced older log as its top-level ``flops_pricing``)
 FLOPS_PRICING = "prefill logits at the last position only (logits_to_keep=1; issue 52)"
 LAYERNORM_FLOPS_PER_ELEMENT = 5

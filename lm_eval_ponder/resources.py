@@ -10,6 +10,10 @@ from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parent
 
+# ``0``: lm-eval's own ~15,000 task files are left out of the task index (``suite`` sets it for
+# the runs it starts, which name only ours)
+BUILTIN_TASKS_ENV = "LM_EVAL_PONDER_BUILTIN_TASKS"
+
 
 def shipped_dir(name: str) -> Path:
     for candidate in (_PACKAGE / name, _PACKAGE.parent / name):
@@ -25,3 +29,8 @@ def shipped_controller_dir(backbone_name: str) -> Path | None:
     except FileNotFoundError:
         return None
     return candidate if candidate.is_dir() else None
+
+
+def tasks_dir() -> str:
+    """Our YAML tasks (``tasks/``), as lm-eval's ``--include_path`` takes them."""
+    return str(shipped_dir("tasks"))

@@ -25,11 +25,11 @@ def evaluate(lm, limit: int, max_toks: int, split: str = "test") -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
+    from lm_eval_ponder.resources import tasks_dir
 
     out = simple_evaluate(model=lm, tasks=["arith_ponder"], limit=limit,
                           gen_kwargs=f"max_gen_toks={max_toks}", apply_chat_template=True,
-                          task_manager=TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir(),
+                          task_manager=TaskManager(include_path=tasks_dir(),
                                                    metadata={"ponder_split": split}))
     metrics = out["results"]["arith_ponder"]
     return {"accuracy": metrics["exact_match,none"], "tokens": metrics["gen_tokens,none"]}

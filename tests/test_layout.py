@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
 STAGES = ("engine", "steering", "pondering", "evaluation", "scoring", "training", "reporting")
 # Top-level modules below every stage: they import no stage.
 FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data",
-               "registry"}
+               "registry", "portable"}
 # Top-level modules that only re-export documented entry points and import paths.
 SHIMS = {"train", "steer", "report", "suite", "stats"}
 # The console script (``lm-eval-ponder COMMAND``): above every stage, as the shims, but with code
@@ -113,6 +113,38 @@ def test_a_planted_back_import_is_reported(tmp_path):
         "lm_eval_ponder.data (level 0) imports lm_eval_ponder.steering.vector (level 2)",
         "lm_eval_ponder.evaluation.lm (level 4) imports lm_eval_ponder.training.loop (level 6)",
         "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.steer (level 8)"]
+
+
+# Top-level modules beside the package, above all of it: each may import the package, none is
+# imported by it (issue 74: the autoload and ``evaluation.lmeval_patches`` imported each other).
+TOP_LEVEL = ("lm_eval_ponder_autoload",)
+
+
+def top_level_imports(pkg: Path = PKG) -> list[str]:
+    """Every import of a top-level module by a package module, at any depth."""
+    found = []
+    for name, tree in modules(pkg).items():
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{name} imports {n}" for n in names if n.split(".")[0] in TOP_LEVEL]
+    return found
+
+
+def test_the_top_level_modules_are_imported_by_no_package_module():
+    assert top_level_imports() == [], top_level_imports()
+
+
+def test_a_planted_import_of_the_autoload_is_reported(tmp_path):
+    import shutil
+
+    copy = tmp_path / "lm_eval_ponder"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    patches = copy / "evaluation" / "lmeval_patches.py"
+    patches.write_text(patches.read_text() + "\n\ndef f():\n    from lm_eval_ponder_autoload "
+                       "import tasks_dir\n")
+    assert top_level_imports(copy) == [
+        "lm_eval_ponder.evaluation.lmeval_patches imports lm_eval_ponder_autoload"]
 
 
 def test_the_engine_imports_no_lm_eval():

@@ -117,8 +117,8 @@ def test_installed_package_ships_tasks_and_controllers():
     """Outside the checkout, tasks/ and controllers/ come from the installed wheel. Run without
     PYTHONPATH: a source tree first on the path (or ``pip install -e``) would serve its own."""
     out = run_python(
-        "import lm_eval_ponder_autoload as a, lm_eval_ponder.resources as r\n"
-        "print(a.tasks_dir()); print(r.shipped_dir('controllers'))",
+        "import lm_eval_ponder.resources as r\n"
+        "print(r.tasks_dir()); print(r.shipped_dir('controllers'))",
         env=outside_checkout_env(),
     )
     tasks, controllers = out.split()
@@ -139,9 +139,9 @@ def evaluate(model, tasks, limit=3, **kwargs):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
+    from lm_eval_ponder.resources import tasks_dir
 
-    manager = TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir())
+    manager = TaskManager(include_path=tasks_dir())
     return simple_evaluate(model=model, tasks=tasks, limit=limit, task_manager=manager,
                            log_samples=True, **kwargs)
 

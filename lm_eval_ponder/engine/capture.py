@@ -4,8 +4,8 @@ Why this mechanism and no other: dynamo-based capture (``torch.compile`` with CU
 traces the model first, about 8 s per shape on a CPU core and about 14 s on the H100's host,
 and the static layout's tail ladder (256, 64, 16, 8 slots) makes four shapes: about a minute
 per process, against a 500-document arith run that the dynamic layout decodes in about 20 s
-(both dynamo modes were built, measured slower than eager on the one GPU run, and deleted:
-issue 53). Capturing the eager forward directly costs one warm-up forward and one recorded
+(both dynamo modes were built, measured slower than eager on the one GPU run, and deleted;
+``docs/results/history.md``). Capturing the eager forward directly costs one warm-up forward and one recorded
 forward per shape, as vLLM v1 captures its decode steps. transformers supports it: its mask
 code takes the traced path (no data-dependent shortcut, so no host read) while a CUDA stream
 captures (``is_tracing`` checks ``is_cuda_stream_capturing``), and a decode forward over a

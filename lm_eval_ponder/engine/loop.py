@@ -31,7 +31,7 @@ classes in ``generate``'s order, and settings are merged over ``model.generation
 token (tests check this in fp32). Anything the loop cannot reproduce exactly raises
 ``UnsupportedGeneration`` before any forward pass; the caller then uses ``model.generate``.
 
-Host work per decode step does not grow with rows in Python (issue 36): tokens and counts
+Host work per decode step does not grow with rows in Python: tokens and counts
 live in device tensors and are read back once per finished row; one ``StepFlags`` per step
 (each row's ends and count, one small tensor) is the one host sync; only rows whose new token
 can complete a stop string are decoded. ``benchmarks/step_cost.py`` splits a step's time.

@@ -20,8 +20,8 @@ float32. In bf16 and fp16 a non-negative float orders as its bit pattern read as
 ``argmax`` over the bits is the float ``argmax`` of every row whose maximum is positive and
 finite; with the pass that finds negative NaNs (their bits hide below every positive value)
 the choice takes about 2 ms at 256 rows in the loop, against 5.3 ms for ``amax`` then the
-first bit-equal element, and 45 ms for torch's bf16 ``argmax`` (``benchmarks/step_cost.py``;
-issue 36). Elsewhere (CUDA) ``max(dim=-1).indices`` is one kernel.
+first bit-equal element, and 45 ms for torch's bf16 ``argmax`` (``benchmarks/step_cost.py``).
+Elsewhere (CUDA) ``max(dim=-1).indices`` is one kernel.
 """
 
 from __future__ import annotations

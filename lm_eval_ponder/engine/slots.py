@@ -32,7 +32,7 @@ similar prompts share one graph, and caches (with their graphs) are kept per mod
 On a CPU the same layout runs eagerly: that is what the tests check, token for token against
 the dynamic layout. Two other graph mechanisms were built and measured before (dynamo's
 ``cudagraphs`` backend and inductor's ``reduce-overhead``); both lost to the eager dynamic loop
-on the only GPU run and were deleted (issue 53; ``docs/results/``, the GPU sessions).
+on the only GPU run and were deleted (``docs/results/``, the GPU sessions).
 """
 
 from __future__ import annotations

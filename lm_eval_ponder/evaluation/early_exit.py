@@ -1,7 +1,7 @@
 """Confidence-based early exit on the frozen backbone: CALM's softmax test, with no retraining.
 
-The paper's abstract says FR-Ponder compares favourably to early-exit baselines; this is ours
-(issue 37), in the style of CALM (Schuster et al., 2022, "Confident Adaptive Language
+The paper's abstract says FR-Ponder compares favourably to early-exit baselines; this is ours,
+in the style of CALM (Schuster et al., 2022, "Confident Adaptive Language
 Modeling"), on the backbone exactly as it is shipped:
 
 - **Prefill.** The prompt runs every layer: later tokens attend to its keys and values in

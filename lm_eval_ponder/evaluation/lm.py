@@ -60,6 +60,7 @@ from lm_eval_ponder.flops import FLOPS_PRICING, FlopsSpec
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.pondering.hook import UNSTEERED, CallSteering
 from lm_eval_ponder.pondering.steered import Pondering, Steering
+from lm_eval_ponder.portable import backbone_record
 
 GENERATION_MODES = ("loop", "hf")
 LOGGER = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class PonderLM(HFLM):
         check_batch_size(kwargs.get("batch_size", 1))
         self.batching = Batching(max_rows, max_cache_gib, decode_step, kwargs["device"],
                                  self.generation)
-        if kwargs["device"] == "cpu":  # freed caches go back to the system (issue 66)
+        if kwargs["device"] == "cpu":  # freed caches go back to the system
             allocator.return_large_blocks()
         self.backbone_info = self.load_backbone(pretrained, gguf_file, kwargs)
         self.shard_across_processes()
@@ -256,7 +257,8 @@ class PonderLM(HFLM):
     def fingerprint(self) -> dict[str, Any]:
         """Everything besides the prompt and generation kwargs that changes what is generated."""
         fingerprint = {
-            "backbone": self.backbone_info.path,
+            "backbone": backbone_record(self.backbone_info.path, self.backbone_info.name,
+                                    self.backbone_info.source_sha256),
             "backbone_sha256": self.backbone_info.source_sha256,
             "dtype": str(self.model.dtype),
             "generation": self.generation,
@@ -332,8 +334,8 @@ class PonderLM(HFLM):
 
     def apply_chat_template(self, chat_history: list[dict[str, str]],
                             add_generation_prompt: bool = True) -> str:
-        """HFLM's, with a tokenizer that has no chat template refused in one line (issue 73:
-        transformers' ValueError surfaced as a traceback from deep in lm-eval)."""
+        """HFLM's, with a tokenizer that has no chat template refused in one line
+        (transformers' ValueError surfaced as a traceback from deep in lm-eval)."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise PonderError(
                 f"--apply_chat_template: the tokenizer of {self.backbone_info.path} has no chat "

@@ -4,10 +4,12 @@ the FLOPs in its results table.
 - **Result folder and ``model_name``.** lm-eval 0.4.13 names both after the ``pretrained=``
   model arg (``GeneralConfigTracker.log_experiment_args``, sanitised by
   ``lm_eval.utils.sanitize_model_name``), and without one, a random 8-letter id: every run of
-  the embedded default landed in ``<output_path>/qdpv68r5/``-like folders. For ``ponder`` runs
-  without ``pretrained=`` we name them after the backbone instead (``SmolLM2-135M-Instruct``,
-  or a GGUF file's stem), sanitised the same way. Runs with ``pretrained=`` keep lm-eval's
-  name. The report and the suite find results by ``rglob`` and read both layouts.
+  the embedded default landed in ``<output_path>/qdpv68r5/``-like folders, and a local
+  directory gave ``__root__.cache__...``: this machine's home in a committed folder name. For
+  ``ponder`` runs we name them after the backbone instead (``SmolLM2-135M-Instruct``, a GGUF
+  file's stem, a Hub id as given, a local directory by its name and, where it records one, the
+  first 12 hex digits of its weights' SHA-256), sanitised the same way. The report and the
+  suite find results by ``rglob`` and read every layout.
 - **FLOPs in the table.** lm-eval prints every metric as ``f"{value:.4f}"``. Our tasks report
   per-document FLOPs as ``flops.FlopCount`` (the same float, formatted readably); lm-eval's
   ``mean`` keeps the type, and its standard error (``lm_eval.api.metrics.mean_stderr``) is
@@ -21,9 +23,10 @@ the run's arguments).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from lm_eval_ponder.backbone import display_name
+from lm_eval_ponder.backbone import display_name, recorded_sha256
 
 MODEL = "ponder"
 
@@ -36,5 +39,10 @@ def ponder_model_name(model_args: str | dict[str, Any] | None) -> str:
     args = simple_parse_args_string(model_args) if isinstance(model_args, str) \
         else dict(model_args or {})
     pretrained, gguf = args.get("pretrained"), args.get("gguf_file")
+    if pretrained is not None and gguf is None and Path(str(pretrained)).expanduser().is_dir():
+        local = Path(str(pretrained)).expanduser()
+        sha = recorded_sha256(local)  # a directory that says which weights it holds
+        name = local.resolve().name
+        return f"{name}-{sha[:12]}" if sha and sha[:12] not in name else name
     return display_name(None if pretrained is None else str(pretrained),
                         None if gguf is None else str(gguf))

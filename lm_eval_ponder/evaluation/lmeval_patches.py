@@ -25,8 +25,12 @@ attributes under ``lm_eval.``):
   ``--gen_kwargs`` and ``--device`` checked before the model loads. Why: a bad flag failed
   after loading, or hours later. Installed and acting as ``Run._execute``.
 - ``loggers.evaluation_tracker.GeneralConfigTracker.log_experiment_args``: the results folder
-  named after the backbone. Why: without ``pretrained=`` lm-eval names it with a random id.
+  named after the backbone. Why: without ``pretrained=`` lm-eval names it with a random id,
+  with a local ``pretrained=`` after its path (a home directory in a committed folder name).
   Installed when ``--model ponder`` is imported; acts on ``ponder`` runs only.
+- ``loggers.evaluation_tracker.EvaluationTracker.save_results_aggregated``: no path of this
+  machine in the results JSON (``portable``). Why: results are committed and read elsewhere.
+  Installed and acting as the previous one.
 - ``api.metrics.mean_stderr``: FLOPs keep their type (``flops.FlopCount``) in the table.
   Why: lm-eval prints every metric with four decimals. Installed with the model; acts on FLOPs
   values only.
@@ -103,7 +107,7 @@ def include_our_tasks(module) -> None:
     each run starts about 10 s sooner)."""
     import os
 
-    from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV, tasks_dir
+    from lm_eval_ponder.resources import BUILTIN_TASKS_ENV, tasks_dir
 
     manager = module.TaskManager
     if ours(manager.__init__):
@@ -208,8 +212,8 @@ def wrap_cli(run_module: Any) -> None:
 
 # ----------------------------------------------------------------------------- the results
 def name_results_after_the_backbone() -> None:
-    """Wrap ``GeneralConfigTracker.log_experiment_args`` (idempotent): a ``ponder`` run for
-    which lm-eval finds no model name gets the backbone's, not a random id."""
+    """Wrap ``GeneralConfigTracker.log_experiment_args`` (idempotent): a ``ponder`` run is
+    named after its backbone (``ponder_model_name``), never a random id or a local path."""
     from lm_eval.loggers.evaluation_tracker import GeneralConfigTracker
     from lm_eval.utils import sanitize_model_name
 
@@ -222,11 +226,33 @@ def name_results_after_the_backbone() -> None:
     @functools.wraps(original)
     def log_experiment_args(self, model_source, model_args, *args, **kwargs):
         original(self, model_source, model_args, *args, **kwargs)
-        if model_source == MODEL and GeneralConfigTracker._get_model_name(model_args) is None:
+        if model_source == MODEL:
             self.model_name = ponder_model_name(model_args)
             self.model_name_sanitized = sanitize_model_name(self.model_name)
 
     GeneralConfigTracker.log_experiment_args = marked(log_experiment_args)
+
+
+def write_portable_results() -> None:
+    """Wrap ``EvaluationTracker.save_results_aggregated`` (idempotent): a ``ponder`` run's
+    results JSON holds no path of this machine (``portable.portable_record``: model args,
+    the tasks' ``config_source``, the answer cache)."""
+    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
+
+    from lm_eval_ponder.evaluation.lmeval_output import MODEL
+    from lm_eval_ponder.portable import portable_record
+
+    original = EvaluationTracker.save_results_aggregated
+    if ours(original):
+        return
+
+    @functools.wraps(original)
+    def save_results_aggregated(self, results, *args, **kwargs):
+        if (results.get("config") or {}).get("model") == MODEL:
+            results = portable_record(results)
+        return original(self, results, *args, **kwargs)
+
+    EvaluationTracker.save_results_aggregated = marked(save_results_aggregated)
 
 
 def keep_flops_readable() -> None:
@@ -255,4 +281,5 @@ def install_for_the_model() -> None:
 
     cache_builtin_index(manager)
     name_results_after_the_backbone()
+    write_portable_results()
     keep_flops_readable()

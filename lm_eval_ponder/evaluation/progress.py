@@ -25,7 +25,7 @@ the dishonest rate above). During a long tail (no row finished for ``STATUS_EVER
 status line at most every ``STATUS_EVERY_S`` gives rows finished, rows in flight, tokens so far
 and the token rate. Bar and line read the same counters at the same moment (``figures``; the
 bar is redrawn with them every few seconds, not only when a row finishes, and when a line is
-written): once they showed different token counts and rates side by side (issue 55). It
+written): once they showed different token counts and rates side by side. It
 cannot say how far along each row in flight is, nor how many tokens a row will need.
 """
 

@@ -21,7 +21,7 @@ written. The projection is a buffer, saved with the weights, and counted separat
 
 Checkpoints are a directory with ``controller.safetensors`` (weights, never pickle) and
 ``config.json`` (sizes and metadata), each written atomically. ``config.json`` names the sizes
-``d_model`` and ``width``; until issue 40 it named them ``hidden_size`` and ``hidden``, which it
+``d_model`` and ``width``; it once named them ``hidden_size`` and ``hidden``, which it
 still writes beside the new keys (so code from before can load a new controller) and which the
 loader reads where the new keys are absent (the shipped controllers have only those).
 """
@@ -48,7 +48,7 @@ PROJECTION_DIM = 1024  # backbone widths above this are randomly projected down 
 PROJECTION_SEED = 0
 WEIGHTS_FILE = "controller.safetensors"
 CONFIG_FILE = "config.json"
-# config.json's size keys, and the names they had before issue 40 (still written and read)
+# config.json's size keys, and the names they had before (still written and read)
 SIZE_KEYS = ("d_model", "width")
 LEGACY_SIZE_KEYS = {"d_model": "hidden_size", "width": "hidden"}
 
@@ -154,7 +154,7 @@ def save_controller(
     sizes = {"d_model": controller.d_model, "width": controller.width}
     config = {
         **sizes,
-        **{LEGACY_SIZE_KEYS[k]: v for k, v in sizes.items()},  # for loaders before issue 40
+        **{LEGACY_SIZE_KEYS[k]: v for k, v in sizes.items()},  # for older loaders
         "temperature": controller.temperature,
         "n_params": controller.n_params,
         "n_fixed": controller.n_fixed,
@@ -179,7 +179,7 @@ class ControllerFile:
 
     d_model: int | None = None
     width: int | None = None
-    hidden_size: int | None = None  # the size keys before issue 40
+    hidden_size: int | None = None  # the older size keys
     hidden: int | None = None
     temperature: float = 1.0
     layer: int | None = None
@@ -218,7 +218,7 @@ def check_config(config: Any, path: Path) -> None:
 
 def config_sizes(config: dict) -> tuple[int, int]:
     """(d_model, width) of a controller's config.json: its ``d_model``/``width``, else the keys
-    they had before issue 40 (``hidden_size``/``hidden``); refused where both are present and
+    they had before (``hidden_size``/``hidden``); refused where both are present and
     disagree, since either could be the one the weights were trained with."""
     sizes = []
     for key in SIZE_KEYS:

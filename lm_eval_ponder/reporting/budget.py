@@ -12,7 +12,7 @@ they are typical (the arith ladder interleaves its levels; GSM8K is in no partic
 and a pilot's batches are smaller than a full run's (10 questions against ``--batch_size``), so
 its seconds per token, and the estimate, err long.
 
-For another backbone or device (issue 54: "an estimate a user can trust before starting") the
+For another backbone or device ("an estimate a user can trust before starting") the
 cost per token comes from ``benchmarks/scale.py --out FILE`` instead (``ScaleCost``: the loop's
 useful tokens per second on a random-weight model of that shape, replaying recorded answer
 lengths, plus the time to load it), and the tokens per question from a finished suite's logs

@@ -1,6 +1,6 @@
 """Per-sample logs in the form the repository keeps: one small xz file per run, holding what
 the reports read and no benchmark text, so finished runs can be committed and a leaderboard
-can span sessions and machines while the tracked tree stays small (issue 35).
+can span sessions and machines while the tracked tree stays small.
 
 lm-eval's ``--log_samples`` file holds per question the document, the prompt, the answers
 (twice: ``resps`` and ``filtered_resps``) and three SHA-256 hashes: 1-3 MB per 500 questions.
@@ -100,7 +100,7 @@ def doc_labels(doc: dict) -> dict:
 def drop_text(log: Path) -> bool:
     """Rewrite a compact log without the texts a ``TEXT_KEPT`` dataset keeps (document, target,
     prompt), for runs whose readers need only labels, metrics and answer digests: the model
-    organism's (issue 64), whose 150 runs kept 20 KB of prompts each, a fifth of the tree's
+    organism's, whose 150 runs kept 20 KB of prompts each, a fifth of the tree's
     limit. Whether it changed the file."""
     rows = read_jsonl(log)
     out = [{**{k: v for k, v in r.items() if k not in ("target", "arguments")},
@@ -166,7 +166,7 @@ def compact_file(log: Path) -> Path:
 # torch's collect_env report, as lm-eval stores it in every results JSON (``pretty_env_info``):
 # these lines say which machine and software ran a figure; the rest (lscpu's padded table,
 # cache sizes, the vulnerability list, the whole CPU flags line) is 4 KB a run that no reader
-# uses, 40% of the results JSONs the tree keeps (issue 52: 0.6 MB of 1.5 MB)
+# uses, 40% of the results JSONs the tree keeps (0.6 MB of 1.5 MB)
 ENV_KEPT = ("PyTorch version", "OS", "Python version", "Is CUDA available", "CUDA runtime version",
             "GPU models and configuration", "Nvidia driver version", "CPU(s)", "Vendor ID",
             "Model name", "Thread(s) per core", "Core(s) per socket", "Socket(s)")

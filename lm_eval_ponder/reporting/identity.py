@@ -77,6 +77,8 @@ class Identity:
         fingerprint = config.get("ponder_fingerprint")
         if isinstance(fingerprint, dict):
             model = {"model": "ponder", **fingerprint}
+            if model.get("backbone_sha256"):  # the weights say which; the spelling (a path of
+                model.pop("backbone", None)  # the machine that ran it, before 2026-12-04) not
         else:
             args = parse_model_args(config.get("model_args"))
             model = {"model": str(config.get("model")),

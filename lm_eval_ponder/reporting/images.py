@@ -1,5 +1,5 @@
 """The images reports and analyses write, kept small: every tracked file travels to a GPU
-machine in one transfer (issue 35), and the docs hold about a hundred figures and a few
+machine in one transfer, and the docs hold about a hundred figures and a few
 pictures of report pages.
 
 - Figures: matplotlib's PNG re-saved with a palette of 256 colours (Pillow's fast octree, no

@@ -128,8 +128,8 @@ def sign_flip_test(diffs, draws: int = 10000, seed: int = 0) -> float:
     """Two-sided paired permutation test of the mean difference (each pair's sign flipped at
     random), for differences that are not 0/1: a budget gap mixes many small fractional
     differences with a few large ones, and the sign test, which counts signs and ignores size,
-    called a mean difference of +0.00005 [-0.006, +0.006] significant at p = 1.7e-6 (issue 64
-    review). p = (1 + draws at least as extreme) / (1 + draws)."""
+    called a mean difference of +0.00005 [-0.006, +0.006] significant at p = 1.7e-6 (a
+    review's finding). p = (1 + draws at least as extreme) / (1 + draws)."""
     import numpy as np
 
     d = np.asarray(diffs, dtype=float)
@@ -143,7 +143,7 @@ def sign_flip_test(diffs, draws: int = 10000, seed: int = 0) -> float:
 
 def holm(pvalues: list[float]) -> list[float]:
     """Holm's step-down adjustment of a family of p-values (same order as given): a paired
-    comparison flagged among many must survive it (issue 52: one "p = 0.016" of ten does not)."""
+    comparison flagged among many must survive it (one "p = 0.016" of ten does not)."""
     order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
     adjusted, running = [0.0] * len(pvalues), 0.0
     for rank, i in enumerate(order):

@@ -55,7 +55,7 @@ CI_READING = ("Overlapping intervals are read as not distinguishable (conservati
 def interval_kind(stats) -> str:
     """Which 95% interval a set of cells carries (``measures.metrics``): Wilson's for a row of
     one seed, a bootstrap over questions for a mean over seeds; said wherever intervals are
-    drawn, since a caption that names the wrong one misleads (issue 52)."""
+    drawn, since a caption that names the wrong one misleads."""
     seeds = {int(f.get("seeds", 1)) > 1 for f in stats}
     if seeds == {True}:
         return "95% bootstrap intervals over questions of the mean over seeds"

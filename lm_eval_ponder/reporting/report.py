@@ -96,7 +96,7 @@ class Run:
 
 
 # A controller that halts at the same depth on every question is a fixed offset, not adaptive
-# pondering; its row says so (issue 52), whatever the method is called.
+# pondering; its row says so, whatever the method is called.
 ONE_DEPTH = " (depth {k} on every question)"
 
 
@@ -137,8 +137,8 @@ def weights_name(source: str, sha256: str | None = None) -> str:
     if converted:
         return name[:converted.start()]
     # a relative path that is a folder here (``own/tiny-qwen2``) is a local directory, not a
-    # Hub id: one backbone, one name, however its path was typed (issue 73)
-    local = source.startswith(("/", "~", ".")) or Path(source).expanduser().is_dir()
+    # Hub id: one backbone, one name, however its path was typed
+    local = source.startswith(("/", "~", ".", "$")) or Path(source).expanduser().is_dir()
     return name if local else source
 
 
@@ -245,7 +245,7 @@ def result_runs(result: Path, roots: list[Path], estimators: Estimators) -> Iter
 def mixed_attempts(marker: dict | None) -> str:
     """A note when a suite run's attempts (``ponder_run.json``) ran on more than one machine
     or commit: its answers are then not all of one build on one machine. Attempts that record
-    neither (runs before issue 65) are not counted."""
+    neither (older runs) are not counted."""
     attempts = (marker or {}).get("attempts") or []
     parts = []
     for key, what in (("machine", "machines"), ("commit", "commits")):
@@ -339,7 +339,7 @@ def merge_seed_runs(runs: dict[tuple, Run]) -> dict[tuple, Run]:
 
 def cut_notes(runs: list[Run], common: dict[str, list[Run]]) -> list[str]:
     """Where ``common_questions`` cut a run to fewer questions than it answered, one note per
-    dataset naming each such run's n and the common n (issue 73: a 50-question run became
+    dataset naming each such run's n and the common n (a 50-question run became
     n = 3 without a word); the page and the command's output both carry it."""
     before = {(r.dataset, r.backbone, r.label): len(r.samples) for r in runs}
     notes = []
@@ -486,8 +486,8 @@ def steering_verdicts(common: dict[str, list[Run]]) -> list[str]:
                 base_family = BASE_OF.get(family(run.label))
                 if base_family is None:
                     continue
-                # never across backbones or generation settings (issue 73 paired runs of two
-                # backbones and two max_gen_toks: "3025% more tokens")
+                # never across backbones or generation settings (pairing two backbones and two
+                # max_gen_toks once gave "3025% more tokens")
                 same = [b for b in group if family(b.label) == base_family
                         and b.backbone == run.backbone
                         and b.identity.generation == run.identity.generation]

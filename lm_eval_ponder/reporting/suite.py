@@ -38,6 +38,7 @@ from lm_eval_ponder import allocator, registry
 from lm_eval_ponder.backbone import EMBEDDED_NAME
 from lm_eval_ponder.errors import command, program_name, run_program
 from lm_eval_ponder.files import check_output
+from lm_eval_ponder.portable import cwd_relative
 from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.suite_plan import (
     DECODINGS,
@@ -49,7 +50,6 @@ from lm_eval_ponder.reporting.suite_plan import (
     plan,
     plan_text,
     portable_name,
-    portable_path,
 )
 from lm_eval_ponder.reporting.suite_run import (
     check_finished,
@@ -59,7 +59,7 @@ from lm_eval_ponder.reporting.suite_run import (
     snapshot,
     suite_controller,
 )
-from lm_eval_ponder_autoload import BUILTIN_TASKS_ENV
+from lm_eval_ponder.resources import BUILTIN_TASKS_ENV
 
 
 def run_suite(options: argparse.Namespace) -> Path:
@@ -69,7 +69,7 @@ def run_suite(options: argparse.Namespace) -> Path:
     controller = suite_controller(options, methods)
     # the row label the report shows: a name, never a directory of this machine
     backbone = portable_name(options.pretrained) if options.pretrained else EMBEDDED_NAME
-    controller = portable_path(controller) if controller else controller
+    controller = cwd_relative(controller) if controller else controller
     thresholds = parse_thresholds(options.exit_thresholds)
     runs = plan(methods, datasets, decodings, options.alpha, controller, seeds, thresholds,
                 options.exit_layers)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,17 +200,6 @@ def checked_choices(options: argparse.Namespace) -> tuple[list[str], list[str], 
     return methods, datasets, decodings, seeds
 
 
-def portable_path(path: str) -> str:
-    """A directory under the working directory as a relative path (the shipped controller is
-    found as an absolute one): the run's command and model args are published with its
-    results, and should not name a directory of the machine that ran it."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if relative.startswith("..") else relative
-
-
 def portable_name(pretrained: str) -> str:
     """``--pretrained`` as a name: a Hub id as given, a local directory by its last part."""
     if pretrained.startswith(("/", "~", ".")) or Path(pretrained).expanduser().is_dir():
@@ -254,7 +242,7 @@ def scale_plan_text(runs: list[Run], done: set, lengths: str | None, limit: int 
     """``--plan --scale FILE --pilot SUITE``: the runs priced at the cost per token that
     ``benchmarks/scale.py`` measured for a backbone shape and device, with the answer lengths of
     a finished suite (the committed ``results/suite`` by default), and the paper-scale training
-    at the same rate (issue 54)."""
+    at the same rate."""
     from lm_eval_ponder.reporting.budget import (
         ScaleCost,
         estimate,

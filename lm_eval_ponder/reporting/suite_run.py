@@ -38,6 +38,7 @@ from lm_eval_ponder.evaluation.resume import (
     restore_kept,
 )
 from lm_eval_ponder.files import HeldLock, LockHeld, acquire_lock, atomic_write_text, read_json
+from lm_eval_ponder.portable import portable_record
 from lm_eval_ponder.reporting.compact import compact_tree
 from lm_eval_ponder.reporting.suite_plan import ATTEMPTS, DECODINGS, Run, attempts_ran_s
 
@@ -196,7 +197,7 @@ LOCK = "ponder_suite.lock"
 
 def resume_command(argv: list[str]) -> str:
     """The command that resumes this run, with this interpreter's full path: a bare ``python``
-    fails in a shell where the virtual environment is not activated (issue 73)."""
+    fails in a shell where the virtual environment is not activated."""
     return shlex.join([sys.executable or "python", "-m", "lm_eval_ponder.suite", *argv])
 
 
@@ -284,7 +285,7 @@ def launcher(command: str | None) -> list[str]:
 
 def launcher_program(name: str) -> str:
     """The launcher's program: as PATH finds it, else beside this Python (``torchrun`` and
-    ``accelerate`` of a virtual environment that is not activated: issue 73, a traceback of
+    ``accelerate`` of a virtual environment that is not activated: once a traceback of
     FileNotFoundError for each run), else one line naming both places."""
     import shutil
 
@@ -318,8 +319,8 @@ def run_locked(options: argparse.Namespace, runs: list[Run], out: Path, backbone
             lock.release()
 
 
-# model args the suite sets per method: --model_args must not override them (issue 73:
-# ``--methods FP-Direct --model_args controller=none`` gave a row labelled FP-Direct that was
+# model args the suite sets per method: --model_args must not override them
+# (``--methods FP-Direct --model_args controller=none`` gave a row labelled FP-Direct that was
 # Direct), each with the suite option that sets it
 SUITE_MODEL_ARGS = {"controller": "--controller", "alpha": "--alpha", "steering": "--steering",
                     "pretrained": "--pretrained", "early_exit": "--exit_thresholds",
@@ -338,7 +339,7 @@ def check_model_args(model_args: str | None) -> None:
 
 def check_finished(options: argparse.Namespace, runs: list[Run], out: Path) -> None:
     """A finished run whose recorded settings differ from what is asked now (``--limit``,
-    ``--max_gen_toks``) is refused before any work, naming both (issue 73: the suite said
+    ``--max_gen_toks``) is refused before any work, naming both (the suite said
     "done, skipped" and reported the old run as the new one)."""
     asked_limit = float(options.limit) if options.limit else None
     for run in runs:
@@ -428,7 +429,7 @@ def run_one(options: argparse.Namespace, i: int, n: int, run: Run, target: Path,
          "seed": run.seed, "protocol": options.protocol,
          "wall_s": round(time.time() - start, 1), "kept_answers": kept,
          "attempts": attempts, "ran_s_all_attempts": total,
-         "unclocked_attempts": unclocked, "command": cmd[1:],
+         "unclocked_attempts": unclocked, "command": portable_record(cmd[1:]),
          "preload": env.get("LD_PRELOAD", ""),
          "malloc": allocator.malloc_settings(env)}, indent=1))
     compact_tree(target)

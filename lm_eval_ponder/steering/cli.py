@@ -22,6 +22,7 @@ from pathlib import Path
 from lm_eval_ponder.backbone import DTYPES
 from lm_eval_ponder.errors import PonderError, command, program_name, run_program
 from lm_eval_ponder.files import check_output
+from lm_eval_ponder.portable import expand
 
 DEFAULT_N_QUESTIONS = 256
 TRAIN_SPLITS = ("train",)  # extraction never reads test questions
@@ -203,7 +204,7 @@ def recorded_backbone(meta: dict) -> str | None:
     from lm_eval_ponder.backbone import EMBEDDED_NAME, resolve_backbone
 
     recorded = meta.get("backbone") or {}
-    path = recorded.get("path")
+    path = recorded.get("path") and expand(recorded["path"])
     if recorded.get("name") in (None, EMBEDDED_NAME) or not path:
         return None
     try:

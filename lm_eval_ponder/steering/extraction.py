@@ -40,6 +40,7 @@ import torch
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.hooks import block_hidden
+from lm_eval_ponder.portable import portable_path
 from lm_eval_ponder.steering.vector import (
     DEFAULT_LAYER_FRACTION,
     FORMAT,
@@ -228,13 +229,11 @@ def _sha256_text(questions: Sequence[str]) -> str:
 def _backbone_meta(backbone: Any) -> dict | None:
     if backbone is None:
         return None
-    if isinstance(backbone, dict):
-        return {k: backbone.get(k) for k in ("name", "path", "source_sha256")}
-    return {
-        "name": getattr(backbone, "name", None),
-        "path": getattr(backbone, "path", None),
-        "source_sha256": getattr(backbone, "source_sha256", None),
-    }
+    get = backbone.get if isinstance(backbone, dict) else \
+        (lambda key: getattr(backbone, key, None))
+    path = get("path")  # a record read on other machines: no path of this one
+    return {"name": get("name"), "path": None if path is None else portable_path(path),
+            "source_sha256": get("source_sha256")}
 
 
 def _base_meta(

@@ -153,7 +153,7 @@ class TrainConfig:
     def check_grpo_adapts(self) -> None:
         """GRPO settings under which every step imitates the teacher, or under which the
         teacher's depths lie past K_max, train nothing adaptive, silently: refused, naming both
-        keys and the fix (issue 73)."""
+        keys and the fix."""
         g = self.grpo
         if g.max_steps <= g.t1:
             raise PonderError(
@@ -180,7 +180,7 @@ def training_tasks() -> list[str]:
 def check_prompts(prompts: Any) -> None:
     """``rollout.prompts`` maps training tasks to positive counts. A task name checked here,
     before anything loads: ``--rollout.prompts '{arith: 4}'`` ended in lm-eval's bare
-    ``KeyError: 'arith'`` after the backbone had loaded (issue 55)."""
+    ``KeyError: 'arith'`` after the backbone had loaded."""
     if not isinstance(prompts, dict) or not prompts or not all(
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
             for k, v in prompts.items()):

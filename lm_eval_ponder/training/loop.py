@@ -31,6 +31,7 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import append_jsonl, output_folder
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
+from lm_eval_ponder.portable import backbone_record, expand, portable_path
 from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.training.config import TrainConfig, config_dict
 from lm_eval_ponder.training.distributed import Distributed
@@ -187,10 +188,12 @@ def trim_log(log_path: Path, start: int) -> None:
 
 def identity_of(lm) -> dict:
     """What a controller is trained for: backbone, steering vector, layer and scale."""
-    return {"backbone": lm.backbone_info.path, "backbone_name": lm.backbone_info.name,
+    return {"backbone": backbone_record(lm.backbone_info.path, lm.backbone_info.name,
+                                    lm.backbone_info.source_sha256),
+            "backbone_name": lm.backbone_info.name,
             "backbone_sha256": lm.backbone_info.source_sha256,
             "dtype": str(lm.model.dtype).removeprefix("torch."),
-            "steering_dir": str(lm.steering_dir), "layer": lm.steer_layer,
+            "steering_dir": portable_path(lm.steering_dir), "layer": lm.steer_layer,
             "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
             "steering_sha256": lm.require_steering().sha()}
 
@@ -359,7 +362,7 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
         del lm  # GRPO on lookups needs no backbone
     from lm_eval_ponder.steering.vector import load_vector
 
-    vector = load_vector(identity["steering_dir"]).vector(identity["layer"])
+    vector = load_vector(expand(identity["steering_dir"])).vector(identity["layer"])
     trainer, chosen, train_wall, train_ids, val_ids = fit(
         cfg, env, controller, identity["steering_scale"] * vector, offsets, out, dist)
     if dist.rank == 0:
@@ -414,25 +417,6 @@ def temperature_line(cfg: TrainConfig) -> str:
                 "of its step")
     return (f"{start:g} through stage 1, annealed geometrically to {end:g} at step "
             f"{cfg.grpo.max_steps} (soft to hard); shipped with the temperature of its step")
-
-
-def portable_path(path: str | None) -> str:
-    """A path as a card may print it: under the converted-weights cache as
-    ``$LM_EVAL_PONDER_CACHE/...``, under the working directory relative to it, under the home
-    directory as ``~/...``. A card is committed beside the controller, and the machine that
-    trained it (``/root/...``, ``/work/...``) says nothing to its reader."""
-    from lm_eval_ponder.backbone import CACHE_ENV, cache_root
-
-    if not path or not Path(path).is_absolute():
-        return str(path)
-    p = Path(path)
-    for root, shown in ((cache_root(), f"${CACHE_ENV}"), (Path.cwd(), "."), (Path.home(), "~")):
-        try:
-            rest = p.relative_to(root.expanduser().resolve())
-        except ValueError:
-            continue
-        return str(Path(shown) / rest) if str(rest) != "." else shown
-    return p.name
 
 
 def card(cfg: TrainConfig, identity: dict, extra: dict) -> str:

@@ -22,7 +22,7 @@ What is stored, in one directory:
   skipped and a torn last line is ignored, so an interruption loses at most one batch. Under
   ``accelerate launch`` each rank generates its share of the prompts into its own file.
 - ``rollouts.rank<r>[.part<b>].outcomes.json.xz``: the same outcomes without their texts, what
-  a repository keeps (issue 35: a cache's texts are 15-20 MB, its outcomes 0.4 MB). Columns
+  a repository keeps (a cache's texts are 15-20 MB, its outcomes 0.4 MB). Columns
   of the fields training and the analyses read (key, depth, sample, grade, tokens, FLOPs,
   relative error, perplexity) and, for the text, the features the reward reads of it
   (``rewards.text_features``), tagged with the patterns they were taken with. Rewritten
@@ -56,6 +56,7 @@ from lm_eval_ponder.files import (
     short_float32,
 )
 from lm_eval_ponder.pondering.steered import OffsetsPerRow
+from lm_eval_ponder.portable import backbone_record
 from lm_eval_ponder.scoring import grading
 from lm_eval_ponder.training.rewards import TEXT_FEATURES, text_features
 
@@ -271,6 +272,16 @@ def relative_error(kind: str, pred: str | None, gold: str) -> float | None:
     return float(abs(p - g) / (abs(g) + 1e-9)) if g != 0 else float(abs(p))
 
 
+def differing_settings(old: dict, new: dict) -> list[str]:
+    """The identity keys in which two caches differ. The backbone's spelling does not count
+    where both record the same weights' SHA-256: caches made before 2026-12-04 spelt it as a
+    path of the machine that made them, so a committed cache matched only on that machine."""
+    diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    if old.get("backbone_sha256") and old.get("backbone_sha256") == new.get("backbone_sha256"):
+        diff = [k for k in diff if k != "backbone"]
+    return diff
+
+
 class RolloutCache:
     """Read/write access to a cache directory (see the module docstring)."""
 
@@ -286,11 +297,12 @@ class RolloutCache:
         elif path.is_file():
             old = json.loads(path.read_text())
             if old.get("fingerprint") != manifest.get("fingerprint"):
-                diff = sorted(k for k in set(old["identity"]) | set(manifest["identity"])
-                              if old["identity"].get(k) != manifest["identity"].get(k))
-                raise PonderError(
-                    f"rollout cache {self.dir} was built for other settings (differs in: "
-                    f"{', '.join(diff)}); use another --cache-dir or delete this one")
+                diff = differing_settings(old["identity"], manifest["identity"])
+                if diff:
+                    raise PonderError(
+                        f"rollout cache {self.dir} was built for other settings (differs in: "
+                        f"{', '.join(diff)}); use another --cache-dir or delete this one")
+                manifest = old  # the same settings, the backbone spelt as before 2026-12-04
         else:
             self.dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True))
@@ -441,7 +453,8 @@ def read_outcomes(path: Path) -> list[dict]:
 
 def cache_identity(lm, cfg: RolloutConfig, offsets: list[float], prompts: list[Prompt]) -> dict:
     return {
-        "backbone": lm.backbone_info.path,
+        "backbone": backbone_record(lm.backbone_info.path, lm.backbone_info.name,
+                                    lm.backbone_info.source_sha256),
         "backbone_sha256": lm.backbone_info.source_sha256,
         "dtype": str(lm.model.dtype),
         "steering_sha256": lm.require_steering().sha(),
@@ -502,7 +515,7 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     would run, with ``max_rows`` of them in flight, so the cache is built at the loop's speed
     (1.15x its tokens/s, measured by a benchmark since retired: ``docs/results/history.md``).
     Generating one depth per call instead leaves the loop a
-    block's prompts per call: 16 rows on a GPU that runs 256 (issue 35: 1.4 answers/s).
+    block's prompts per call: 16 rows on a GPU that runs 256 (1.4 answers/s).
 
     A block is written once it is finished, so a long build that is stopped leaves a prefix of
     whole prompts, which a headroom analysis can already use. A block's sampling seed depends

@@ -22,7 +22,7 @@ from lm_eval_ponder.training.rollouts import MANIFEST, RolloutCache
 
 def resume_command(argv: list[str]) -> str:
     """The command that resumes this run, with this interpreter's full path: a bare ``python``
-    fails in a shell where the virtual environment is not activated (issue 73)."""
+    fails in a shell where the virtual environment is not activated."""
     return shlex.join([sys.executable or "python", "-m", "lm_eval_ponder.train", *argv])
 
 

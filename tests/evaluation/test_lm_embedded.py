@@ -20,12 +20,12 @@ def run(model, model_args: dict, tasks=("arith_ponder",), limit=LIMIT):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
+    from lm_eval_ponder.resources import tasks_dir
 
     return simple_evaluate(
         model=model, model_args=model_args, tasks=list(tasks), limit=limit, gen_kwargs=GEN,
         apply_chat_template=True, log_samples=True, batch_size=8, device="cpu",
-        task_manager=TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir()),
+        task_manager=TaskManager(include_path=tasks_dir()),
     )
 
 

@@ -56,6 +56,28 @@ def test_results_land_in_the_backbones_folder(tmp_path):
     assert json.loads(results.read_text())["model_name"] == "SmolLM2-135M-Instruct"
 
 
+def test_a_local_backbone_names_its_folder_without_the_machines_path(tmp_path, monkeypatch):
+    """Issue 73 item 10: lm-eval named the folder after the path (``__root__.cache__...``);
+    a local directory is named by its name and, where it records its weights' SHA-256, the
+    first 12 hex digits of it. The results JSON holds no path of this machine either."""
+    from lm_eval.loggers import EvaluationTracker
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    model = tmp_path / "home" / "models" / "tiny-qwen2"
+    model.mkdir(parents=True)
+    (model / "lm_eval_ponder_source.json").write_text(json.dumps({"sha256": "ab12" * 16}))
+    out = tmp_path / "out"
+    tracker = EvaluationTracker(output_path=str(out))
+    args = f"pretrained={model},steering={model}/vec"
+    tracker.general_config_tracker.log_experiment_args("ponder", args, None, None, False)
+    tracker.save_results_aggregated(results={"results": {}, "config": {
+        "model": "ponder", "model_args": args}}, samples=None)
+    (results,) = out.rglob("results_*.json")
+    assert results.parent.name == "tiny-qwen2-ab12ab12ab12"
+    recorded = json.loads(results.read_text())["config"]["model_args"]
+    assert recorded == "pretrained=~/models/tiny-qwen2,steering=~/models/tiny-qwen2/vec"
+
+
 def test_flops_read_in_lm_evals_table():
     """lm-eval prints metrics as ``.4f``: FLOPs (mean and standard error) come out readable,
     and the numbers in the results are the same floats."""

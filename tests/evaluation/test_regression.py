@@ -47,8 +47,8 @@ def measure() -> dict:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
     from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.resources import tasks_dir
 
     figures = {}
     for case, model_args in CASES.items():
@@ -57,7 +57,7 @@ def measure() -> dict:
             out = simple_evaluate(
                 model=lm, tasks=[task], limit=limit, gen_kwargs=GEN, apply_chat_template=True,
                 log_samples=True, random_seed=0, numpy_random_seed=0, torch_random_seed=0,
-                task_manager=TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir()))
+                task_manager=TaskManager(include_path=tasks_dir()))
             samples = out["samples"][task]
             n = len(samples)
             figures[f"{case}/{task}"] = {

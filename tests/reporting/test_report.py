@@ -190,15 +190,16 @@ def test_unreadable_differences_get_a_short_hash(tmp_path):
 
 
 def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
-    """A backbone loaded from a local directory (the converted-GGUF cache) is recorded by its
-    path; labels and identity lines show its name (the SHA-256 beside it identifies the
-    weights), while the identity, and so its digest, keeps the path as recorded."""
+    """A backbone loaded from a local directory (the converted-GGUF cache) was recorded by its
+    path; labels show its name, and where the SHA-256 beside it identifies the weights the
+    identity (and so its digest) leaves the spelling out (issue 73 item 10: two machines, one
+    identity); without a hash it keeps the spelling as recorded."""
     rows = [(True, 10, 1, None)] * 5
     cached = ("/home/someone/.cache/lm_eval_ponder/converted/"
               "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f")
     write_run(tmp_path, "a", {}, "gsm8k_ponder", rows, config=ponder_config(backbone=cached))
     write_run(tmp_path, "b", {}, "gsm8k_ponder", rows,
-              config=ponder_config(backbone="/elsewhere/Other-Model"))
+              config=ponder_config(backbone="/elsewhere/Other-Model", backbone_sha256=None))
     runs = rp.load_runs([tmp_path])
     # two backbones, two rows (issue 55: the backbone is what the model loaded, by its name)
     assert {r.backbone for r in runs} == {"SmolLM2-135M-Instruct.Q4_1", "Other-Model"}
@@ -206,9 +207,10 @@ def test_pages_name_backbones_not_directories_of_the_machine(tmp_path):
                                                           for r in runs}) == 2
     rows_, _ = rp.leaderboard(runs)
     lines = tables.identity_lines(rows_)
-    assert any("backbone=SmolLM2-135M-Instruct.Q4_1, backbone_sha256=" in line for line in lines)
+    assert any("backbone_sha256=abab" in line for line in lines)
+    assert any("backbone=Other-Model" in line for line in lines)
     assert not any("/home" in line or "/elsewhere" in line for line in lines)
-    assert {r.identity.model["backbone"] for r in runs} == {cached, "/elsewhere/Other-Model"}
+    assert {r.identity.model.get("backbone") for r in runs} == {None, "/elsewhere/Other-Model"}
 
 
 def test_label_follows_the_fingerprint_not_the_args(tmp_path):
@@ -354,12 +356,12 @@ def lm_eval_run(out, model: str, model_args: str | dict, task: str = "arith_pond
     from lm_eval.loggers import EvaluationTracker
     from lm_eval.tasks import TaskManager
 
-    import lm_eval_ponder_autoload
+    from lm_eval_ponder.resources import tasks_dir
 
     result = simple_evaluate(
         model=model, model_args=model_args, tasks=[task], limit=limit,
         gen_kwargs="max_gen_toks=32", apply_chat_template=True, log_samples=True, batch_size=4,
-        device="cpu", task_manager=TaskManager(include_path=lm_eval_ponder_autoload.tasks_dir()))
+        device="cpu", task_manager=TaskManager(include_path=tasks_dir()))
     tracker = EvaluationTracker(output_path=str(out))
     tracker.general_config_tracker.log_experiment_args(
         model_source=model, model_args=model_args, system_instruction=None, chat_template=None,

@@ -351,7 +351,9 @@ def test_what_a_run_records_names_no_directory_of_this_machine(tmp_path, monkeyp
     folder."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "controllers" / "x").mkdir(parents=True)
-    assert suite_plan.portable_path(str(tmp_path / "controllers" / "x")) == "controllers/x"
-    assert suite_plan.portable_path("/elsewhere/ctrl") == "/elsewhere/ctrl"  # outside: as given
+    from lm_eval_ponder.portable import cwd_relative
+
+    assert cwd_relative(str(tmp_path / "controllers" / "x")) == "controllers/x"
+    assert cwd_relative("/elsewhere/ctrl") == "/elsewhere/ctrl"  # outside: as given
     assert suite_plan.portable_name(str(tmp_path / "controllers" / "x") + "/") == "x"
     assert suite_plan.portable_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"

@@ -211,20 +211,6 @@ def test_card_without_held_out_figures_says_so_instead_of_an_empty_table():
     assert "| train | 0.500 |" in card(cfg, identity, extra)
 
 
-def test_a_card_prints_paths_without_the_machine(tmp_path, monkeypatch):
-    """Issue 65: a card's backbone and vector paths are the cache's, the working directory's or
-    the home's, never this machine's absolute path."""
-    from lm_eval_ponder.training.loop import portable_path
-
-    monkeypatch.setenv("LM_EVAL_PONDER_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)
-    assert portable_path(str(tmp_path / "cache" / "converted" / "m")) == \
-        "$LM_EVAL_PONDER_CACHE/converted/m"
-    assert portable_path(str(tmp_path / "controllers" / "v")) == "controllers/v"
-    assert portable_path("/elsewhere/vec") == "vec"
-    assert portable_path("relative/vec") == "relative/vec" and portable_path(None) == "None"
-
-
 def test_the_default_recipe_fits_the_expected_reward_end_to_end(run_a, tiny_model_dir,
                                                                  tiny_vector_dir, tmp_path):
     """The shipped recipe (no --recipe): the expected-reward trainer on the same cache, its

@@ -329,3 +329,18 @@ def test_the_rollout_phase_shows_answers_rows_in_flight_and_tokens(lm, tmp_path,
     records = list(cache.records())
     assert bar.total == bar.finished == bar.started == len(records) == 5 * len(OFFSETS)
     assert bar.tokens == sum(r["gen_tokens"] for r in records) and bar.stop.is_set()
+
+
+def test_a_cache_is_reused_whatever_its_backbone_was_called():
+    """Issue 73 item 10: caches made before 2026-12-04 spelt the backbone as a path of the
+    machine that made them; the same weights' SHA-256 makes the spelling not count, other
+    weights or other settings still do."""
+    from lm_eval_ponder.training.rollouts import differing_settings
+
+    old = {"backbone": "/root/.cache/m", "backbone_sha256": "ab" * 32, "layer": 15}
+    assert differing_settings(old, {**old, "backbone": "m"}) == []
+    assert differing_settings(old, {**old, "backbone": "m", "layer": 14}) == ["layer"]
+    other = {**old, "backbone": "m", "backbone_sha256": "cd" * 32}
+    assert differing_settings(old, other) == ["backbone", "backbone_sha256"]
+    assert differing_settings({**old, "backbone_sha256": None},
+                              {**old, "backbone": "m", "backbone_sha256": None}) == ["backbone"]

@@ -51,9 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a samples log whose prompts to use (default: the suite's arith Direct)")
     args = p.parse_args(argv)
     if args.samples is None:
-        from lm_eval_ponder.reporting import archive
+        from lib.replay import unpack_records
 
-        archive.ensure(SUITE_ARITH)  # committed as results/suite.tar.xz
+        unpack_records(SUITE_ARITH)  # committed as results/suite.tar.xz
         args.samples = next(iter(sorted(SUITE_ARITH.glob("*/samples_*.compact.jsonl.xz"))), None)
     if args.samples is None or not args.samples.exists():
         raise SystemExit(f"no samples log at {args.samples}: pass --samples")

@@ -32,8 +32,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("lm_eval_ponder.reporting.report",
                "the leaderboard (tables, figures, page) of lm-eval output directories"),
     "steer": ("lm_eval_ponder.steering.cli", "extract or inspect a steering vector"),
-    "records": ("lm_eval_ponder.reporting.archive",
-                "unpack the studies' committed records (results/*.tar.xz), or pack a study"),
 }
 
 
@@ -51,8 +49,7 @@ def parser() -> argparse.ArgumentParser:
         prog="lm-eval-ponder",
         description="FR-Ponder (adaptive latent pondering) for lm-evaluation-harness.",
         epilog="'lm-eval-ponder COMMAND --help' shows a command's options; each command is "
-               "also 'python -m lm_eval_ponder.<COMMAND>' (records: 'python -m "
-               "lm_eval_ponder.reporting.archive'). Evaluation itself is lm-eval's: "
+               "also 'python -m lm_eval_ponder.<COMMAND>'. Evaluation itself is lm-eval's: "
                "lm_eval --model ponder ...")
     sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_, what) in COMMANDS.items():

@@ -29,8 +29,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "studies"))
+from studylib import records as archive  # noqa: E402
+
 from lm_eval_ponder.portable import portable_text
-from lm_eval_ponder.reporting import archive
 
 TEXT = {".json", ".md", ".csv", ".html", ".jsonl", ".txt", ".yaml", ".xz"}
 CHECKOUT = re.compile(r"(?<![\w.~$:/@-])/work/[\w.-]+/")

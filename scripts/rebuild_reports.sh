@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python}"
-"$py" -m lm_eval_ponder.reporting.archive unpack  # the committed records (results/*.tar.xz)
+"$py" scripts/records.py unpack  # the committed records (results/*.tar.xz)
 s=results/suite
 seven="{Direct,CoT,BoN,FR,FP-Direct,FP-CoT,FP-BoN}"
 tmp="$(mktemp -d)"

@@ -12,9 +12,9 @@
 set -euo pipefail
 out="${OUT:-results/answer-truncation}"
 py="${PYTHON:-python}"
-# the runs kept so far (results/<study>.tar.xz); afterwards `lm-eval-ponder records pack "$out"`
+# the runs kept so far (results/<study>.tar.xz); afterwards `python scripts/records.py pack "$out"`
 # rewrites the archive to commit
-"$py" -m lm_eval_ponder.reporting.archive unpack "$out"
+"$py" "$(dirname "$0")/../scripts/records.py" unpack "$out"
 for decoding in ${DECODINGS:-greedy t0.7}; do
   case "$decoding" in
     greedy) gen="max_gen_toks=500,do_sample=False" ;;

@@ -26,8 +26,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from studylib import records as archive
 
-from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import answers_digest, latest_log, read_samples
 
 DECODINGS = {0: "t0.7", 1: "t0.7-seed1", 2: "t0.7-seed2"}

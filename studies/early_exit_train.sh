@@ -8,9 +8,9 @@
 set -euo pipefail
 out="${OUT:-results/early-exit-train}"
 py="${PYTHON:-python}"
-# the runs kept so far (results/<study>.tar.xz); afterwards `lm-eval-ponder records pack "$out"`
+# the runs kept so far (results/<study>.tar.xz); afterwards `python scripts/records.py pack "$out"`
 # rewrites the archive to commit
-"$py" -m lm_eval_ponder.reporting.archive unpack "$out"
+"$py" "$(dirname "$0")/../scripts/records.py" unpack "$out"
 run() {  # NAME MODEL_ARGS
   local dir="$out/$1"
   ls "$dir"/*/results_*.json >/dev/null 2>&1 && return 0

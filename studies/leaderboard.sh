@@ -6,7 +6,7 @@
 # Resumable at every level: finished runs are skipped, and --resume_within keeps the answers of
 # a run (sampled ones too: evaluation.resume) after each batch of 512 requests.
 # 23.1 h of one shared core of a 2-core CPU in all (docs/results/leaderboard.md, "What it took").
-# Commit results/suite.tar.xz as runs finish (`lm-eval-ponder records pack results/suite` keeps
+# Commit results/suite.tar.xz as runs finish (`python scripts/records.py pack results/suite` keeps
 # only what may be published); an unfinished run's answers_rank0.kept.jsonl.gz (refreshed every minute; never GPQA's) carries it
 # to the next machine, where --resume_within restores it.
 # On 2 cores, two suites side by side on one thread each with disjoint --methods finish sooner
@@ -16,9 +16,9 @@
 # Usage: LM_EVAL_PONDER_DATA=../shared/data bash studies/leaderboard.sh [extra suite args]
 set -euo pipefail
 out="${OUT:-results/suite}"
-# the runs kept so far (results/<study>.tar.xz); afterwards `lm-eval-ponder records pack "$out"`
+# the runs kept so far (results/<study>.tar.xz); afterwards `python scripts/records.py pack "$out"`
 # rewrites the archive to commit
-python -m lm_eval_ponder.reporting.archive unpack "$out"
+python "$(dirname "$0")/../scripts/records.py" unpack "$out"
 suite=(python -m lm_eval_ponder.suite --output "$out" --no_report --resume_within "$@")
 "${suite[@]}" --tasks arith
 "${suite[@]}" --tasks arith --methods Direct,CoT,FR,FP-Direct --decoding t0.7,top_p0.95,top_k40

@@ -22,9 +22,9 @@ here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-results/organism}"
 steps=" ${STEPS:-1 2 3 4 5 5b 6 7 8 9} "
 py="${PYTHON:-python}"
-# the runs kept so far (results/<study>.tar.xz); afterwards `lm-eval-ponder records pack "$out"`
+# the runs kept so far (results/<study>.tar.xz); afterwards `python scripts/records.py pack "$out"`
 # rewrites the archive to commit
-"$py" -m lm_eval_ponder.reporting.archive unpack "$out"
+"$py" "$(dirname "$0")/../scripts/records.py" unpack "$out"
 want() { [[ "$steps" == *" $1 "* ]]; }
 mkdir -p "$out"
 

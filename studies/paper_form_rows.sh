@@ -23,9 +23,9 @@ set -euo pipefail
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 here="$(cd "$(dirname "$0")" && pwd)"
 out=results/suite-paper-form  # where scripts/rebuild_reports.sh reads it
-# the runs kept so far (results/<study>.tar.xz); afterwards `lm-eval-ponder records pack "$out"`
+# the runs kept so far (results/<study>.tar.xz); afterwards `python scripts/records.py pack "$out"`
 # rewrites the archive to commit
-python -m lm_eval_ponder.reporting.archive unpack "$out"
+python "$(dirname "$0")/../scripts/records.py" unpack "$out"
 ctrl=controllers/smollm2-135m-instruct-paper-form
 sweep=$(ls -d results/adaptation/paper-s4/n600-* | head -n 1)
 # The controller's weights (2.1 MiB) are kept in git history, not in the tree (the tree must

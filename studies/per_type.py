@@ -28,10 +28,9 @@ import argparse
 import json
 from pathlib import Path
 
+from studylib import records as archive
 from studylib.analysis import FOLDS, controller_gaps, fold_of, per_type_headroom
 from studylib.caches import FORMS, cache_dir, cache_matrices, train_config
-
-from lm_eval_ponder.reporting import archive
 
 
 class TemplateOnly:

@@ -56,6 +56,7 @@ import json
 import sys
 from pathlib import Path
 
+from studylib import records as archive
 from studylib.analysis import (
     COMPARATOR_HEADER,
     FOLDS,
@@ -78,7 +79,6 @@ from studylib.analysis import (
 from studylib.caches import FORMS, train_config
 from studylib.pages import write_page
 
-from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import answers_digest
 from lm_eval_ponder.reporting.suite_plan import seed_folder  # the suite's layout of seeds
 

@@ -13,9 +13,9 @@
 # Usage: LM_EVAL_PONDER_DATA=../shared/data PYTHONPATH=. bash studies/train_selection.sh
 set -euo pipefail
 out="${OUT:-results/selection-train}"; doc="${DOC:-docs/settings/train-split.md}"
-# the runs kept so far (results/<study>.tar.xz); afterwards `lm-eval-ponder records pack "$out"`
+# the runs kept so far (results/<study>.tar.xz); afterwards `python scripts/records.py pack "$out"`
 # rewrites the archive to commit
-python -m lm_eval_ponder.reporting.archive unpack "$out"
+python "$(dirname "$0")/../scripts/records.py" unpack "$out"
 mkdir -p "$out" "$(dirname "$doc")"
 # the record beside the page (issue 65: the runs behind the page are kept); its "unsteered" row is
 # controller=none (before issue 65 it loaded the shipped controller: alpha = -0.2 at layer 15)

@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import os
 import string
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# the repository's own upkeep is imported by name: scripts/screenshot.py, and the records'
+# storage (studies/studylib/records.py, which scripts/records.py runs)
+sys.path.insert(0, str(REPO / "scripts"))
+sys.path.insert(0, str(REPO / "studies"))
 SHARED_DATA = REPO.parent / "shared" / "data"
 if SHARED_DATA.is_dir():  # also for module/session fixtures (the autouse one is per test)
     os.environ.setdefault("LM_EVAL_PONDER_DATA", str(SHARED_DATA))
 
 
 def pytest_sessionstart(session) -> None:
-    """The studies' committed records (``results/*.tar.xz``) unpacked once, as every reader in
-    the package does on first use, for the tests that read them directly."""
-    from lm_eval_ponder.reporting import archive
+    """The studies' committed records (``results/*.tar.xz``) unpacked once, as
+    ``scripts/rebuild_reports.sh`` and the studies do before they read them."""
+    from studylib import records as archive
 
     for path in archive.all_archives(REPO / "results"):
         archive.unpack(path.with_name(path.name[:-len(archive.SUFFIX)]))

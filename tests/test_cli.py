@@ -58,7 +58,7 @@ def test_a_commands_help_is_its_own(capsys):
     assert exited.value.code == 0 and typed.startswith("usage: lm-eval-ponder report")
     assert own.startswith("usage: python -m lm_eval_ponder.report")
     assert typed.split("\n\n", 1)[1] == own.split("\n\n", 1)[1]
-    assert "--screenshot" in own
+    assert "--link-figures" in own
 
 
 def test_no_or_an_unknown_command_is_a_usage_error(capsys):

@@ -36,5 +36,5 @@ def test_the_tracked_tree_stays_small():
     assert total <= LIMIT, (
         f"the tracked tree is {total / 2**20:.1f} MiB in {BLOCK // 1024} KiB blocks, over "
         f"{LIMIT / 2**20:.0f} MiB ({len(sizes)} files; docs/design/repository.md: pack a "
-        "study's records, lm-eval-ponder records pack); largest files:\n" +
+        "study's records, python scripts/records.py pack); largest files:\n" +
         "\n".join(f"  {size / 2**20:6.2f} MiB  {path}" for path, size in largest))

@@ -68,6 +68,15 @@ def prompt_from_price(spec, flops: float, gen_tokens: float, price, max_prompt: 
     return lo if price(spec, lo, gen_tokens) == flops else None
 
 
+def unpack_records(folder: Path) -> None:
+    """The committed records of a study folder unpacked (``scripts/records.py``, the
+    repository's storage, which the benchmarks run rather than import)."""
+    import subprocess
+
+    subprocess.run([sys.executable, str(REPO / "scripts" / "records.py"), "unpack", str(folder)],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
 def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int]]:
     """(prompt tokens, answer tokens) of the first ``questions`` questions of the committed
     greedy Direct run on ``task``, answers capped at ``cap``. The prompt length is the one the
@@ -75,9 +84,7 @@ def recorded_lengths(task: str, questions: int, cap: int) -> list[tuple[int, int
     it), so no tokenizer and no benchmark text is needed."""
     from lm_eval_ponder.files import read_jsonl
     from lm_eval_ponder.flops import FlopsSpec, generation_flops
-    from lm_eval_ponder.reporting import archive
-
-    archive.ensure(REPO / "results" / "suite")  # committed as results/suite.tar.xz
+    unpack_records(REPO / "results" / "suite")  # committed as results/suite.tar.xz
     logs = sorted((REPO / "results" / "suite" / "greedy" / "Direct" / task).rglob(
         "samples_*.compact.jsonl.xz"))
     if not logs:

@@ -29,7 +29,6 @@ from pathlib import Path
 from lm_eval_ponder import registry
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import read_json
-from lm_eval_ponder.reporting import archive
 
 # Test-set sizes of the suite's datasets, the registry's (tests check them against the loaders).
 DATASET_SIZES = {d.name: d.test_size for d in registry.DATASETS}
@@ -73,7 +72,6 @@ def run_of(info: dict, marker: Path, tokens: dict, wall_s: float) -> PilotRun:
 def read_pilot(root: str | Path) -> list[PilotRun]:
     """Every finished run under a suite output directory, with its questions and tokens."""
     root = Path(root)
-    archive.ensure(root)
     if not root.is_dir():
         raise PonderError(f"no such pilot directory: {root}")
     from lm_eval_ponder.reporting.compact import COMPACT, read_samples
@@ -113,7 +111,6 @@ def read_lengths(root: str | Path) -> list[PilotRun]:
     from lm_eval_ponder.reporting.compact import read_samples, run_log
 
     root = Path(root)
-    archive.ensure(root)
     if not root.is_dir():
         raise PonderError(f"no such suite directory for the answer lengths: {root}")
     runs = []

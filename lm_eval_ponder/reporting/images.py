@@ -6,7 +6,7 @@ pictures of report pages.
   dithering). A plot is a few flat colours and their anti-aliased edges; on the docs' 110
   figures this keeps 28% of the bytes and moves no pixel by more than 44 of 255 (measured; the
   method colours stay what they are, which a 64-colour median cut does not guarantee).
-- Page pictures (``report --screenshot``): a target ending in ``.webp`` (or ``.jpg``) gets the
+- Page pictures (``scripts/screenshot.py``): a target ending in ``.webp`` (or ``.jpg``) gets the
   browser's PNG resized to ``PAGE_WIDTH`` pixels and saved in that format at ``PAGE_QUALITY``:
   the tables stay legible and a 10,000-pixel page is 0.25 MB instead of 1.5 MB. A ``.png``
   target keeps the browser's drawing as it is.

@@ -47,7 +47,6 @@ from lm_eval_ponder.errors import PonderError, command, program_name, run_progra
 from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.files import check_output, read_json
 from lm_eval_ponder.registry import dataset_order
-from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate
 from lm_eval_ponder.reporting.identity import (
@@ -272,10 +271,10 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
     directories, with the accounting of models that kept none estimated."""
     roots = [Path(p).resolve() for p in paths]
     for root in roots:
-        unpacked = archive.ensure(root)  # a study's committed records (results/*.tar.xz)
         if not root.exists():
-            again = (" (its study's archive was just unpacked: run the command again, so that "
-                     "the shell expands the pattern)" if unpacked else "")
+            packed = root.with_name(root.name + ".tar.xz").is_file()
+            again = (f" (a study committed as {root.name}.tar.xz: unpack it first, python "
+                     f"scripts/records.py unpack {root})" if packed else "")
             raise PonderError(f"no such results directory: {root}{again}")
     # a results file given as it is (report results/x/results_1.json) is that one run
     files = sorted({f.resolve() for root in roots
@@ -591,20 +590,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", help="lm-eval --output_path directories")
     parser.add_argument("--output", default=None, help="report directory (default: the first "
                         "path)")
-    parser.add_argument("--screenshot", default=None, metavar="IMAGE",
-                        help="also draw leaderboard.html with headless Chromium into IMAGE, to "
-                        "check that the page renders: a .png as drawn, a .webp (what the docs "
-                        "keep) or .jpg 800 px wide and compressed")
     parser.add_argument("--link-figures", "--link_figures", action="store_true",
                         help="leaderboard.html names the figure files beside it instead of "
                         "inlining them (a page of kB instead of MB; it then needs its directory)")
     a = parser.parse_args(argv)
     out = check_output(a.output or a.paths[0])
     print(report(a.paths, out, a.link_figures))
-    if a.screenshot:
-        from lm_eval_ponder.reporting.render import screenshot
-
-        print(f"page drawn: {screenshot(out / 'leaderboard.html', a.screenshot)}")
     return 0
 
 

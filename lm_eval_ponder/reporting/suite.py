@@ -39,7 +39,6 @@ from lm_eval_ponder.backbone import EMBEDDED_NAME
 from lm_eval_ponder.errors import command, program_name, run_program
 from lm_eval_ponder.files import check_output
 from lm_eval_ponder.portable import cwd_relative
-from lm_eval_ponder.reporting import archive
 from lm_eval_ponder.reporting.suite_plan import (
     DECODINGS,
     EXIT_THRESHOLDS,
@@ -64,7 +63,6 @@ from lm_eval_ponder.resources import BUILTIN_TASKS_ENV
 
 def run_suite(options: argparse.Namespace) -> Path:
     out = Path(options.output)
-    archive.ensure(out)  # a committed study's runs count as done (results/*.tar.xz)
     methods, datasets, decodings, seeds = checked_choices(options)
     controller = suite_controller(options, methods)
     # the row label the report shows: a name, never a directory of this machine

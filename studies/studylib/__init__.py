@@ -17,4 +17,6 @@ folders.
   cross-fitting folds, bootstrap intervals, depth by difficulty level, one depth per type, and
   a gap at equal tokens against the three comparators (in-sample, cross-fitted, smoothed).
 - ``heldout``: the packed held-out records of an adaptation sweep.
+- ``records``: the studies' committed records as archives (``results/*.tar.xz``), unpacked to
+  be read; ``scripts/records.py`` is its command line.
 """

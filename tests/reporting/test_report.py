@@ -575,3 +575,15 @@ def test_a_relative_folder_is_one_backbone_however_it_is_spelt(tmp_path, monkeyp
     assert rp.weights_name("own/tiny-qwen2") == rp.weights_name(
         str(tmp_path / "own" / "tiny-qwen2")) == "tiny-qwen2"
     assert rp.weights_name("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_a_packed_study_is_named_with_the_command_that_unpacks_it(tmp_path):
+    """The records' archive is the repository's upkeep (scripts/records.py, issue 74): the
+    report reads folders only, and a study committed as an archive is named with the line
+    that unpacks it."""
+    (tmp_path / "study.tar.xz").write_bytes(b"")
+    with pytest.raises(PonderError, match=r"study.tar.xz: unpack it first, python "
+                                          r"scripts/records.py unpack"):
+        rp.load_runs([tmp_path / "study"])
+    with pytest.raises(PonderError, match=r"no such results directory: \S+elsewhere$"):
+        rp.load_runs([tmp_path / "elsewhere"])

@@ -1,15 +1,17 @@
-"""A study's records as one archive in git, unpacked beside it to be read.
+"""A study's records as one archive in git, unpacked beside it to be read: the repository's
+storage, not the installed package's (``python scripts/records.py unpack|pack``; the studies
+import it as ``studylib.records``, the tests too).
 
 Every tracked file travels to a GPU machine in one transfer, and the tree must stay under
 15 MiB as the disk counts it (4 KiB blocks, docs/design/repository.md). A study of a hundred
 runs keeps three small files per run (marker, results JSON, compact log): 1,100 files were 2.9
 MiB of block padding and the near-identical results JSONs compress tenfold together. So each
 study folder of ``STUDIES`` is committed as ``results/<study>.tar.xz`` and read from
-``results/<study>/`` (git-ignored), which ``ensure`` unpacks on first use: every reader of
-records (``report``, ``suite --pilot``, the studies, the benchmarks) calls it, and the shell
-scripts whose patterns need the folders call ``lm-eval-ponder records unpack`` first.
+``results/<study>/`` (git-ignored), which ``ensure`` unpacks on first use: the studies and the
+benchmarks call it, and the shell scripts (``scripts/rebuild_reports.sh``, the studies') call
+``python scripts/records.py unpack`` before they run ``report`` or ``suite`` on a study.
 
-A study that adds runs writes into the unpacked folder, then ``lm-eval-ponder records pack
+A study that adds runs writes into the unpacked folder, then ``python scripts/records.py pack
 results/<study>`` rewrites the archive: the files it held that still exist, and the new files
 that ``KEEP`` names (what a report or a resume reads; never a text log, never a GPQA answer).
 The archive is deterministic (sorted members, no times or owners), so packing an unchanged
@@ -165,7 +167,7 @@ def all_archives(root: Path) -> list[Path]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=program_name("python -m lm_eval_ponder.reporting.archive"),
+        prog=program_name("python scripts/records.py"),
         description="The studies' records: unpack the committed archives (results/*.tar.xz) "
                     "to read them, pack a study folder after adding runs.")
     sub = p.add_subparsers(dest="action", required=True)

@@ -1,4 +1,4 @@
-"""A study's records as one archive (``reporting/archive.py``): packed deterministically, read
+"""A study's records as one archive (``studies/studylib/records.py``): packed deterministically, read
 after an unpack that happens once, new runs added by name, GPQA's answer texts never."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from studylib import records as archive  # studies/ is on the path (conftest)
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.reporting import archive
 
 
 def study(root: Path) -> Path:

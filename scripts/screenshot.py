@@ -1,5 +1,6 @@
 """A picture of the report's HTML page as a browser draws it, to check that the page renders and
-to put a picture of it in the docs.
+to put a picture of it in the docs: ``python scripts/screenshot.py PAGE.html IMAGE`` (the
+repository's upkeep, not the installed package's; ``report --screenshot`` until 2026-12-04).
 
 Headless Chromium from the OS packages (``apt install chromium``) draws the page; nothing is
 fetched from the network (the page and its figures are local files). Chromium's
@@ -10,13 +11,14 @@ the docs keep) or ``.jpg`` gets it compressed (``images.save_page``).
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
-from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.errors import PonderError, command, run_program
 from lm_eval_ponder.reporting.images import save_page
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome-headless-shell",
@@ -74,3 +76,19 @@ def crop_blank_bottom(png: Path, margin: int = 16) -> None:
     bottom = int(drawn[-1]) + 1 + margin if drawn.size else margin
     if bottom < pixels.shape[0]:
         Image.fromarray(pixels[:bottom]).save(png)
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python scripts/screenshot.py",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("page", help="a local HTML file (a report's leaderboard.html)")
+    parser.add_argument("image", help="a .png as drawn, a .webp (what the docs keep) or .jpg "
+                                      "800 px wide and compressed")
+    args = parser.parse_args(argv)
+    print(f"page drawn: {screenshot(args.page, args.image)}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_program(main)

@@ -6,10 +6,10 @@ import shutil
 
 import numpy as np
 import pytest
+import screenshot as render  # scripts/ is on the path (conftest)
 from PIL import Image
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.reporting import render
 
 HAVE_BROWSER = any(shutil.which(b) for b in render.BROWSERS)
 

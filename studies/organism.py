@@ -938,6 +938,51 @@ def verdict(args) -> int:
     return 0
 
 
+def objective(args) -> int:
+    """Issue 75 item 3, second half: the per-level gain in the trainer's own objective (the
+    default ``reward.objective=priced``: accuracy minus ``price`` per 1,000 generated tokens)
+    on the training prompts of one rollout cache. One depth per (prompt, level) against one
+    depth for all, each chosen on the other folds and scored held out
+    (``studylib.analysis.per_type_headroom``), with the shuffled-level null."""
+    import numpy as np
+    import torch
+    from studylib.analysis import FOLDS, fold_of, outcome_matrices, per_type_headroom
+
+    from lm_eval_ponder.pondering.controller import PonderController
+    from lm_eval_ponder.training.environment import CachedEnvironment
+    from lm_eval_ponder.training.rewards import RewardConfig
+    from lm_eval_ponder.training.rollouts import RolloutCache
+
+    record: dict = {"objective": "priced", "price_per_1k_tokens": args.price, "caches": []}
+    for directory in args.cache:
+        cache = RolloutCache(directory)
+        k_max = cache.manifest["k_max"]
+        z0 = cache.states()
+        flops_ctrl = PonderController(z0.shape[1], 512).evaluation_flops(k_max + 1)
+        env = CachedEnvironment(cache, k_max, cache.manifest["identity"]["samples"], flops_ctrl,
+                                RewardConfig(price_per_1k_tokens=args.price),
+                                torch.Generator().manual_seed(0), complete_only=True)
+        prompts = env.prompts
+        mats = outcome_matrices(env, list(range(len(prompts))))
+        fold = np.array(fold_of([p.key for p in prompts], FOLDS))
+        groups = np.array([f"{p.task}:{p.level}" for p in prompts])
+        got = per_type_headroom(mats["score"], mats["gen_tokens"], groups, fold, FOLDS,
+                                nulls=args.nulls)
+        for key in ("single", "per_type", "envelope_in_sample"):  # the values are the objective's
+            got[key]["objective"] = got[key].pop("accuracy")
+        got["per_depth"]["objective"] = got["per_depth"].pop("accuracy")
+        got["per_depth"]["accuracy"] = mats["accuracy"].mean(axis=0).tolist()
+        got["cache"] = Path(directory).as_posix()
+        record["caches"].append(got)
+        print(f"{directory}: {len(prompts)} prompts; one depth {got['single']['objective']:+.4f}, "
+              f"per level {got['per_type']['objective']:+.4f} (objective); gain "
+              f"{got['headroom']:+.4f} {[round(x, 4) for x in got['headroom_ci95']]}, null mean "
+              f"{got['null']['mean']:+.4f}, p {got['null']['p']:.4f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
 def path(args) -> int:
     from lm_eval_ponder.backbone import cache_root
 
@@ -1001,18 +1046,24 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--pairs", default="paper:arith_ponder,ours:arith_ponder_cot",
                    help="form:task pairs with a finished sweep")
     v.add_argument("--nulls", type=int, default=200, help="shuffled-label draws")
+    o = sub.add_parser("objective", help="the per-level gain in the trainer's objective on "
+                                         "the training prompts (rollout caches)")
+    o.add_argument("--cache", nargs="+", required=True, help="rollout cache folders")
+    o.add_argument("--price", type=float, default=1.0, help="per 1,000 generated tokens")
+    o.add_argument("--nulls", type=int, default=1000, help="shuffled-level draws")
+    o.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     if getattr(args, "root", None):
-        from lm_eval_ponder.reporting import archive
+        from studylib import records
 
-        archive.ensure(args.root)  # the committed study (results/organism.tar.xz)
+        records.ensure(args.root)  # the committed study (results/organism.tar.xz)
     if args.command == "build":
         for flag in ("per_level", "epochs", "batch_size", "rank", "save_every"):
             if getattr(args, flag) < 1:
                 parser.error(f"--{flag.replace('_', '-')} must be at least 1")
         return build(args)
     return {"path": path, "accept": accept, "choose-alpha": choose_alpha, "sweep": sweep,
-            "verdict": verdict}[args.command](args)
+            "verdict": verdict, "objective": objective}[args.command](args)
 
 
 if __name__ == "__main__":

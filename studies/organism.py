@@ -938,6 +938,115 @@ def verdict(args) -> int:
     return 0
 
 
+def seeds_samples(folder: Path, decoding: str, method: str, task: str,
+                  seeds: list[int]) -> list[dict[int, dict]] | None:
+    """One run's samples per seed (``<decoding>``, ``<decoding>-seed1``, ...), None until
+    every seed has finished."""
+    from lm_eval_ponder.reporting.suite_plan import seed_folder
+
+    runs = [run_samples(folder / seed_folder(decoding, s) / method / "arith", task) for s in seeds]
+    return None if any(r is None for r in runs) else runs
+
+
+def units(args) -> int:
+    """Issue 75 item 4 in the paper's units (accuracy and tokens), greedy or sampled over
+    seeds: each trained controller's own lm_eval runs against one mode for all and the
+    per-level policy (modes chosen on the train split, ``per_level_choice``), on the same test
+    documents. Per document the accuracy, tokens and depth are means over the seeds. The
+    captured fraction is (controller - one mode) / (per level - one mode) in accuracy, with a
+    paired bootstrap interval over documents (the ratio of means in each draw); beside it the
+    controller's tokens, its mean depth per level and Spearman(level, depth) with a bootstrap
+    interval."""
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    root, seeds = Path(args.root), [int(s) for s in args.seeds.split(",")]
+    t_direct = run_samples(root / "train-probe" / "arith_ponder", "arith_ponder")
+    t_cot = run_samples(root / "train-probe" / "arith_ponder_cot", "arith_ponder_cot")
+    base = {m: seeds_samples(root / "table", args.decoding, m, t, seeds)
+            for m, t in (("Direct", "arith_ponder"), ("CoT", "arith_ponder_cot"))}
+    if t_direct is None or t_cot is None or None in base.values():
+        print(f"organism.py error: the train probes or the {args.decoding} Direct and CoT runs "
+              f"under {root} are missing", file=sys.stderr)
+        return 2
+    modes = per_level_choice(t_direct, t_cot)
+    fixed = max(("Direct", "CoT"), key=lambda m: figures(
+        t_direct if m == "Direct" else t_cot)["all"]["accuracy"])
+    ids = sorted(base["Direct"][0])
+    level = np.array([int(base["Direct"][0][i]["doc"]["level"]) for i in ids])
+
+    def per_doc(runs: list[dict[int, dict]], key: str) -> np.ndarray:
+        return np.array([[float(r[i].get(key, 0.0)) for i in ids] for r in runs]).mean(axis=0)
+
+    acc = {m: per_doc(runs, "exact_match") for m, runs in base.items()}
+    tok = {m: per_doc(runs, "gen_tokens") for m, runs in base.items()}
+    pick = np.array([modes[int(v)] == "Direct" for v in level])
+    oracle_acc = np.where(pick, acc["Direct"], acc["CoT"])
+    oracle_tok = np.where(pick, tok["Direct"], tok["CoT"])
+    rng = np.random.default_rng(0)
+    draws = [rng.integers(0, len(ids), len(ids)) for _ in range(args.draws)]
+
+    def ci(values: list[float]) -> list[float]:
+        finite = np.sort(np.array([v for v in values if np.isfinite(v)]))
+        return [float(np.quantile(finite, 0.025)), float(np.quantile(finite, 0.975))] \
+            if finite.size else [float("nan")] * 2
+
+    gain = oracle_acc - acc[fixed]
+    record = {"decoding": args.decoding, "seeds": seeds, "n": len(ids),
+              "modes_chosen_on_train": {str(k): v for k, v in modes.items()},
+              "fixed_chosen_on_train": fixed,
+              "direct": {"accuracy": float(acc["Direct"].mean()),
+                         "tokens": float(tok["Direct"].mean())},
+              "cot": {"accuracy": float(acc["CoT"].mean()), "tokens": float(tok["CoT"].mean())},
+              "per_level": {"accuracy": float(oracle_acc.mean()), "tokens": float(oracle_tok.mean()),
+                            "gain_over_fixed": float(gain.mean()),
+                            "gain_over_fixed_ci95": ci([gain[d].mean() for d in draws])},
+              "controllers": {}}
+    for run in sorted(root.glob("table-*-*")):
+        form, recipe = run.name.split("-", 2)[1:]
+        method, task = ("FP-Direct", "arith_ponder") if form == "paper" else ("FP-CoT",
+                                                                              "arith_ponder_cot")
+        runs = seeds_samples(run, args.decoding, method, task, seeds)
+        if runs is None or sorted(runs[0]) != ids:
+            continue
+        c_acc, c_tok = per_doc(runs, "exact_match"), per_doc(runs, "gen_tokens")
+        depth = per_doc(runs, "ponder_steps")
+        over = c_acc - acc[fixed]
+
+        def rho(idx, depth=depth) -> float:
+            d, lv = depth[idx], level[idx]
+            return float(spearmanr(lv, d).statistic) if np.ptp(d) > 0 else float("nan")
+
+        record["controllers"][f"{form}-{recipe}"] = {
+            "method": method, "accuracy": float(c_acc.mean()), "tokens": float(c_tok.mean()),
+            "gain_over_fixed": float(over.mean()),
+            "gain_over_fixed_ci95": ci([over[d].mean() for d in draws]),
+            "captured_fraction": float(over.mean() / gain.mean()) if gain.mean() > 0 else None,
+            "captured_fraction_ci95": ci([over[d].mean() / gain[d].mean() for d in draws
+                                         if gain[d].mean() > 0]),
+            "vs_per_level": float((c_acc - oracle_acc).mean()),
+            "vs_per_level_ci95": ci([(c_acc - oracle_acc)[d].mean() for d in draws]),
+            "depth_by_level": {f"L{v}": float(depth[level == v].mean())
+                               for v in sorted(set(level.tolist()))},
+            "spearman_level_depth": rho(np.arange(len(ids))),
+            "spearman_level_depth_ci95": ci([rho(d) for d in draws[:args.rho_draws]])}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    p = record["per_level"]
+    print(f"{args.decoding} (seeds {args.seeds}), n = {len(ids)}: Direct "
+          f"{record['direct']['accuracy']:.3f} at {record['direct']['tokens']:.1f} tok, CoT "
+          f"{record['cot']['accuracy']:.3f} at {record['cot']['tokens']:.1f}, per level "
+          f"{p['accuracy']:.3f} at {p['tokens']:.1f} (+{p['gain_over_fixed']:.3f} "
+          f"{[round(x, 3) for x in p['gain_over_fixed_ci95']]} over {fixed} for all)")
+    for name, c in record["controllers"].items():
+        frac = "n/a" if c["captured_fraction"] is None else f"{c['captured_fraction']:.2f}"
+        print(f"  {name}: {c['accuracy']:.3f} at {c['tokens']:.1f} tok, captured {frac} "
+              f"{[round(x, 2) for x in c['captured_fraction_ci95']]}, depth by level "
+              f"{ {k: round(v, 2) for k, v in c['depth_by_level'].items()} }, Spearman "
+              f"{c['spearman_level_depth']:.2f} {[round(x, 2) for x in c['spearman_level_depth_ci95']]}")
+    return 0
+
+
 def objective(args) -> int:
     """Issue 75 item 3, second half: the per-level gain in the trainer's own objective (the
     default ``reward.objective=priced``: accuracy minus ``price`` per 1,000 generated tokens)
@@ -1046,6 +1155,14 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--pairs", default="paper:arith_ponder,ours:arith_ponder_cot",
                    help="form:task pairs with a finished sweep")
     v.add_argument("--nulls", type=int, default=200, help="shuffled-label draws")
+    un = sub.add_parser("units", help="the trained controllers in accuracy and tokens against "
+                                      "one mode and the per-level policy (issue 75 item 4)")
+    un.add_argument("--root", required=True, help="the study's output folder")
+    un.add_argument("--decoding", default="greedy", help="greedy or t0.7")
+    un.add_argument("--seeds", default="0", help="e.g. 0,1,2 for t0.7")
+    un.add_argument("--draws", type=int, default=2000, help="bootstrap draws")
+    un.add_argument("--rho-draws", type=int, default=500, help="bootstrap draws for Spearman")
+    un.add_argument("--out", required=True)
     o = sub.add_parser("objective", help="the per-level gain in the trainer's objective on "
                                          "the training prompts (rollout caches)")
     o.add_argument("--cache", nargs="+", required=True, help="rollout cache folders")
@@ -1063,7 +1180,7 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"--{flag.replace('_', '-')} must be at least 1")
         return build(args)
     return {"path": path, "accept": accept, "choose-alpha": choose_alpha, "sweep": sweep,
-            "verdict": verdict, "objective": objective}[args.command](args)
+            "verdict": verdict, "objective": objective, "units": units}[args.command](args)
 
 
 if __name__ == "__main__":

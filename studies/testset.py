@@ -391,6 +391,21 @@ def write_literal_markdown(path: Path, summary: dict) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def trained_steering(directory: Path, recorded: str) -> str:
+    """The steering vector a controller was trained with: beside it where it keeps one (the
+    shipped controllers do), else where its config says. A config records the path portably
+    (``lm_eval_ponder.portable``): ``$LM_EVAL_PONDER_CACHE/...``, ``~/...``, or relative to the
+    working directory it was trained in, this repository's root for the committed ones."""
+    from lm_eval_ponder.portable import expand
+
+    if (Path(directory) / "steering.safetensors").is_file():
+        return str(directory)
+    path = Path(expand(recorded))
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[1] / path
+    return str(path)
+
+
 def controller_depths(directory: Path, z0, offsets: list[float],
                       tau: float | None = None) -> tuple:
     """(depth per document, controller FLOPs per document, its config), by the inference path,
@@ -411,7 +426,7 @@ def controller_depths(directory: Path, z0, offsets: list[float],
     if len(mine) != len(offsets) or not torch.allclose(mine, torch.tensor(offsets)):
         sys.exit(f"{directory} ponders at offsets {mine.tolist()}, not this sweep's {offsets}: "
                  "a controller of the other form")
-    steering = load_vector(config["backbone"]["steering_dir"])
+    steering = load_vector(trained_steering(directory, config["backbone"]["steering_dir"]))
     layer = int(config["layer"])
     h = float(steering.residual_norm(layer)) * steering.vector(layer)
     depth, _ = ponder(controller, z0, h, mine, pcfg.tau if tau is None else tau)

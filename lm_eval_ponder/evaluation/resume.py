@@ -173,8 +173,9 @@ class SampledAnswers:
     ``split`` sorts a request list into sampled answers already kept and requests still to
     generate and reserves, per distinct sampled request, the free occurrence numbers; each
     sampled answer is then stored under one of those numbers as its row ends in the generation
-    loop (``keep_early``, called by ``PonderLM``), and again, with lm-eval's own text, when HFLM
-    hands it over after its call (``hook``): a killed run loses only the rows in flight.
+    loop (``keep_early``, called by ``PonderLM``), once: when HFLM hands it over after its call
+    (``hook``) the same text is not written again; an answer no row kept (another caller) is
+    stored then. A killed run loses only the rows in flight.
 
     Greedy answers are lm-eval's to keep and to read back (its ``CachingLM`` answers them before
     ``generate_until`` sees them), but they are handed over only when a call returns, and the
@@ -249,16 +250,18 @@ class SampledAnswers:
             return
         h = hash_args("generate_until", req)
         early = self.early.get(h)
-        if early:  # kept as its row ended: HFLM's own text and accounting replace it
+        if early:  # kept as its row ended: the text handed over is that one, written once
             slots = early.get(str(res))
-            if not slots:  # the early text was made differently; keep HFLM's in its place
+            same = bool(slots)
+            if not same:  # made differently (never by the loop): the handed-over text wins
                 LOGGER.warning("an answer kept as its row ended differs from lm-eval's text "
                                "of it; lm-eval's is kept")
                 slots = next(iter(early.values()))
             k = slots.popleft()
             for text in [t for t, ks in early.items() if not ks]:
                 del early[text]
-            self._write(h, k, res)
+            if not same:
+                self._write(h, k, res)
             return
         free = self.free.get(h)
         if free:  # a request split() did not see (another caller) is not kept

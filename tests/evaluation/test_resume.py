@@ -64,6 +64,36 @@ def test_repeats_get_their_own_keys_and_come_back():
     assert {kept[i] for i in range(3)} == {f"answer {i}" for i in range(3)}
 
 
+class CountingStore(dict):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def __setitem__(self, key, value) -> None:
+        self.writes += 1
+        super().__setitem__(key, value)
+
+
+def test_an_answer_kept_as_its_row_ended_is_written_once():
+    """Issue 74: a sampled answer was written as its row ended and again when HFLM handed the
+    same text over. Now once; a text that differs from the one kept (never from the loop) is
+    still written, and an answer no row kept is written at the hand-over."""
+    store = CountingStore()
+    reqs = requests(SAMPLED, prompts=("What is 3 + 5?",), repeats=1)
+    answers = SampledAnswers(store)
+    answers.split(reqs)
+    assert answers.keep_early(reqs[0].args[0], "eight")
+    answers.hook(Inner()).add_partial("generate_until", reqs[0].args, "eight")
+    assert store.writes == 1 and list(store.values()) == ["eight"]
+    answers.split(reqs := requests(SAMPLED, prompts=("Hi",), repeats=2))
+    assert answers.keep_early("Hi", "hello")
+    hook = answers.hook(Inner())
+    hook.add_partial("generate_until", reqs[0].args, "hello, made otherwise")
+    hook.add_partial("generate_until", reqs[1].args, "hey")
+    assert store.writes == 4  # the differing text overwrites its slot; the unkept one lands
+    assert sorted(store.values()) == ["eight", "hello, made otherwise", "hey"]
+
+
 def test_a_resumed_run_draws_only_the_missing_answers():
     store: dict = {}
     reqs = requests(SAMPLED)

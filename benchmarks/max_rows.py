@@ -37,7 +37,7 @@ def main() -> None:
     walls: dict[int, list[float]] = {v: [] for v in values}
     for pair in range(args.pairs):
         for v in values if pair % 2 == 0 else values[::-1]:
-            lm.max_rows = v
+            lm.batching.max_rows = v
             t = time.perf_counter()
             simple_evaluate(model=lm, tasks=["arith_ponder"], limit=args.limit,
                             apply_chat_template=True, task_manager=manager,

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> float:
     config, name = shape_config(args.shape)
     lengths = recorded_lengths(args.lengths, args.questions, args.max_new_tokens)
     model = build_model(config, args.device, dtype, args.seed)
-    batching = Batching(args.max_rows, None, None, args.device, "loop")
+    batching = Batching(args.max_rows, None, args.device)
     batching.fit(config, dtype, bb.weight_bytes(model))
     loop_config = batching.loop_config()
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)

@@ -13,9 +13,6 @@ order 2, 1 with the controller, 1 without, 3, then the two ``--model hf`` runs):
   2. the steering hook with a controller at prompt and token granularity under
      ``torch.cuda.set_sync_debug_mode("error")``, switched on only while the steering layer's
      hooks run (the loop around it reads tokens back; the hook may not);
-  1b. ``--model ponder controller=none`` again with the captured decode step
-     (``decode_step=captured``: the static layout replayed as CUDA graphs; on a CPU it runs
-     the same layout eagerly);
   3. a 30-step prompt-level training run (its rollout cache: 16 arith prompts x 9 depths x 256
      tokens) and a 4-step token-level run (4 prompts x 4 answers, 64 tokens), on the device.
 
@@ -177,19 +174,7 @@ def evaluate(lm, args, memory: Memory, tokenizer) -> dict[str, Any]:
     return {"wall_s": wall, "accuracy": k / n, "ci": list(wilson(k, n)), "n": n,
             "mean_tokens": sum(tokens) / n, "tok_per_s": sum(tokens) / wall,
             "peak_gib": memory.peak_gib(),
-            "notes": "; ".join(filter(None, ["tokens re-counted from text" if estimated else "",
-                                             graph_notes(lm)]))}
-
-
-def graph_notes(lm) -> str:
-    """What a fixed-shape decode step made of its graphs (``decode_step=captured`` records
-    one per shape, and runs a shape it cannot record eagerly: a fast-looking run may not be)."""
-    from lm_eval_ponder.engine import decode_forward
-
-    batching = getattr(lm, "batching", None)
-    if getattr(batching, "decode_step", getattr(lm, "decode_step", None)) != "captured":
-        return ""
-    return decode_forward(lm.model).summary()
+            "notes": "tokens re-counted from text" if estimated else ""}
 
 
 def sync_free_steering(args, granularity: str) -> dict[str, Any]:
@@ -286,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip steps that would start after this many seconds")
     parser.add_argument("--skip", default="", type=lambda v: set(v.split(",")) - {""},
                         help="comma-separated step keys to leave out (ponder-none, ponder, "
-                             "ponder-none-captured, hf-64, hf-256, sync-prompt, sync-token, "
-                             "train-prompt, train-token)")
+                             "hf-64, hf-256, sync-prompt, sync-token, train-prompt, "
+                             "train-token)")
     parser.add_argument("--fail", default="", type=lambda v: set(v.split(",")) - {""},
                         help="make these steps raise: checks that the check itself fails")
     args = parser.parse_args(argv)
@@ -337,10 +322,6 @@ def main(argv: list[str] | None = None) -> int:
         ("ponder", "ponder (shipped controller)", evaluation(lambda: PonderLM(device=args.device))),
         ("ponder-none", "ponder controller=none",
          evaluation(lambda: PonderLM(controller="none", device=args.device))),
-        # the captured decode step (CUDA graphs); on a CPU the static layout runs eagerly
-        ("ponder-none-captured", "ponder controller=none decode_step=captured",
-         evaluation(lambda: PonderLM(controller="none", device=args.device,
-                                     decode_step="captured"))),
         *[(f"train-{g}", f"train {g} level", lambda g=g: train(args, g, work))
           for g in ("prompt", "token")],
         *[(f"hf-{b}", f"hf batch {b}", evaluation(lambda b=b: HFLM(

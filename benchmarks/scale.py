@@ -132,9 +132,6 @@ def parse(argv: list[str] | None):
                              "gain over each --model hf batch under it (default: 1, each hf "
                              "batch and the loop's rows, each at most --questions; the flag with no "
                              "value: skip)")
-    parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
-                        choices=["dynamic", "captured"],
-                        help="the loop's decode steps to time (captured: the GPU fast path)")
     add_replay_args(parser)
     add_device_args(parser)
     args = parser.parse_args(argv)
@@ -178,7 +175,7 @@ def main(argv: list[str] | None = None) -> float | None:
     model = build_model(config, args.device, dtype, args.seed)
     args.load_s = time.perf_counter() - start  # building random weights: a start-up per run
     args.harness_s = harness_seconds(args.lengths, args.device, dtype) if args.harness else 0.0
-    batching = Batching(args.max_rows, None, None, args.device, "loop")
+    batching = Batching(args.max_rows, None, args.device)
     batching.fit(config, dtype, weight_bytes(model))
     loop_config = batching.loop_config()
     args.sized = size_run(args, model, loop_config.max_rows) if args.questions is None else None
@@ -186,7 +183,7 @@ def main(argv: list[str] | None = None) -> float | None:
         args.hf_batches = [args.questions]
     lengths = recorded_lengths(f"{args.lengths}", args.questions, args.max_new_tokens)
     args.overhead = harness_overhead(args, dtype, args.harness_s) if args.harness_questions else None
-    loops = loop_engines(loop_config, args.decode_steps, args.loop_rows)
+    loops = loop_engines(loop_config, args.loop_rows)
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
     params = sum(p.numel() for p in model.parameters())
     print(f"# {bb.device_description(args.device)}, {dtype}, threads {torch.get_num_threads()}, "
@@ -198,7 +195,7 @@ def main(argv: list[str] | None = None) -> float | None:
           f"medians of {args.pairs} interleaved pairs", flush=True)
     warm = [(lengths[i][0], min(limits[i], 4)) for i in range(min(4, len(limits)))]
     w_ids, w_mask, w_limits = batch_of(warm, config.vocab_size, args.device, args.seed)
-    for config_ in loops.values():  # kernels, allocator, a captured step's recording
+    for config_ in loops.values():  # kernels, allocator
         run_replay(model, w_ids, w_mask, w_limits, config_)
     if args.hf_batches:
         run_hf(model, w_ids, w_mask, w_limits, min(args.hf_batches))
@@ -226,8 +223,7 @@ def size_run(args, model, max_rows: int) -> dict:
     they do not fit at the default 3 pairs, the pairs go down to 1 before anything else."""
     every = recorded_lengths(args.lengths, SIZE_MAX, args.max_new_tokens)
     cost = measure_step_cost(model, [1, SIZE_STEP], step_context(every))
-    loops = [max_rows] * (1 + len([s for s in args.decode_steps if s != "dynamic"]))
-    loops += args.loop_rows
+    loops = [max_rows, *args.loop_rows]
 
     def pair_s(n: int) -> float:
         tokens = [every[i][1] for i in order_of(every[:n])]
@@ -330,7 +326,7 @@ def harness_overhead(args, dtype, startup_s: float) -> dict:
     tokens = results["results"][f"{args.lengths}_ponder"]["gen_tokens,none"] * n
     config, _ = shape_config("smollm2-135m")
     model = build_model(config, args.device, dtype, args.seed)
-    batching = Batching(args.max_rows, None, None, args.device, "loop")
+    batching = Batching(args.max_rows, None, args.device)
     batching.fit(config, dtype, weight_bytes(model))
     lengths = recorded_lengths(args.lengths, n, cap)
     ids, mask, limits = batch_of(lengths, config.vocab_size, args.device, args.seed)
@@ -346,17 +342,14 @@ def harness_overhead(args, dtype, startup_s: float) -> dict:
             "loop_s_per_token": loop_s_tok, "s_per_token": harness_s_tok - loop_s_tok}
 
 
-def loop_engines(default, decode_steps: list[str], rows: list[int]) -> dict:
-    """The loop's configurations to time: ``loop`` (the default rule, dynamic) first, then
-    each other decode step at the default rows, then each ``--loop-rows`` value."""
+def loop_engines(default, rows: list[int]) -> dict:
+    """The loop's configurations to time: ``loop`` (the default rule) first, then each
+    ``--loop-rows`` value."""
     from dataclasses import replace
 
-    out = {"loop": replace(default, decode_step="dynamic")}
-    for step in decode_steps:
-        if step != "dynamic":
-            out[f"loop-{step}"] = replace(default, decode_step=step)
+    out = {"loop": default}
     for n in rows:
-        out[f"loop-rows{n}"] = replace(default, max_rows=n, decode_step="dynamic")
+        out[f"loop-rows{n}"] = replace(default, max_rows=n)
     return out
 
 

@@ -18,16 +18,13 @@ host work shows. On CUDA every phase boundary synchronises (attribution, not spe
 
     python benchmarks/step_cost.py --pairs 3                # this CPU, both models
     python benchmarks/step_cost.py --device cuda --models tiny embedded
-    python benchmarks/step_cost.py --device cuda --decode-steps dynamic captured  # graph steps
 
-Last line: ``host_ms_per_step <our loop (the first --decode-steps mode), 256 rows, tiny
-model>``.
+Last line: ``host_ms_per_step <our loop, 256 rows, tiny model>``.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import statistics
 import sys
 
@@ -53,9 +50,6 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--join-rows", type=int, default=0,
                         help="also run this many prompts with a quarter of them in flight, and "
                              "print the cost of a join and of a compaction")
-    parser.add_argument("--decode-steps", nargs="+", default=["dynamic"],
-                        help="the loop's decode_step modes to split (each a path 'loop' or "
-                             "'loop:<mode>'), e.g. dynamic captured")
     args = parser.parse_args(argv)
 
     import torch
@@ -71,21 +65,16 @@ def main(argv: list[str] | None = None) -> float:
           f"{args.max_new_tokens} new tokens, until {stop}, medians of {args.pairs} pairs")
     print("model     rows  path  step_ms  host_ms  phases (ms/step)")
     host_at: dict[tuple[str, int, str], dict[str, float]] = {}
-    loops = {("loop" if mode == "dynamic" else f"loop:{mode}"): mode for mode in args.decode_steps}
     for name in args.models:
         model = tiny_model(len(tok), args.device, dtype) if name == "tiny" else \
             AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(args.device).eval()
         for rows in args.rows:
             enc = tok(arith_chat_prompts(tok, rows), return_tensors="pt",
                       padding=True).to(args.device)
-            runners = {path: functools.partial(run_loop, decode_step=mode)
-                       for path, mode in loops.items()}
-            runners["hf"] = run_hf
+            runners = {"loop": run_loop, "hf": run_hf}
             runs: dict[str, list[dict]] = {path: [] for path in runners}
             run_hf(model, tok, enc, 2, stop, args.device)  # warm-up: kernels, allocator, ...
-            for mode in loops.values():  # ... the stop-token table, and (at this width) graphs
-                run_loop(model, tok, enc, 2 if mode == "dynamic" else args.max_new_tokens,
-                         stop, args.device, decode_step=mode)
+            run_loop(model, tok, enc, 2, stop, args.device)  # ... and the stop-token table
             for pair in range(args.pairs):
                 order = list(runs) if pair % 2 == 0 else list(runs)[::-1]
                 for path_name in order:
@@ -100,9 +89,8 @@ def main(argv: list[str] | None = None) -> float:
                 print(f"{name:8s} {rows:5d}  {path_name:4s}  {med['step_ms']:7.2f}  "
                       f"{med['host_ms']:7.2f}  "
                       + "  ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
-            for loop in loops:
-                ratio = host_at[(name, rows, loop)]["host_ms"] / host_at[(name, rows, "hf")]["host_ms"]
-                print(f"{name:8s} {rows:5d}  host time, {loop} / hf: {ratio:.2f}", flush=True)
+            ratio = host_at[(name, rows, "loop")]["host_ms"] / host_at[(name, rows, "hf")]["host_ms"]
+            print(f"{name:8s} {rows:5d}  host time, loop / hf: {ratio:.2f}", flush=True)
         del model
     if args.join_rows:  # rows joining a running batch: what a join and a compaction cost
         for name in args.models:
@@ -118,7 +106,7 @@ def main(argv: list[str] | None = None) -> float:
                   f"{r['compact_ms'] / max(r['compactions'], 1):.2f} ms each; "
                   f"step {r['step_ms']:.2f} ms", flush=True)
             del model
-    key = ("tiny", max(args.rows), next(iter(loops)))
+    key = ("tiny", max(args.rows), "loop")
     value = host_at.get(key, {}).get("host_ms", float("nan"))
     print(f"host_ms_per_step {value:.3f}")
     return value

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     lengths = recorded_lengths(args.lengths, max(args.prompts, args.token_prompts),
                                args.max_new_tokens)
     model = build_model(config, args.device, dtype, args.seed)
-    batching = Batching(args.max_rows, None, None, args.device, "loop")
+    batching = Batching(args.max_rows, None, args.device)
     batching.fit(config, dtype, weight_bytes(model))
     loop_config = batching.loop_config()
     layer, vector = steering_parts(model, args.seed)

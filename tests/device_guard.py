@@ -16,9 +16,7 @@ accelerator tensor, which CUDA tolerates with a host-to-device copy per call, ar
 The guard also counts host syncs (an accelerator tensor read back: ``.item()``, ``.cpu()``,
 ``.tolist()``, ``bool(t)``, ``nonzero``): ``guard.syncs`` lists them while ``guard.count_syncs``
 is on, so a per-token hot path can be checked for "no host round-trip" without a GPU, as
-``torch.cuda.set_sync_debug_mode("error")`` checks it on one. ``guard.uploads`` lists, at the
-same times, host data copied to the device (``torch.tensor(x, device=...)``, ``.to(device)``
-of a CPU tensor): legal in eager code, an error inside a CUDA graph's recording.
+``torch.cuda.set_sync_debug_mode("error")`` checks it on one.
 
 Use ``accelerator`` (the device to pass around) and the ``device_guard`` fixture (conftest).
 """
@@ -114,7 +112,6 @@ class DeviceGuard(TorchDispatchMode):
         super().__init__()
         self.generators = AcceleratorGenerators()
         self.syncs: list[str] = []
-        self.uploads: list[str] = []
         self.count_syncs = False
         self.ops = 0
 
@@ -153,7 +150,7 @@ class DeviceGuard(TorchDispatchMode):
         found = self.refuse_mixing(func, kwargs, flat)
         on_accelerator, unwrapped_kwargs = self.placement(func, args, kwargs, found)
         if self.count_syncs:
-            self.record_transfers(func, flat, found, on_accelerator)
+            self.record_syncs(func, found, on_accelerator)
         out = func(*tree_map(unwrap, args), **unwrapped_kwargs)
         schema = func._schema
         if schema.returns and is_write(schema.returns[0]):  # in-place / out=: the same object
@@ -195,16 +192,11 @@ class DeviceGuard(TorchDispatchMode):
             on_accelerator = isinstance(args[0], OnAccelerator)
         return on_accelerator, unwrapped_kwargs
 
-    def record_transfers(self, func, flat: list, found: set[str], on_accelerator: bool) -> None:
-        """Host syncs (a read of accelerator data on the host) and uploads (host data copied to
-        the accelerator), the two a captured step must not make."""
+    def record_syncs(self, func, found: set[str], on_accelerator: bool) -> None:
+        """Host syncs: a read of accelerator data on the host."""
         if "accelerator" in found and (
                 func in SYNCING or (func is aten._to_copy.default and not on_accelerator)):
             self.syncs.append(str(func))
-        if on_accelerator and func in TRANSFERS and any(
-                type(t) is torch.Tensor for t in flat):  # host data copied to the device
-            shapes = [tuple(t.shape) for t in flat if isinstance(t, torch.Tensor)]
-            self.uploads.append(f"{func} {shapes}")
 
 
 def unwrap(t):

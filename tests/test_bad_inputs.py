@@ -314,7 +314,6 @@ ISSUE55_CASES = {
                            ("layer -1",), "fine"),
     "exit_layers from layer zero": Case(PLAIN + ",early_exit=0.5,exit_layers=0:2",
                                         ("exit_layers", "'0:2'"), "fine"),
-    "decode_step unknown": Case(PLAIN + ",decode_step=fast", ("decode_step", "'fast'"), "fine"),
     "allow_backbone_mismatch not a flag": Case(PLAIN + ",allow_backbone_mismatch=maybe",
                                                ("allow_backbone_mismatch", "'maybe'"), "fine"),
     "alpha not finite": Case("pretrained={tiny},steering={vector},alpha=nan", ("alpha", "nan"),
@@ -367,6 +366,16 @@ ISSUE66_CASES = {
     "a task's do_sample with temperature 0": Case(
         PLAIN, ("do_sample=true", "task's own", "do_sample=false"), "silent",
         ("--gen_kwargs", "max_gen_toks=2,temperature=0"), "arith_ponder_bon"),
+    # issue 74: a model arg that was removed, with the value it took or any other (before: a
+    # model arg, and the run went on)
+    "decode_step removed": Case(PLAIN + ",decode_step=captured",
+                                ("decode_step='captured'", "removed on 2026-12-04",
+                                 "drop decode_step="), "silent"),
+    "decode_step removed, the default's value": Case(
+        PLAIN + ",decode_step=dynamic", ("decode_step='dynamic'", "removed on 2026-12-04"),
+        "silent"),
+    "decode_step removed, an unknown value": Case(
+        PLAIN + ",decode_step=fast", ("decode_step='fast'", "removed on 2026-12-04"), "fine"),
 }
 # runs that must go through (issue 66), with the line each must print (None: no line)
 ISSUE66_RUNS = {
@@ -702,7 +711,7 @@ ARG_RANGES = {
     "max_cache_gib": "max_cache_gib negative", "early_exit": "early_exit above 1",
     "min_top_prob": "min_top_prob above 1",
     "exit_layers": "exit_layers from layer zero", "granularity": "granularity unknown",
-    "generation": "generation unknown", "decode_step": "decode_step unknown",
+    "generation": "generation unknown",
     "allow_backbone_mismatch": "allow_backbone_mismatch not a flag",
 }
 NO_RANGE = {

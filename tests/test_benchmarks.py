@@ -24,8 +24,7 @@ STUDIES = REPO / "studies"
 # each folder of scripts and the package in it that holds what its scripts share
 SHARED = {BENCHMARKS: "lib", STUDIES: "studylib"}
 # the scripts that take shared code from it: each must still run as ``python <folder>/X.py``
-LIB_USERS = [*((BENCHMARKS, s) for s in ("step_cost", "profile_step", "compile_step",
-                                         "static_step", "loop_tail")),
+LIB_USERS = [*((BENCHMARKS, s) for s in ("step_cost", "profile_step", "loop_tail")),
              *((STUDIES, s) for s in ("headroom", "adaptation", "testset", "per_type"))]
 
 
@@ -111,74 +110,6 @@ def test_scripts_find_their_shared_code_when_run_from_anywhere(folder, script, t
     assert "usage:" in done.stdout
 
 
-def test_a_static_cache_with_per_row_masks_decodes_as_the_dynamic_cache():
-    """The premise of a static-shape decode step (``benchmarks/compile_step.py``): rows at
-    different lengths in one ``StaticCache``, each masked to its own columns, choose the greedy
-    tokens the loop's ``DynamicCache`` chooses (float32, a tiny random Llama)."""
-    import compile_step
-    from lib.decoding import tiny_model
-
-    from lm_eval_ponder.engine import cache_keyword
-
-    model = tiny_model(1000, "cpu", torch.float32)
-    kw = cache_keyword(model)
-    agree, worst = compile_step.same_tokens_as_dynamic(model, 6, 16, 1000, "cpu", kw)
-    assert agree == 1.0 and worst < 1e-5  # rounding; unmasked padding columns give 0.6
-
-
-def test_compile_step_times_both_steps(capsys):
-    """The script runs end to end small (a capture included: on a CPU, the eager forward) and
-    ends with its ratio line."""
-    import compile_step
-
-    ratio = compile_step.main(["--rows", "2", "--steps", "2", "--pairs", "1", "--cache-len", "24",
-                               "--check-steps", "2", "--dtype", "float32", "--threads", "1"])
-    assert ratio > 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[-1] == f"compiled_over_eager {ratio:.3f}"
-    assert "100.0% of greedy tokens" in out[1]
-
-
-@needs_embedded
-def test_static_step_times_a_static_mode_against_the_dynamic_loop(capsys):
-    """``benchmarks/static_step.py`` runs end to end small and ends with its ratio line; in
-    float32 the static slots decode the dynamic loop's tokens (100% in its table), with the
-    tail moved to fewer slots (``captured``) and without (``captured-flat``, the default's
-    second mode)."""
-    import static_step
-
-    ratio = static_step.main(["--prompts", "6", "--max-rows", "3", "--max-new-tokens", "6",
-                              "--pairs", "1", "--dtype", "float32", "--threads", "1"])
-    assert ratio > 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[-1] == f"static_over_dynamic {ratio:.3f}"
-    assert out[-3].split()[0] == "captured" and "100.0%" in out[-3]
-    assert out[-2].split()[0] == "captured-flat" and "100.0%" in out[-2]
-
-
-def test_static_step_reports_a_failing_mode_and_times_the_others(capsys, monkeypatch):
-    """A graph mode that fails on the device (e.g. a capture error) is one line, and the
-    modes after it are still timed: a GPU session must not lose them to it."""
-    import static_step
-
-    from lm_eval_ponder import engine
-
-    real = engine.generate_rows
-
-    def failing(*args, config=None, **kwargs):
-        if config is not None and config.decode_step == "captured" and config.shrink_tail:
-            raise RuntimeError("operation not permitted when stream is capturing")
-        return real(*args, config=config, **kwargs)
-
-    monkeypatch.setattr(engine, "generate_rows", failing)  # the door static_step goes through
-    static_step.main(["--prompts", "4", "--max-rows", "2", "--max-new-tokens", "3",
-                      "--pairs", "1", "--dtype", "float32", "--threads", "1",
-                      "--modes", "captured", "captured-flat"])
-    out = capsys.readouterr().out.splitlines()
-    assert "captured failed: RuntimeError: operation not permitted" in "\n".join(out)
-    assert out[-2].split()[0] == "captured-flat" and "100.0%" in out[-2]
-
-
 def test_padding_bound_counts_each_fixed_batch_to_its_longest_answer():
     from lib.decoding import padding_bound
 
@@ -201,59 +132,6 @@ def test_loop_tail_counts_the_loops_forwards(capsys):
     assert forwards >= 2  # the longest answer's decode steps, at least
     assert "padding bound at batch 2" in out and "generate, batch 2" in out
 
-
-def test_gpu_check_notes_what_captured_made_of_its_graphs(monkeypatch):
-    """``gpu_check.graph_notes``: a ``captured`` run that recorded nothing, or ran shapes
-    eagerly, says so beside its speed. Driven by a real captured generation whose stand-in
-    recorder records the full batch's shape and refuses the tail's (fewer rows): the note is
-    what the forward actually did, not counters set by hand."""
-    import functools
-    from types import SimpleNamespace
-
-    import gpu_check
-    from conftest import build_tiny_llama, build_tiny_tokenizer
-
-    from lm_eval_ponder.engine import LoopConfig, capture, generate_rows, slots
-
-    def captured(model):
-        return SimpleNamespace(batching=SimpleNamespace(decode_step="captured"), model=model)
-
-    assert gpu_check.graph_notes(captured(build_tiny_llama(64))) == \
-        "no CUDA: the eager static step"
-
-    class Recorded:
-        def __init__(self, forward):
-            self.forward = forward
-
-        def replay(self):
-            return self.forward().logits
-
-    shapes = []
-
-    def record(forward):
-        rows = forward.__closure__[0].cell_contents["input_ids"].shape[0]
-        shapes.append(rows)
-        if rows < max(shapes):
-            raise RuntimeError("refused\nmore")
-        return Recorded(forward)
-
-    monkeypatch.setattr(slots, "CapturedForward", functools.partial(
-        capture.CapturedForward, record=record, warm_up=lambda forward: forward()))
-    tok = build_tiny_tokenizer()
-    tok.padding_side = "left"
-    model = build_tiny_llama(len(tok), seed=0)
-    prompts = ["Hello there", "a", "What is 2+2? ", "xyzzy plugh", "The quick brown fox", "Q!",
-               "a much longer prompt than the others, so that a group joins wider", "b", "cc",
-               "ddd"] * 2  # answers of many lengths: the tail moves (as tests/engine's)
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    result = generate_rows(model, enc.input_ids, enc.attention_mask, max_new_tokens=16,
-                           eos_token_ids={2, 55, 44, 0, 50, 19}, pad_token_id=3,
-                           config=LoopConfig(decode_step="captured"))
-    assert result.tail_moves >= 1 and len(set(shapes)) == 2  # 24 slots, then the tail's 8
-    assert gpu_check.graph_notes(captured(model)) == \
-        "1 graphs recorded, 1 shapes eager (RuntimeError: refused)"
-    dynamic = SimpleNamespace(batching=SimpleNamespace(decode_step="dynamic"), model=model)
-    assert gpu_check.graph_notes(dynamic) == ""
 
 # ----------------------------------------------------------------------------- scale.py (issue 54)
 def test_scale_replays_recorded_lengths_in_both_engines(tmp_path, capsys):
@@ -500,7 +378,7 @@ def test_the_default_rows_and_cache_hold_a_7_8b_model_on_an_80_gb_gpu(shape, mon
     gpu = 80 * 10**9
     monkeypatch.setattr(batching, "total_memory_bytes", lambda device: gpu)
     config, _ = replay.shape_config(shape)
-    rule = batching.Batching(None, None, None, "cuda", "loop")
+    rule = batching.Batching(None, None, "cuda")
     rule.fit(config, torch.bfloat16, 0)  # on a GPU the weights do not set the budget
     widest = max(p for p, _ in replay.recorded_lengths("gsm8k", 10_000, 500))
     assert rule.max_rows == 256 and rule.max_cache_tokens >= 256 * (widest + 500)

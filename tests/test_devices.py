@@ -7,20 +7,18 @@ checks that the numbers equal a plain CPU run: the guard must catch misplacement
 changing what is computed. The sweep: FP-Direct generation at prompt and token granularity
 through the loop and through ``generation=hf``; the steering hook's decisions without a host
 sync; one trainer step of each granularity; steering extraction; a controller saved on one
-device and loaded on another; the captured decode step (a stand-in for ``torch.cuda.graph``).
+device and loaded on another.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from device_guard import ACCELERATOR, DeviceMixError, device_guard
 from safetensors.torch import load_file
 
-from lm_eval_ponder.engine import capture as graph_capture
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.pondering.controller import PonderController, load_controller, save_controller
 from lm_eval_ponder.pondering.dynamics import ControllerDecide, PonderConfig, cumulative_offsets
@@ -172,86 +170,6 @@ def test_early_exit_tests_never_wait_for_the_host(sharp_model_dir, monkeypatch):
         guard.count_syncs = False
         assert guard.syncs == []
         assert any(t.stats["exit_layer"] < 4 for t in texts)  # the tests did exit rows
-
-
-def captured_run(model_dir, vector_dir, monkeypatch, upload_in_forward: bool = False):
-    """``decode_step=captured`` on the stand-in device, with a recorder that stands in for
-    ``torch.cuda.graph`` (not run while recording; each replay runs the forward on the graph's
-    own inputs, with the guard counting host syncs and uploads). ``upload_in_forward`` adds
-    a host-to-device copy inside the forward (the check's own test). Returns (texts, recorded
-    graphs, syncs, uploads, the graphs' inputs)."""
-    import functools
-
-    from lm_eval_ponder.engine import slots as static_decode
-
-    recorded: list = []
-    with device_guard(monkeypatch) as guard:
-        class Recorder:
-            def __init__(self, forward) -> None:
-                self.forward = forward
-                recorded.append(self)
-
-            def replay(self):
-                guard.count_syncs = True
-                try:
-                    return self.forward().logits
-                finally:
-                    guard.count_syncs = False
-
-        monkeypatch.setattr(static_decode, "CapturedForward", functools.partial(
-            graph_capture.CapturedForward, record=Recorder, warm_up=lambda forward: forward()))
-        lm = ponder_lm(model_dir, vector_dir, "meta", controller="none", decode_step="captured")
-        if upload_in_forward:  # a scalar built on the host and moved: an H2D copy per call
-            lm.model.model.norm.register_forward_hook(
-                lambda module, args, out: out + torch.tensor(0.0, device=out.device))
-        got = lm.generate_until(requests(GREEDY))
-        forward = static_decode.decode_forward(lm.model)
-        inputs = [i for per_cache in forward.graphs.values() for i, _ in per_cache.values()]
-    return got, recorded, guard.syncs, guard.uploads, inputs
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen2_dir(tmp_path_factory) -> Path:
-    """A tiny random Qwen2 (attention biases, tied embeddings: the Qwen2.5 family's shape)
-    with the tiny tokenizer, saved as a local model directory."""
-    from conftest import build_tiny_tokenizer
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    directory = tmp_path_factory.mktemp("tiny-qwen2")
-    tokenizer = build_tiny_tokenizer()
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=True,
-    )).eval().save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_captured_decode_steps_on_the_accelerator_without_a_host_read(
-        tiny_model_dir, tiny_qwen2_dir, tiny_vector_dir, monkeypatch, family):
-    """``decode_step=captured`` on the stand-in device: the dynamic loop's texts on the CPU,
-    the graph's inputs on the device, and inside the recorded forward no value read back to
-    the host and none copied from it (each an error while a CUDA stream captures: the shape
-    would run eagerly, with one warning). (No pondering: the Llama's vector is not loaded.)"""
-    model_dir = tiny_model_dir if family == "llama" else tiny_qwen2_dir
-    want = ponder_lm(model_dir, tiny_vector_dir, "cpu", controller="none") \
-        .generate_until(requests(GREEDY))
-    got, recorded, syncs, uploads, inputs = captured_run(model_dir, tiny_vector_dir, monkeypatch)
-    assert recorded and syncs == [] and uploads == []
-    assert inputs and all(i[k].device == ACCELERATOR for i in inputs
-                          for k in graph_capture.STEP_INPUTS)
-    assert got == want
-
-
-def test_the_captured_check_sees_an_upload_inside_the_forward(tiny_model_dir, tiny_vector_dir,
-                                                               monkeypatch):
-    """The check above can fail: one host scalar moved to the device per forward is seen."""
-    *_, uploads, _ = captured_run(tiny_model_dir, tiny_vector_dir, monkeypatch,
-                                  upload_in_forward=True)
-    assert uploads and all("_to_copy" in u for u in uploads)
 
 
 # ----------------------------------------------------------------------------- training

@@ -334,10 +334,10 @@ def test_a_submodule_import_is_reported(tmp_path):
     (tmp_path / "pkg").mkdir()
     planted = tmp_path / "pkg" / "m.py"
     planted.write_text("from lm_eval_ponder.engine.loop import generate_rows\n"
-                       "from lm_eval_ponder.engine import LoopConfig, slots\n")
+                       "from lm_eval_ponder.engine import LoopConfig, rows\n")
     assert engine_submodule_imports([planted]) == [
         "pkg/m.py:1 imports lm_eval_ponder.engine.loop",
-        "pkg/m.py:2 imports lm_eval_ponder.engine.slots"]
+        "pkg/m.py:2 imports lm_eval_ponder.engine.rows"]
 
 
 # the hops every generation request takes before the engine (issue 67: four hops, where

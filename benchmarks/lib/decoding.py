@@ -129,7 +129,7 @@ DECODERS: dict = {}  # one decoder per tokenizer: the loop keeps its stop-token 
 
 
 def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
-             max_rows: int | None = None, decode_step: str = "dynamic") -> dict:
+             max_rows: int | None = None) -> dict:
     import torch
 
     decode = DECODERS.setdefault(id(tok), lambda ids: tok.decode(ids, skip_special_tokens=True))
@@ -141,12 +141,10 @@ def run_loop(model, tok, enc, max_new: int, stop: list[str], device: str,
 
         timer = StepTimer(sync=torch.device(device).type == "cuda")
         kwargs.update(sampling=SamplingConfig(), observers=[timer],
-                      config=LoopConfig(max_rows=max_rows, decode_step=decode_step))
+                      config=LoopConfig(max_rows=max_rows))
     except ImportError:  # an older checkout (a baseline run): its forwards timed by hooks
 
         kwargs.update(sampling=SamplingConfig(), max_rows=max_rows)
-        if decode_step != "dynamic":
-            kwargs["decode_step"] = decode_step
         clock = ForwardClock(model, device)
     start = time.perf_counter()
     try:

@@ -38,11 +38,10 @@ can complete a stop string are decoded. ``benchmarks/step_cost.py`` splits a ste
 
 The call reads top to bottom in ``RowLoop.run``: admit waiting rows while slots are free (prefill
 them as groups and hand them to the cache layout), else decode one step for every row in
-flight, then read back which rows ended and retire them. The rows live in one of two
-``CacheLayout``s (``engine.rows``): the dynamic one by default, the static one
-(``engine.slots``) for ``decode_step=captured`` where ``static_applies``. What the code around
-the loop learns of it goes through ``LoopObserver``s (``engine.observers``); how it batches is
-one ``LoopConfig`` (``engine.config``). This package imports no lm-eval: the adapter
+flight, then read back which rows ended and retire them. The rows live in a ``CacheLayout``
+(``engine.rows``: ``DynamicRows``). What the code around the loop learns of it goes through
+``LoopObserver``s (``engine.observers``); how it batches is one ``LoopConfig``
+(``engine.config``). This package imports no lm-eval: the adapter
 (``evaluation.lm``) and the trainer call it the same way.
 
 Pass ``decode=`` the tokenizer's decode with ``skip_special_tokens=True``: it is what HFLM cuts
@@ -75,7 +74,6 @@ from lm_eval_ponder.engine.rows import (
     supports_logits_to_keep,
 )
 from lm_eval_ponder.engine.sampling import ChoiceRows, SamplingConfig, TokenChooser
-from lm_eval_ponder.engine.slots import SlotRows, StaticSlots, slot_shape
 from lm_eval_ponder.engine.stops import StopStrings
 
 FINISH_EOS = "eos"
@@ -121,22 +119,18 @@ class GenerationResult:
     row's end (the form ``generate`` returns). ``gen_tokens``: each row's generated tokens up to
     and including its EOS or the token completing a stop string. ``finish_reason``: "eos",
     "stop", "length" or "unsure" (``LoopConfig.min_top_prob``; its last token is dropped, so
-    such a row ran one forward more than it kept tokens) per row. ``decode_step``: the layout
-    the call decoded with (a ``captured`` request that ``static_applies`` refused is
-    ``dynamic``, ``why`` says why). The counters describe the work done."""
+    such a row ran one forward more than it kept tokens) per row. The counters describe the
+    work done."""
 
     sequences: torch.LongTensor
     gen_tokens: list[int]
     finish_reason: list[str]
-    decode_step: str = "dynamic"
-    why: str = ""
     prefill_forwards: int = 0
     decode_forwards: int = 0
     decode_row_slots: int = 0  # sum over decode forwards of the live rows in the batch
     dead_row_slots: int = 0  # ... and of finished rows still waiting for a compaction
     joins: int = 0
     compactions: int = 0
-    tail_moves: int = 0  # static slots: moves of the live rows to fewer slots
 
 
 # SDPA backends for the loop's forwards on CUDA: every one but cuDNN's. cuDNN attention builds
@@ -175,27 +169,6 @@ def prefill_parts(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
     return parts
 
 
-def static_applies(config: LoopConfig, observers: Observers, chooser: TokenChooser,
-                   n_rows: int, widest: int, max_new: int) -> str:
-    """Why a call cannot use the static layout (``""``: it can). The one place that decides:
-    not unless ``decode_step=captured``; not while an observer says its hooks act inside the
-    forward (``LoopObserver.acts_in_forward``: a replayed graph runs no hooks; steering, early
-    exit), with a repetition penalty (it needs each row's history), or where the static cache
-    would pass the cache budget."""
-    if config.decode_step == "dynamic":
-        return "decode_step=dynamic"
-    if n_rows == 0 or max_new <= 0:
-        return "nothing to decode"
-    if observers.acts_in_forward:
-        return "steering or an early exit acts inside each forward"
-    if chooser.uses_history:
-        return "a repetition penalty needs each row's token history"
-    slots, width = slot_shape(n_rows, widest, max_new)
-    if config.max_cache_tokens is not None and slots * width > config.max_cache_tokens:
-        return f"its static cache ({slots} x {width}) passes the cache budget"
-    return ""
-
-
 class RowLoop:
     """One ``generate_rows`` call: the waiting rows, the layout in flight and the outputs."""
 
@@ -224,7 +197,7 @@ class RowLoop:
                 raise ValueError(f"max_new_tokens: one limit >= 1 per row ({self.n_rows}), "
                                  f"got {len(limits)}")
             self.max_new = max(limits, default=0)
-            self.limits = torch.tensor(limits + [self.max_new], dtype=torch.long, device=device)
+            self.limits = torch.tensor(limits, dtype=torch.long, device=device)
         self.pad = int(pad_token_id)
         self.max_rows = self.n_rows if config.max_rows is None else max(1, int(config.max_rows))
         self.admit_at = max(1, math.ceil(config.admit_fraction * self.max_rows))
@@ -237,29 +210,15 @@ class RowLoop:
         self.keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         self.cache_arg = cache_keyword(model)
         self.text_config = text_config(model.config)
-        # per original row: generated tokens (a last column that dead slots write to), counts;
-        # one more row for static slots no row has taken yet
-        self.tokens = torch.full((self.n_rows + 1, self.max_new + 1), self.pad,
-                                 dtype=torch.long, device=device)
-        self.counts = torch.zeros(self.n_rows + 1, dtype=torch.long, device=device)
+        # per original row: generated tokens (a last column that dead rows write to), counts
+        self.tokens = torch.full((self.n_rows, self.max_new + 1), self.pad, dtype=torch.long,
+                                 device=device)
+        self.counts = torch.zeros(self.n_rows, dtype=torch.long, device=device)
         self.real_len = self.mask.sum(dim=1).tolist()
         self.reason = [FINISH_LENGTH] * self.n_rows
         self.result = GenerationResult(self.input_ids, [0] * self.n_rows, self.reason)
         self.waiting = deque(range(self.n_rows))
-        self.layout: CacheLayout = self.new_layout()
-
-    def new_layout(self) -> CacheLayout:
-        in_flight = min(self.max_rows, self.n_rows)
-        widest = max(max(self.real_len, default=1), 1)
-        why = static_applies(self.config, self.observers, self.chooser, in_flight, widest,
-                             self.max_new)
-        self.result.why = why
-        if why:
-            return empty_rows(self.device)
-        self.result.decode_step = self.config.decode_step
-        slots, width = slot_shape(in_flight, widest, self.max_new)
-        return SlotRows(self.model, StaticSlots(self.model, slots, width, self.text_config),
-                        self.pad, self.n_rows, self.config.shrink_tail, self.text_config)
+        self.layout: CacheLayout = empty_rows(device)
 
     def vocab_size(self) -> int:
         head = self.model.get_output_embeddings() if hasattr(
@@ -357,19 +316,15 @@ class RowLoop:
         """One decode step of every row in flight, through the layout's inputs."""
         layout, device = self.layout, self.device
         with self.phase("cache", device):
-            layout.tidy(bool(self.waiting), self.result)
-            inputs = layout.inputs(self.model)
+            inputs = layout.inputs()
         with self.phase("forward", device), attention_backends(device):
             self.observers.begin_forward(layout.rows_t, False)
-            out = inputs.forward(input_ids=layout.last[:, None], attention_mask=inputs.mask,
-                                 position_ids=inputs.position_ids,
-                                 **{self.cache_arg: inputs.cache}, use_cache=True,
-                                 return_dict=True, **self.keep_logits)
+            out = self.model(input_ids=layout.last[:, None], attention_mask=inputs.mask,
+                             position_ids=inputs.position_ids, **{self.cache_arg: inputs.cache},
+                             use_cache=True, return_dict=True, **self.keep_logits)
             logits = out.logits[:, -1]
             del out
         layout.advance()
-        if inputs.forward is not self.model:  # a captured forward runs no module hooks
-            self.observers.replayed_forward(len(layout.rows))
         self.result.decode_forwards += 1
         self.result.decode_row_slots += layout.n_alive
         self.result.dead_row_slots += layout.n_dead
@@ -445,7 +400,7 @@ class RowLoop:
 
     def outputs(self) -> GenerationResult:
         steps = max(self.result.gen_tokens, default=0)
-        out = torch.cat([self.input_ids, self.tokens[:self.n_rows, :steps]], dim=1)
+        out = torch.cat([self.input_ids, self.tokens[:, :steps]], dim=1)
         self.result.sequences = out
         return self.result
 
@@ -462,9 +417,9 @@ def generate_rows(model, input_ids: torch.LongTensor, attention_mask: torch.Tens
     ``max_new_tokens``: one limit, or one per row (``benchmarks/scale.py`` replays recorded
     answer lengths this way).
     ``config``: how the rows are batched (``LoopConfig``: rows in flight, cache budget,
-    admission, decode step). ``observers`` are told which rows each forward holds, each row as
-    it ends (with its tokens if one asks), forwards that ran no module hook, and the time of
-    each phase (``engine.observers``). Settings the loop cannot reproduce exactly raise
+    admission, the answer-truncation threshold). ``observers`` are told which rows each forward
+    holds, each row as it ends (with its tokens if one asks), and the time of each phase
+    (``engine.observers``). Settings the loop cannot reproduce exactly raise
     ``UnsupportedGeneration`` before any forward.
     """
     return RowLoop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,

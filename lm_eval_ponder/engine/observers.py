@@ -1,14 +1,8 @@
 """What the row loop tells the code around it, through one protocol: which rows are in each
 forward (steering and early-exit hooks keep per-row state by it), each row as it finishes (a
-progress bar; an answer kept as it ends), forwards that ran no module hook (a replayed graph:
-the progress bar's forward hook misses them) and the time of each phase (benchmarks).
+progress bar; an answer kept as it ends) and the time of each phase (benchmarks).
 
-An observer overrides what it needs; ``LoopObserver`` answers everything with nothing. An
-observer whose module hooks act inside the forward (a steering vector added to a layer, an early
-exit) says so with ``acts_in_forward = True``: that keeps its call on the dynamic layout, since
-the static layout's replayed graphs run no module hooks and its dead slots are no rows. One that
-only watches ``begin_forward`` (a log of the rows) leaves the static layout on; it then sees a
-slot no row holds as row ``B`` (one past the call's last row).
+An observer overrides what it needs; ``LoopObserver`` answers everything with nothing.
 """
 
 from __future__ import annotations
@@ -26,12 +20,6 @@ class LoopObserver:
     """The loop's events, each a no-op here."""
 
     wants_tokens: bool = False  # ``row_finished`` gets the row's tokens (one read-back each)
-    # its module hooks change the forward (steering, early exit): the call stays on the
-    # dynamic layout, whose forwards run hooks and hold only rows (``loop.static_applies``).
-    # A hook that changes the forward without saying so would be skipped by a replayed graph
-    # (``decode_step=captured`` on a GPU): the loop cannot tell it from a harmless one (the
-    # LM head's contiguity pre-hook, ``backbone.contiguous_head_input``)
-    acts_in_forward: bool = False
 
     def begin_forward(self, rows: torch.LongTensor, prefill: bool) -> None:
         """``rows``: original row indices (0..B-1) of the rows in the coming forward, in batch
@@ -43,9 +31,6 @@ class LoopObserver:
         """Row ``row`` ended; ``tokens``: its generated tokens if ``wants_tokens``;
         ``reason``: why (``engine.loop``'s ``FINISH_*``; "" where the caller cannot say)."""
 
-    def replayed_forward(self, n_rows: int) -> None:
-        """A decode forward of ``n_rows`` rows ran without module hooks."""
-
     def phase(self, name: str, device: torch.device) -> Any:
         """A context around one phase of the loop (``StepTimer``)."""
         return nullcontext()
@@ -53,12 +38,10 @@ class LoopObserver:
 
 @dataclass
 class Callbacks(LoopObserver):
-    """Plain functions as an observer: ``on_finish(row)``, ``on_tokens(row, tokens, reason)``,
-    ``on_replayed(rows)``."""
+    """Plain functions as an observer: ``on_finish(row)``, ``on_tokens(row, tokens, reason)``."""
 
     on_finish: Callable[[int], None] | None = None
     on_tokens: Callable[[int, list[int], str], None] | None = None
-    on_replayed: Callable[[int], None] | None = None
 
     @property
     def wants_tokens(self) -> bool:  # type: ignore[override]
@@ -69,10 +52,6 @@ class Callbacks(LoopObserver):
             self.on_tokens(row, tokens, reason)
         if self.on_finish is not None:
             self.on_finish(row)
-
-    def replayed_forward(self, n_rows: int) -> None:
-        if self.on_replayed is not None:
-            self.on_replayed(n_rows)
 
 
 @dataclass
@@ -110,8 +89,6 @@ class Observers:
         self.all = [o for o in observers if o is not None]
         self.row_watchers = [o for o in self.all if defines(o, "begin_forward")]
         self.finishers = [o for o in self.all if defines(o, "row_finished")]
-        self.replayers = [o for o in self.all if defines(o, "replayed_forward")]
-        self.acts_in_forward = any(getattr(o, "acts_in_forward", False) for o in self.all)
         self.wants_tokens = any(getattr(o, "wants_tokens", False) for o in self.all)
         timers = [o for o in self.all if defines(o, "phase")]
         self.phase = timers[0].phase if timers else no_phase
@@ -124,10 +101,6 @@ class Observers:
     def row_finished(self, row: int, tokens: list[int] | None, reason: str = "") -> None:
         for o in self.finishers:
             o.row_finished(row, tokens, reason)
-
-    def replayed_forward(self, n_rows: int) -> None:
-        for o in self.replayers:
-            o.replayed_forward(n_rows)
 
     def decoded(self) -> None:
         """One decode step ran (``StepTimer.decode_steps``)."""

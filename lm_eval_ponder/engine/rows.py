@@ -9,16 +9,14 @@ the cache once for many finished rows instead of once per step in which any row 
 ``pad_cols`` counts each row's leading padding columns in the cache (all of a row's keys sit at
 its right end), ``rows`` its original index in the call. Host lists are mirrored on the device
 (``*_t``) and refreshed only when the batch changes, so a decode step copies nothing from the
-host. ``Rows`` owns the lists and their mirrors; the two cache layouts subclass it:
-``DynamicRows`` here (a ``DynamicCache`` whose batch and columns follow the live rows: the
-default) and ``SlotRows`` (``engine.slots``: a fixed-shape ``StaticCache`` a GPU replays as a
-CUDA graph). Both implement ``CacheLayout``, the one protocol the loop drives.
+host. ``Rows`` owns the lists and their mirrors; ``DynamicRows`` adds a ``DynamicCache`` whose
+batch and columns follow the live rows, and implements ``CacheLayout``, the one protocol the
+loop drives.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -105,10 +103,9 @@ def supports_logits_to_keep(model) -> bool:
 
 @dataclass
 class StepInputs:
-    """What one decode forward takes besides the tokens: the callable (the module, or its
-    captured graph), the cache, the attention mask and the new tokens' positions."""
+    """What one decode forward takes besides the tokens: the cache, the attention mask and the
+    new tokens' positions."""
 
-    forward: Callable[..., Any]
     cache: Any
     mask: torch.Tensor
     position_ids: torch.Tensor
@@ -139,10 +136,9 @@ class CacheLayout(StepRows, Protocol):
     """The rows in flight and their cache, as the loop drives them: how many are alive or dead
     (``n_alive``, ``n_dead``, ``live_rows``), prefilled groups ``admit``, finished rows
     ``retire`` (masked until the layout drops them), each decode step takes its ``inputs`` and
-    then ``advance``s one column. The layout's own upkeep runs at three points: ``make_room``
-    before a group is prefilled, ``tidy`` before a decode step (the static layout's move of the
-    tail to fewer slots, and its shift of a full cache) and ``compact_after`` after one (the
-    dynamic layout's compaction). Counters of that upkeep go to ``work``
+    then ``advance``s one column. The layout's own upkeep runs at two points: ``make_room``
+    before a group is prefilled and ``compact_after`` after a decode step (the compaction).
+    Counters of that upkeep go to ``work``
     (``GenerationResult``'s fields). ``tests/engine/test_loop_protocol.py`` checks that the
     loop touches nothing of a layout that these two protocols do not name."""
 
@@ -158,11 +154,9 @@ class CacheLayout(StepRows, Protocol):
 
     def admit(self, group: DynamicRows, pad_token_id: int, work: Any) -> None: ...
 
-    def tidy(self, waiting: bool, work: Any) -> None: ...
-
     def compact_after(self, joining: bool, work: Any) -> None: ...
 
-    def inputs(self, model) -> StepInputs: ...
+    def inputs(self) -> StepInputs: ...
 
     def advance(self) -> None: ...
 
@@ -174,10 +168,10 @@ class Rows:
 
     def __init__(self, rows: list[int], pad_cols: list[int], last: torch.LongTensor,
                  device: torch.device, history: torch.LongTensor | None = None,
-                 history_pad: list[int] | None = None, alive: list[bool] | None = None) -> None:
+                 history_pad: list[int] | None = None) -> None:
         self.rows, self.pad_cols, self.last = rows, pad_cols, last
         self.history, self.history_pad = history, history_pad
-        self.alive = alive  # None: every row is alive
+        self.alive: list[bool] | None = None  # None: every row is alive
         self.device = device
         self.pad_cols_t = self.rows_t = self.history_pad_t = None
         self.alive_mask: torch.Tensor | None = None  # bool [R]; None: every row is alive
@@ -191,10 +185,6 @@ class Rows:
     @property
     def n_dead(self) -> int:
         return len(self.rows) - self.n_alive
-
-    def alive_flags(self) -> list[bool]:
-        """Per batch position, whether its row is in flight (``alive`` spelled out)."""
-        return [True] * len(self.rows) if self.alive is None else self.alive
 
     def live_rows(self) -> list[int]:
         return self.rows if self.alive is None else \
@@ -260,9 +250,6 @@ class DynamicRows(Rows):
         self.merge(group, pad_token_id)
         work.joins += 1
 
-    def tidy(self, waiting: bool, work: Any) -> None:
-        """Nothing before a step: the dynamic layout compacts after one (``compact_after``)."""
-
     def compact_after(self, joining: bool, work: Any) -> None:
         """After a step: compact once enough rows are dead, unless rows are about to join
         (``make_room`` compacts then)."""
@@ -270,9 +257,9 @@ class DynamicRows(Rows):
             self.compact()
             work.compactions += 1
 
-    def inputs(self, model) -> StepInputs:
+    def inputs(self) -> StepInputs:
         # the new token's position is the row's count of real tokens already cached
-        return StepInputs(model, self.cache, self.decode_mask(),
+        return StepInputs(self.cache, self.decode_mask(),
                           (self.length - self.pad_cols_t)[:, None])
 
     def advance(self) -> None:

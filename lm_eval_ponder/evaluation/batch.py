@@ -133,9 +133,6 @@ class BatchStep:
             eos_token_ids=set(sampling.eos_token_ids) or {call.eos_token_id},
             pad_token_id=call.pad_token_id, stop=stop, decode=call.decode,
             sampling=sampling, config=call.loop_config, observers=observers)
-        if result.decode_step != call.loop_config.decode_step:
-            call.warn_once(f"decode_step={call.loop_config.decode_step} does not apply to these "
-                           f"calls ({result.why}); they decode with the dynamic cache")
         return (result.sequences, list(result.gen_tokens),
                 [why == FINISH_UNSURE for why in result.finish_reason])
 

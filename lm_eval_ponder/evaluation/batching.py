@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from lm_eval_ponder.engine import LoopConfig, cache_bytes_per_token, check_decode_step
+from lm_eval_ponder.engine import LoopConfig, cache_bytes_per_token
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.settings import model_arg_number
 
@@ -93,22 +93,17 @@ def default_cache_gib(device: str, weight_bytes: int) -> float | None:
 
 
 class Batching:
-    """The batching model args, parsed before the model loads (``max_rows``, ``max_cache_gib``,
-    ``decode_step``), and the ``LoopConfig`` they make once the model's cache size per token
+    """The batching model args, parsed before the model loads (``max_rows``,
+    ``max_cache_gib``), and the ``LoopConfig`` they make once the model's cache size per token
     is known (``loop_config``)."""
 
-    def __init__(self, max_rows: Any, max_cache_gib: Any, decode_step: Any, device: str,
-                 generation: str) -> None:
+    def __init__(self, max_rows: Any, max_cache_gib: Any, device: str) -> None:
         self.max_rows = default_max_rows(device) if max_rows in (None, "", "auto") \
             else model_arg_number("max_rows", max_rows, int)
         if self.max_rows < 1:
             raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
         self.device = device
         self.max_cache_gib: float | str | None = parse_cache_gib(max_cache_gib)
-        self.decode_step = check_decode_step(decode_step)
-        if self.decode_step != "dynamic" and generation != "loop":
-            raise PonderError(f"decode_step={self.decode_step} is a mode of the generation loop; "
-                              f"it does not apply to generation={generation}")
         self.max_cache_tokens: int | None = None
 
     def fit(self, model_config, dtype: torch.dtype, weight_bytes: int) -> None:
@@ -143,8 +138,8 @@ class Batching:
         """The engine's config; ``min_top_prob`` is the model's (it changes what is generated,
         so it lives in the fingerprint, not here)."""
         return LoopConfig(max_rows=self.max_rows, max_cache_tokens=self.max_cache_tokens,
-                          decode_step=self.decode_step, min_top_prob=min_top_prob)
+                          min_top_prob=min_top_prob)
 
     def info(self) -> dict[str, Any]:
         return {"max_rows": self.max_rows, "max_cache_gib": self.max_cache_gib,
-                "max_cache_tokens": self.max_cache_tokens, "decode_step": self.decode_step}
+                "max_cache_tokens": self.max_cache_tokens}

@@ -185,8 +185,6 @@ class ExitHook(LoopObserver):
     removed on exit, also when the body raises.
     """
 
-    acts_in_forward = True  # its forward hooks change the hidden states: no replayed graph
-
     def __init__(self, model: nn.Module, settings: ExitSettings) -> None:
         self.layers = decoder_layers(model)
         self.n_layers = len(self.layers)

@@ -54,6 +54,7 @@ from lm_eval_ponder.evaluation.settings import (
     load_pondering,
     load_steering,
     parse_min_top_prob,
+    refuse_removed_model_args,
     unknown_model_arg,
 )
 from lm_eval_ponder.flops import FLOPS_PRICING, FlopsSpec
@@ -81,10 +82,11 @@ class PonderLM(HFLM):
                  alpha_start: float | None = None, granularity: str | None = None,
                  layer: int | None = None, generation: str = "loop",
                  max_rows: int | str | None = None, max_cache_gib: float | str | None = None,
-                 decode_step: str | None = None, allow_backbone_mismatch: bool | str = False,
+                 allow_backbone_mismatch: bool | str = False,
                  early_exit: float | str | None = None, exit_layers: str | None = None,
                  min_top_prob: float | str | None = None, **kwargs) -> None:
         install_excepthook()
+        refuse_removed_model_args(kwargs)
         self.generation = str(generation).strip().lower()
         if self.generation not in GENERATION_MODES:
             raise PonderError(f"generation must be one of {GENERATION_MODES}, got {generation!r}")
@@ -105,8 +107,7 @@ class PonderLM(HFLM):
             kwargs["dtype"] = bb.native_dtype(kwargs["device"])
         check_model_dtype(kwargs["dtype"])
         check_batch_size(kwargs.get("batch_size", 1))
-        self.batching = Batching(max_rows, max_cache_gib, decode_step, kwargs["device"],
-                                 self.generation)
+        self.batching = Batching(max_rows, max_cache_gib, kwargs["device"])
         if kwargs["device"] == "cpu":  # freed caches go back to the system
             allocator.return_large_blocks()
         self.backbone_info = self.load_backbone(pretrained, gguf_file, kwargs)

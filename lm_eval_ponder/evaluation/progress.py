@@ -101,15 +101,9 @@ class RowProgress:
         else:
             self.tokens += min(rows, self.in_flight) if self.started else rows
 
-    def decode_forward(self, rows: int) -> None:
-        """A decode step no hook saw (a captured forward, ``engine.capture``)."""
-        if self.watched:
-            self.forward(rows, False)
-
     def observer(self) -> LoopObserver:
-        """The bar as the generation loop's observer: a tick per finished row, and the decode
-        forwards that ran no module hook (replayed graphs), which ``watch`` cannot see."""
-        return Callbacks(on_finish=self.finish, on_replayed=self.decode_forward)
+        """The bar as the generation loop's observer: a tick per finished row."""
+        return Callbacks(on_finish=self.finish)
 
     @contextlib.contextmanager
     def watch(self, model: Any) -> Iterator[None]:

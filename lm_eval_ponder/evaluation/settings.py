@@ -112,6 +112,23 @@ def unknown_model_arg(error: TypeError, given: dict[str, Any],
                        f"model's from_pretrained takes it{hint}")
 
 
+# model args ``--model ponder`` took once and refuses now: why each went and what to do instead
+REMOVED_MODEL_ARGS = {
+    "decode_step": "the captured decode layout was removed on 2026-12-04 and every call decodes "
+                   "with the dynamic cache (what decode_step=dynamic did): drop decode_step= "
+                   "from --model_args",
+}
+
+
+def refuse_removed_model_args(given: dict[str, Any]) -> None:
+    """One line for a model arg that was removed (``REMOVED_MODEL_ARGS``), whatever its value:
+    left alone it would reach ``from_pretrained`` as an unknown key, whose line says nothing of
+    the removal."""
+    for name, why in REMOVED_MODEL_ARGS.items():
+        if name in given:
+            raise PonderError(f"model arg {name}={given[name]!r}: {why}")
+
+
 def model_arg_flag(key: str, value: Any) -> bool:
     """A boolean model arg: lm-eval reads ``true``/``false`` (any case) as bools already; a
     missing one is False; anything else is refused by name."""

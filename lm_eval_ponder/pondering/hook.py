@@ -79,8 +79,6 @@ class SteeringHook(LoopObserver):
     per-call record by row. The hook is removed on exit, also when the body raises.
     """
 
-    acts_in_forward = True  # its forward hooks change the hidden states: no replayed graph
-
     def __init__(self, model: nn.Module, layer: int, vector: torch.Tensor, scale: float,
                  decide: Decide, mode: str = "prompt") -> None:
         if mode not in GRANULARITIES:

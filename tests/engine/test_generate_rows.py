@@ -452,8 +452,7 @@ def test_the_loop_keeps_cudnn_attention_out_of_its_cuda_forwards():
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
-@pytest.mark.parametrize("decode_step", ["dynamic", "captured"])
-def test_each_row_stops_at_its_own_limit(llama, tok, decode_step):
+def test_each_row_stops_at_its_own_limit(llama, tok):
     """``max_new_tokens`` per row (how ``benchmarks/scale.py`` replays recorded answer
     lengths): each row ends at its own limit with the tokens it generates under one limit,
     rows leaving and joining (``max_rows`` 2 of 6); a limit per row must be one per row."""
@@ -463,7 +462,7 @@ def test_each_row_stops_at_its_own_limit(llama, tok, decode_step):
                           pad_token_id=PAD)
     res = generate_rows(llama, ids, mask, max_new_tokens=limits, eos_token_ids=set(),
                         pad_token_id=PAD,
-                        config=LoopConfig(max_rows=2, decode_step=decode_step))
+                        config=LoopConfig(max_rows=2))
     assert res.gen_tokens == limits and res.finish_reason == ["length"] * len(limits)
     width = ids.shape[1]
     for row, n in enumerate(limits):

@@ -1,7 +1,7 @@
 """The loop drives its rows only through the layout protocol (``engine.rows``: ``StepRows`` and
-``CacheLayout``), so a third layout implements what the protocols name and nothing the loop
+``CacheLayout``), so another layout implements what the protocols name and nothing the loop
 reads behind their back. Read from the loop's source: every attribute it touches on a batch or
-a layout must be named by the protocols, and both layouts must have it."""
+a layout must be named by the protocols, and the layout must have it."""
 
 from __future__ import annotations
 
@@ -54,13 +54,10 @@ def test_the_check_sees_a_field_behind_the_protocols_back():
     assert not {"secret_counter", "length"} & protocol_names()
 
 
-def test_both_layouts_have_every_name():
+def test_the_layout_has_every_name():
     import torch
-
-    from lm_eval_ponder.engine.slots import SlotRows
 
     dynamic = empty_rows(torch.device("cpu"))
     assert isinstance(dynamic, DynamicRows)
     for name in protocol_names():
         assert hasattr(dynamic, name), name
-        assert hasattr(SlotRows, name) or name in typing.get_type_hints(StepRows), name

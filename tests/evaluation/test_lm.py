@@ -57,29 +57,16 @@ def test_greedy_outputs_token_identical_to_hflm(hf_and_ponder):
     assert all(isinstance(text, GenerationText) for text in got)
 
 
-def test_static_decode_step_gives_hflms_tokens(hf_and_ponder, tiny_model_dir):
-    hf, _ = hf_and_ponder
-    static = PonderLM(pretrained=str(tiny_model_dir), batch_size=3, device="cpu",
-                      dtype="float32", decode_step="captured", max_rows=2)
-    kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
-    assert static.generate_until(requests(kwargs)) == hf.generate_until(requests(kwargs))
-    assert static.get_model_info()["ponder_batching"]["decode_step"] == "captured"
-    with pytest.raises(PonderError, match="decode_step must be one of"):
-        PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="graph")
-    with pytest.raises(PonderError, match="does not apply to generation=hf"):
-        PonderLM(pretrained=str(tiny_model_dir), device="cpu", decode_step="captured",
-                 generation="hf")
-
-
-def test_a_static_decode_step_on_an_early_exit_model_says_it_stays_dynamic(tiny_model_dir,
-                                                                          caplog):
-    lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", controller="none",
-                  early_exit=0.9, decode_step="captured")
-    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.lm"):
-        lm.generate_until(requests({"max_gen_toks": 3, "do_sample": False}))
-        lm.generate_until(requests({"max_gen_toks": 3, "do_sample": False}))
-    assert "decode with the dynamic cache" in caplog.text and "early exit" in caplog.text
-    assert caplog.text.count("decode with the dynamic cache") == 1  # once per model
+@pytest.mark.parametrize("value", ["captured", "dynamic", "auto"])
+def test_the_removed_decode_step_is_refused_in_one_line(tiny_model_dir, value):
+    """``decode_step`` went with the captured decode layout (2026-12-04): any value, the one it
+    named or the default's, is one line saying so and to drop it, before anything loads (not
+    an unknown key deep inside ``from_pretrained``, not silently ignored)."""
+    with pytest.raises(PonderError) as caught:
+        PonderLM(pretrained=str(tiny_model_dir / "missing"), device="cpu", decode_step=value)
+    line = str(caught.value)
+    assert "\n" not in line and f"decode_step={value!r}" in line
+    assert "removed on 2026-12-04" in line and "drop decode_step=" in line
 
 
 def test_model_info_carries_the_fingerprint(hf_and_ponder):

@@ -73,20 +73,6 @@ def test_tokens_count_live_rows_only():
     bar.close()
 
 
-def test_a_graph_replayed_decode_step_counts_like_a_hooked_one():
-    """``decode_forward`` stands in for the hook a CUDA-graph replay skips: static slots hold
-    finished rows too, and only live rows yield tokens; an unwatched bar counts nothing."""
-    bar, _, _ = progress(4)
-    bar.decode_forward(8)
-    assert bar.tokens == 0
-    bar.watched = True
-    bar.forward(4, prefill=True)
-    bar.finish(0)
-    bar.decode_forward(8)  # 8 slots, 3 live rows
-    assert bar.tokens == 4 + 3
-    bar.close()
-
-
 def test_no_time_left_until_a_whole_wave_has_finished():
     """Before as many rows have finished as were in flight, every finished row is one of the
     shortest: extrapolating from them is the 1/300 [01:33<7:44:00] of issue 39."""

@@ -3,7 +3,7 @@ end to end through lm-eval, answer by answer (issue 73 item 9).
 
     python benchmarks/batch_invariance.py --limit 500 --dtypes bfloat16,float32 \
         --settings "max_rows=128;max_rows=16;max_cache_gib=0.05" \
-        --out results/batch-invariance/arith-500.json
+        --out results/batch-invariance/$NAME.json
     # the cost of a setting against the defaults, as a ratio of interleaved pairs
     python benchmarks/batch_invariance.py --limit 40 --dtypes bfloat16 \
         --settings "max_rows=128;max_rows=1" --pairs 3 --out /tmp/cost.json

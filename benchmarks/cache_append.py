@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> float:
 
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.engine import loop
-    from lm_eval_ponder.evaluation.batching import Batching
+    from lm_eval_ponder.generation.batching import Batching
 
     dtype = torch_setup(args)
     config, name = shape_config(args.shape)

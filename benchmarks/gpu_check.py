@@ -150,7 +150,7 @@ def evaluate(lm, args, memory: Memory, tokenizer) -> dict[str, Any]:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    from lm_eval_ponder.evaluation.accounting import count_text_tokens
+    from lm_eval_ponder.generation.accounting import count_text_tokens
     from lm_eval_ponder.reporting.measures import wilson
 
     torch.manual_seed(1234)

@@ -9,7 +9,7 @@ length too, recovered from the logged FLOPs). No stop string and no EOS end a ro
 tokens do not matter:
 
 - the loop (``engine.generate_rows`` with a limit per row, batched as ``--model ponder`` batches:
-  its ``max_rows`` and cache budget, ``evaluation.batching``) retires each row at its length;
+  its ``max_rows`` and cache budget, ``generation.batching``) retires each row at its length;
 - HFLM's path (``model.generate`` on batches sorted by prompt length as lm-eval sorts them,
   a per-row length criterion) keeps each batch until its longest row ends, as lm-eval does.
   It is timed at a few batch sizes and the best is the comparison.
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> float | None:
 
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.backbone import weight_bytes
-    from lm_eval_ponder.evaluation.batching import Batching
+    from lm_eval_ponder.generation.batching import Batching
 
     dtype = torch_setup(args)
     config, name = shape_config(args.shape)
@@ -318,7 +318,7 @@ def harness_overhead(args, dtype, startup_s: float) -> dict:
     this is the stop-string checks, the texts and the grading worker competing for the cores;
     the estimate adds it to every shape's cost per token."""
     from lm_eval_ponder.backbone import weight_bytes
-    from lm_eval_ponder.evaluation.batching import Batching
+    from lm_eval_ponder.generation.batching import Batching
 
     n, cap = args.harness_questions, args.max_new_tokens
     wall, results = run_harness(args.lengths, args.device, dtype, n,

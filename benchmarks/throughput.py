@@ -97,7 +97,7 @@ def run(model, tokenizer, manager, args: argparse.Namespace) -> dict:
     import torch
     from lm_eval import simple_evaluate
 
-    from lm_eval_ponder.evaluation.accounting import count_text_tokens
+    from lm_eval_ponder.generation.accounting import count_text_tokens
 
     torch.manual_seed(1234)
     t = time.perf_counter()

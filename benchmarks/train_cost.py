@@ -17,7 +17,7 @@ Rows replay recorded answer lengths (``lib.replay``: the committed greedy Direct
 prompts and answers are random tokens, so the work pattern is real and the text is not: the
 grading and the text features of the reward see placeholder text (host work that is small
 beside the generation). The loop is batched as ``--model ponder`` batches on that device
-(``evaluation.batching``).
+(``generation.batching``).
 
     python benchmarks/train_cost.py --shape qwen2.5-0.5b --device cpu       # small, ~5 min
     python benchmarks/train_cost.py --shape qwen2.5-7b --device cuda --lengths gsm8k
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from lm_eval_ponder import backbone as bb
     from lm_eval_ponder.backbone import weight_bytes
-    from lm_eval_ponder.evaluation.batching import Batching
+    from lm_eval_ponder.generation.batching import Batching
     from lm_eval_ponder.training.grpo import GRPOConfig
 
     dtype = torch_setup(args)

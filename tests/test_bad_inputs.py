@@ -24,7 +24,7 @@ runs that must now go through: ``--batch_size auto``, few-shot arith from its tr
 and a report that names the same weights once. Two of the issue's silent wrong numbers are
 checked where their code is tested: the Pareto plot's cost ticks
 (``tests/reporting/test_plots.py``) and the progress bar against its status line
-(``tests/evaluation/test_progress.py``).
+(``tests/generation/test_progress.py``).
 
 How the commands run:
 

@@ -373,7 +373,7 @@ def test_the_default_rows_and_cache_hold_a_7_8b_model_on_an_80_gb_gpu(shape, mon
     from lib import replay
     from transformers import AutoModelForCausalLM
 
-    from lm_eval_ponder.evaluation import batching
+    from lm_eval_ponder.generation import batching
 
     gpu = 80 * 10**9
     monkeypatch.setattr(batching, "total_memory_bytes", lambda device: gpu)

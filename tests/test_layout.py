@@ -10,7 +10,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "lm_eval_ponder"
 # The stages in the order of their imports: a stage imports only earlier stages and foundations.
-STAGES = ("engine", "steering", "pondering", "evaluation", "scoring", "training", "reporting")
+STAGES = ("engine", "steering", "pondering", "generation", "evaluation", "scoring", "training",
+          "reporting")
 # Top-level modules below every stage: they import no stage.
 FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data",
                "registry", "portable"}
@@ -104,15 +105,15 @@ def test_a_planted_back_import_is_reported(tmp_path):
     cli.write_text(cli.read_text() + "\nfrom lm_eval_ponder.evaluation.lm import PonderLM\n")
     found = back_imports(import_graph(copy))
     assert found == [
-        "lm_eval_ponder.pondering.hook (level 3) imports lm_eval_ponder.reporting.report (level 7)",
-        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.evaluation.lm (level 4)"]
+        "lm_eval_ponder.pondering.hook (level 3) imports lm_eval_ponder.reporting.report (level 8)",
+        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.evaluation.lm (level 5)"]
     assert back_imports({"lm_eval_ponder.training.loop": {"lm_eval_ponder.evaluation.lm"},
                          "lm_eval_ponder.evaluation.lm": {"lm_eval_ponder.training.loop"},
                          "lm_eval_ponder.data": {"lm_eval_ponder.steering.vector"},
                          "lm_eval_ponder.steering.cli": {"lm_eval_ponder.steer"}}) == [
         "lm_eval_ponder.data (level 0) imports lm_eval_ponder.steering.vector (level 2)",
-        "lm_eval_ponder.evaluation.lm (level 4) imports lm_eval_ponder.training.loop (level 6)",
-        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.steer (level 8)"]
+        "lm_eval_ponder.evaluation.lm (level 5) imports lm_eval_ponder.training.loop (level 7)",
+        "lm_eval_ponder.steering.cli (level 2) imports lm_eval_ponder.steer (level 9)"]
 
 
 # Top-level modules beside the package, above all of it: each may import the package, none is
@@ -147,6 +148,34 @@ def test_a_planted_import_of_the_autoload_is_reported(tmp_path):
         "lm_eval_ponder.evaluation.lmeval_patches imports lm_eval_ponder_autoload"]
 
 
+def modules_without_lm_eval(folder: Path) -> list[str]:
+    """The modules of ``folder`` that import nothing of lm-eval, at any depth."""
+    return sorted(path.name for path in folder.glob("*.py")
+                  if path.name != "__init__.py" and not lm_eval_imports_of(path))
+
+
+def lm_eval_imports_of(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names += [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+    return [n for n in names if n == "lm_eval" or n.startswith("lm_eval.")]
+
+
+def test_evaluation_holds_only_what_reads_lm_eval():
+    """Issue 74: ``evaluation/`` is the lm-eval adapter; generation that the trainer needs too
+    (batching, pricing, accounting, progress, the early exit, the model args) is the
+    ``generation`` stage, which imports no lm-eval."""
+    assert modules_without_lm_eval(PKG / "evaluation") == []
+    assert lm_eval_imports(PKG / "generation") == []
+
+
+def test_a_module_without_lm_eval_in_evaluation_is_reported(tmp_path):
+    (tmp_path / "lm.py").write_text("def f():\n    from lm_eval.api.model import LM\n")
+    (tmp_path / "pricing.py").write_text("import torch\n")
+    assert modules_without_lm_eval(tmp_path) == ["pricing.py"]
+
+
 def test_the_engine_imports_no_lm_eval():
     """The generation engine is its own stage (issue 53): lm-eval's ``LM`` API is the adapter's
     business (``evaluation.lm``), so the engine can serve any caller and stays importable
@@ -164,14 +193,8 @@ def test_an_lm_eval_import_in_the_engine_is_reported(tmp_path):
 
 
 def lm_eval_imports(folder: Path) -> list[str]:
-    found = []
-    for path in sorted(folder.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            found += [f"{path.relative_to(folder)}: {n}" for n in names
-                      if n == "lm_eval" or n.startswith("lm_eval.")]
-    return found
+    return [f"{path.relative_to(folder)}: {name}" for path in sorted(folder.rglob("*.py"))
+            for name in lm_eval_imports_of(path)]
 
 
 def test_no_import_circle():
@@ -345,7 +368,7 @@ def test_a_submodule_import_is_reported(tmp_path):
 REQUEST_PATH = [("evaluation/lm.py", "PonderLM", "generate_until"),
                 ("evaluation/lm.py", "PonderLM", "generate_texts"),
                 ("evaluation/lm.py", "PonderLM", "generate_batch"),
-                ("evaluation/batch.py", "BatchStep", "run")]
+                ("generation/batch.py", "BatchStep", "run")]
 REQUEST_PATH_LINES = 70
 
 

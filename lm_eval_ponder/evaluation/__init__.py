@@ -1,8 +1,8 @@
-"""Stage 3 of the data path: lm-eval's side, the model and the generation loop training reuses.
+"""The ``--model ponder`` adapter: everything that reads lm-eval, and nothing else.
 
-``lm`` (``--model ponder``), ``settings`` (the model args), ``accounting`` (per-row
-tokens/FLOPs travelling to the tasks), ``generation`` (the decoding loop), ``tasklib`` (the
-tasks' shared logic) and ``grading``. Training (stage 4) generates its rollouts through
-``lm.PonderLM`` and grades them with ``grading``, so it comes after this stage. Imported lazily
-by lm-eval; kept free of eager imports here so task ``utils.py`` files stay cheap to load.
+``lm`` (``PonderLM``, an ``HFLM``), ``requests`` (``generate_until``'s requests read as HFLM
+reads them), ``resume`` (answers kept in lm-eval's ``--use_cache``), and lm-eval's command
+line, output and patches (``lmeval_cli``, ``lmeval_output``, ``lmeval_patches``). Generation
+itself is the ``generation`` stage, which the trainer calls too. Imported lazily by lm-eval;
+kept free of eager imports here so task ``utils.py`` files stay cheap to load.
 """

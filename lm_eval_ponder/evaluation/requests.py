@@ -4,8 +4,9 @@
 of HFLM's that decide what a run generates are repeated here with lm-eval's own helpers:
 the order and grouping of requests (``Collator``: by generation kwargs, longest context
 first), the kwargs (``normalize_gen_kwargs``, ``handle_stop_sequences``), the reading of
-``temperature``/``do_sample`` (``hf_sampling_kwargs``) and the answer's text (``answer_text``:
-after the last think-end token, decoded, cut at the first stop string). The tests that check
+``temperature``/``do_sample`` (``generation.batch.hf_sampling_kwargs``) and the answer's
+text (``answer_text``: after the last think-end token, decoded, cut at the first stop
+string). The tests that check
 ``--model ponder`` token for token and text for text against ``--model hf`` hold them to it.
 """
 
@@ -16,19 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from lm_eval_ponder.errors import PonderError
-
-
-def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
-    """lm-eval's reading of generation kwargs (``HFLM._model_generate``): an absent temperature
-    is 0, and temperature 0 means greedy."""
-    kwargs = dict(generation_kwargs)
-    kwargs["temperature"] = kwargs.get("temperature", 0.0)
-    do_sample = kwargs.get("do_sample")
-    if kwargs["temperature"] == 0.0 and do_sample is None:
-        kwargs["do_sample"] = do_sample = False
-    if do_sample is False and kwargs["temperature"] == 0.0:
-        kwargs.pop("temperature")
-    return kwargs
 
 
 @dataclass

@@ -29,8 +29,8 @@ from typing import Any
 from lm_eval.api.model import hash_args
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.files import atomic_write
+from lm_eval_ponder.generation.accounting import GenerationText
 
 LOGGER = logging.getLogger(__name__)
 

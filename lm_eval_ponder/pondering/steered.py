@@ -2,7 +2,7 @@
 pondering that adds a controller's (or a fixed alpha's) offsets to it (``Pondering``), and one
 fixed offset per row (``OffsetsPerRow``, the rollout cache's). Each is a ``CallSteering``
 (``pondering.hook``): ``set_up`` makes the call's hook. Loading them from their directories and
-the model args that choose them are the adapter's (``evaluation.settings``)."""
+the model args that choose them are the adapter's (``generation.settings``)."""
 
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ import math
 from typing import Any
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.accounting import count_text_tokens
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
+from lm_eval_ponder.generation.accounting import count_text_tokens
 
 # model args that tell transformers which files to load
 LOAD_ARGS = ("revision", "subfolder", "gguf_file", "trust_remote_code")

@@ -44,8 +44,8 @@ from pathlib import Path, PurePath
 from lm_eval_ponder import registry
 from lm_eval_ponder.backbone import EMBEDDED_DESCRIPTION, EMBEDDED_NAME, EMBEDDED_SHA256
 from lm_eval_ponder.errors import PonderError, command, program_name, run_program
-from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.files import check_output, read_json
+from lm_eval_ponder.generation.early_exit import ExitSettings, exit_label
 from lm_eval_ponder.registry import dataset_order
 from lm_eval_ponder.reporting.compact import answers_digest, is_full, read_samples, run_log
 from lm_eval_ponder.reporting.estimate import Estimators, needs_estimate

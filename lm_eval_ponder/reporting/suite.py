@@ -17,7 +17,7 @@ repository keeps of a run, and all the report needs.
 Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct, FP-CoT,
 FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
 message, when there is none). Not run unless named: EE, the early-exit baseline
-(``evaluation.early_exit``) on the Direct prompt, one run per ``--exit_thresholds`` value.
+(``generation.early_exit``) on the Direct prompt, one run per ``--exit_thresholds`` value.
 
 Protocols: ``--protocol greedy`` (default; our documented variant) decodes greedily, one seed;
 ``--protocol paper`` samples every method at T = 0.7 with 500 new tokens over seeds 0, 1, 2,

@@ -82,7 +82,7 @@ def exit_runs(datasets: list[str], decoding: str, thresholds: tuple[float, ...],
               layers: str | None, seed: int = 0) -> list[Run]:
     """The early-exit sweep: one run per threshold (each its own directory and label), on
     the Direct prompt with ``controller=none``."""
-    from lm_eval_ponder.evaluation.early_exit import ExitSettings, exit_label
+    from lm_eval_ponder.generation.early_exit import ExitSettings, exit_label
 
     runs = []
     for threshold in thresholds:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from lm_eval_ponder import data, registry
 from lm_eval_ponder.errors import PonderError, install_excepthook
-from lm_eval_ponder.evaluation.accounting import response_stats
+from lm_eval_ponder.generation.accounting import response_stats
 from lm_eval_ponder.scoring import grading
 
 # our tasks' errors (missing data, few-shot without a training split) are one line under any

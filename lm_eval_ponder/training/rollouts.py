@@ -526,7 +526,7 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     takes its own blocks and writes its own block files, and together they draw exactly what
     one process would. Rows go longest prompt first, as lm-eval orders a batch.
     """
-    from lm_eval_ponder.evaluation.progress import RowProgress
+    from lm_eval_ponder.generation.progress import RowProgress
 
     done = cache.done()
     mine = prompts[rank::world]

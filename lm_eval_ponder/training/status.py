@@ -12,9 +12,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from lm_eval_ponder.evaluation.progress import duration
 from lm_eval_ponder.files import read_json
 from lm_eval_ponder.flops import readable_flops
+from lm_eval_ponder.generation.progress import duration
 from lm_eval_ponder.training import checkpoint as ckpt
 from lm_eval_ponder.training.config import TrainConfig
 from lm_eval_ponder.training.rollouts import MANIFEST, RolloutCache

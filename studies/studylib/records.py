@@ -44,7 +44,8 @@ STUDIES = ("suite", "suite-paper-form", "testset-bf16", "testset-t0.7", "organis
 KEEP = ("ponder_run.json", "ponder_attempts.json", "results_*.json", "samples_*.compact.jsonl.xz",
         "answers_rank*.kept.jsonl.gz", "accept.json", "card.md", "config.json", "train_log.jsonl",
         "steering.json", "steering.safetensors", "manifest.json", "*.outcomes.json.xz",
-        "layer_sweep.json", "layer_sweep.md")
+        "layer_sweep.json", "layer_sweep.md", "alpha.json", "verdict.json", "objective.json",
+        "units-*.json")
 # Answer texts: never kept of GPQA, whatever KEEP says (its questions may not be in the
 # repository in plain text, and answers can quote them); its compact logs hold no text.
 TEXTS = ("answers_rank*.kept.jsonl.gz", "samples_*.answers.jsonl.xz")

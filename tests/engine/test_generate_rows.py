@@ -25,7 +25,7 @@ from lm_eval_ponder.engine.loop import generate_rows, prefill_parts
 from lm_eval_ponder.engine.rows import cache_bytes_per_token, cache_keyword, check_model_supported
 from lm_eval_ponder.engine.sampling import SamplingConfig
 from lm_eval_ponder.errors import UnsupportedGeneration
-from lm_eval_ponder.evaluation.accounting import count_generated_tokens
+from lm_eval_ponder.generation.accounting import count_generated_tokens
 
 torch.set_num_threads(2)
 

@@ -14,8 +14,8 @@ from test_lm import PROMPTS, requests
 from lm_eval_ponder.engine import FINISH_UNSURE, Callbacks, LoopConfig, generate_rows
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.settings import parse_min_top_prob
 from lm_eval_ponder.flops import generation_flops
+from lm_eval_ponder.generation.settings import parse_min_top_prob
 from lm_eval_ponder.reporting.report import _label
 
 MAX_NEW = 12

@@ -1,4 +1,4 @@
-"""The early-exit baseline (lm_eval_ponder.evaluation.early_exit) on a tiny random Llama whose LM
+"""The early-exit baseline (lm_eval_ponder.generation.early_exit) on a tiny random Llama whose LM
 head is sharpened, so that intermediate layers are confident on some tokens and not others:
 settings and refusals, the hook against a one-row reference implementation (logits, exit
 layers and the skipped layers' cache), Direct above threshold 1, early exits lowering FLOPs,
@@ -16,7 +16,9 @@ from test_lm import requests
 from lm_eval_ponder.backbone import decoder_layers
 from lm_eval_ponder.engine import cache_keyword
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.early_exit import (
+from lm_eval_ponder.evaluation.lm import PonderLM
+from lm_eval_ponder.flops import early_exit_generation_flops, generation_flops
+from lm_eval_ponder.generation.early_exit import (
     ExitHook,
     ExitSettings,
     exit_accounting,
@@ -24,9 +26,7 @@ from lm_eval_ponder.evaluation.early_exit import (
     exit_tests,
     parse_layers,
 )
-from lm_eval_ponder.evaluation.lm import PonderLM
-from lm_eval_ponder.evaluation.settings import PonderArgs
-from lm_eval_ponder.flops import early_exit_generation_flops, generation_flops
+from lm_eval_ponder.generation.settings import PonderArgs
 
 # stop strings that end rows at different steps (as the steering loop test uses)
 KWARGS = {"until": ["I", "]", "7", "v"], "max_gen_toks": 12, "do_sample": False}

@@ -16,9 +16,9 @@ from lm_eval.models.huggingface import HFLM
 
 from lm_eval_ponder.engine import cache_bytes_per_token
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.flops import flops_floor, generation_flops, spec_from_modules
+from lm_eval_ponder.generation.accounting import GenerationText
 
 PROMPTS = ["What is 3 + 5?", "Add 12 and 30.", "Hi", "Compute 7 times 8 please, then stop."]
 
@@ -199,7 +199,7 @@ def test_sampling_is_reproducible_with_the_same_seed(tiny_model_dir):
 
 def test_lm_eval_batch_size_one_still_fills_the_loop(tiny_model_dir, monkeypatch):
     """lm-eval's CLI hands batch_size=1 to every model; rows in flight are max_rows anyway."""
-    import lm_eval_ponder.evaluation.batch as batch_module
+    import lm_eval_ponder.generation.batch as batch_module
 
     seen = []
     real = batch_module.generate_rows
@@ -217,8 +217,8 @@ def test_lm_eval_batch_size_one_still_fills_the_loop(tiny_model_dir, monkeypatch
 def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypatch):
     """``max_cache_gib`` becomes cache positions for the loop (via the config's bytes per
     token), defaults to a share of the memory, and is written into the run's model info."""
-    import lm_eval_ponder.evaluation.batch as batch_module
-    from lm_eval_ponder.evaluation.batching import total_memory_bytes
+    import lm_eval_ponder.generation.batch as batch_module
+    from lm_eval_ponder.generation.batching import total_memory_bytes
 
     seen = []
     real = batch_module.generate_rows
@@ -239,7 +239,7 @@ def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypat
     # machine's memory (issue 66); on a GPU a third of its memory. Checked against a memory
     # size the test sets, and the size read against /proc/meminfo (a cgroup limit may only
     # lower it)
-    from lm_eval_ponder.evaluation import batching
+    from lm_eval_ponder.generation import batching
 
     monkeypatch.setattr(batching, "total_memory_bytes", lambda device: 12 * 2**30)
     auto = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32")
@@ -262,7 +262,7 @@ def test_progress_moves_per_finished_row(tiny_model_dir, monkeypatch, generation
     512 requests), ends at the number of requests generated, and counts what the status line
     shows: every row started, and, in the loop, exactly the tokens the rows generated."""
     import lm_eval_ponder.evaluation.lm as lm_module
-    from lm_eval_ponder.evaluation.progress import RowProgress
+    from lm_eval_ponder.generation.progress import RowProgress
 
     bars = []
 
@@ -292,7 +292,7 @@ def test_progress_moves_per_finished_row(tiny_model_dir, monkeypatch, generation
 
 
 def test_generation_hf_selects_transformers_generate(tiny_model_dir, monkeypatch):
-    import lm_eval_ponder.evaluation.batch as batch_module
+    import lm_eval_ponder.generation.batch as batch_module
 
     monkeypatch.setattr(batch_module, "generate_rows", lambda *a, **k: pytest.fail("loop used"))
     lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", generation="hf")

@@ -109,8 +109,8 @@ def test_default_model_uses_the_shipped_controller():
 def test_recount_from_text_matches_ponder_count_to_eos():
     """The report's estimate for models without accounting (accounting.count_text_tokens)
     counts what ponder counts: a short answer that ends in EOS gets the same number."""
-    from lm_eval_ponder.evaluation.accounting import count_text_tokens
     from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.generation.accounting import count_text_tokens
 
     lm = PonderLM(controller="none", dtype="float32", batch_size=2)
     prompts = [lm.apply_chat_template([{"role": "user", "content": q}]) for q in

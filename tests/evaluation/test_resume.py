@@ -11,7 +11,6 @@ from lm_eval.api.model import CachingLM
 from sqlitedict import SqliteDict
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.accounting import GenerationText
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.evaluation.resume import (
     CACHE_MARKER,
@@ -23,6 +22,7 @@ from lm_eval_ponder.evaluation.resume import (
     kept_path,
     restore_kept,
 )
+from lm_eval_ponder.generation.accounting import GenerationText
 
 SAMPLED = {"max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
 GREEDY = {"max_gen_toks": 8, "do_sample": False}

@@ -317,8 +317,8 @@ def test_hf_run_gets_estimated_tokens_and_flops(tmp_path, tiny_model_dir):
     both as estimated. Best-of-N pays for every response."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from lm_eval_ponder.evaluation.accounting import count_text_tokens
     from lm_eval_ponder.flops import FlopsSpec, generation_flops
+    from lm_eval_ponder.generation.accounting import count_text_tokens
 
     texts = ["The answer is 4", "x" * 50, ["2+2=4", "four", "4"]]
     write_results(tmp_path, "hf", {"model": "hf", "model_args": f"pretrained={tiny_model_dir}"},

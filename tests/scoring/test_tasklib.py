@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from lm_eval_ponder.evaluation.accounting import GenerationText
+from lm_eval_ponder.generation.accounting import GenerationText
 from lm_eval_ponder.scoring import tasklib
 
 

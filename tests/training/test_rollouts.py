@@ -314,7 +314,7 @@ def test_repeated_answers_are_scored_once(tiny_model_dir, tiny_vector_dir, monke
 def test_the_rollout_phase_shows_answers_rows_in_flight_and_tokens(lm, tmp_path, monkeypatch):
     """The trainer's rollout bar ticks per finished answer and counts what its status line
     shows: every answer started, and the tokens the answers generated (the loop's live rows)."""
-    import lm_eval_ponder.evaluation.progress as progress
+    import lm_eval_ponder.generation.progress as progress
 
     bars = []
 

@@ -21,7 +21,7 @@ import math
 from collections.abc import Sequence
 
 STAT_KEYS = ("gen_tokens", "flops", "ponder_steps")
-# recorded only by early-exit runs (``evaluation.early_exit``: the mean exit layer) and by
+# recorded only by early-exit runs (``generation.early_exit``: the mean exit layer) and by
 # runs with ``min_top_prob`` (the share of answers it stopped), so every other run's samples
 # and results keep exactly their keys; averaged over a document's responses like ponder steps
 OPTIONAL_STAT_KEYS = ("exit_layer", "unsure_stop")

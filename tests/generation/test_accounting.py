@@ -1,4 +1,4 @@
-"""Per-row accounting (lm_eval_ponder.evaluation.accounting): generated-token counts, the
+"""Per-row accounting (lm_eval_ponder.generation.accounting): generated-token counts, the
 GenerationText that carries stats through lm-eval (and its cache), and their aggregation."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import pickle
 
-from lm_eval_ponder.evaluation.accounting import (
+from lm_eval_ponder.generation.accounting import (
     GenerationText,
     count_generated_tokens,
     count_text_tokens,

@@ -25,12 +25,24 @@ from lm_eval_ponder.engine import (
     generate_rows,
 )
 from lm_eval_ponder.errors import PonderError, UnsupportedGeneration
-from lm_eval_ponder.evaluation.accounting import GenerationText, count_generated_tokens
-from lm_eval_ponder.evaluation.pricing import CallAccounts, Pricing
-from lm_eval_ponder.evaluation.requests import hf_sampling_kwargs
+from lm_eval_ponder.generation.accounting import GenerationText, count_generated_tokens
+from lm_eval_ponder.generation.pricing import CallAccounts, Pricing
 from lm_eval_ponder.pondering.hook import CallSteering
 
 LOGGER = logging.getLogger(__name__)
+
+
+def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
+    """lm-eval's reading of generation kwargs (``HFLM._model_generate``): an absent temperature
+    is 0, and temperature 0 means greedy."""
+    kwargs = dict(generation_kwargs)
+    kwargs["temperature"] = kwargs.get("temperature", 0.0)
+    do_sample = kwargs.get("do_sample")
+    if kwargs["temperature"] == 0.0 and do_sample is None:
+        kwargs["do_sample"] = do_sample = False
+    if do_sample is False and kwargs["temperature"] == 0.0:
+        kwargs.pop("temperature")
+    return kwargs
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""What the ponder model args mean (lm_eval_ponder.evaluation.settings), before any weights load."""
+"""What the ponder model args mean (lm_eval_ponder.generation.settings), before any weights load."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.settings import PonderArgs, absent
+from lm_eval_ponder.generation.settings import PonderArgs, absent
 
 
 def test_absent_values_as_lm_eval_passes_them():
@@ -75,7 +75,7 @@ def test_numbers_arrive_typed():
 
 
 def test_a_controller_for_another_backbone_is_refused_naming_both(tmp_path):
-    from lm_eval_ponder.evaluation.settings import check_controller_backbone
+    from lm_eval_ponder.generation.settings import check_controller_backbone
 
     same = {"backbone_name": "smollm2-135m-instruct", "backbone_sha256": "b1" * 32}
     check_controller_backbone(tmp_path, same, "smollm2-135m-instruct", "b1" * 32)
@@ -94,13 +94,13 @@ def test_a_controller_for_another_backbone_is_refused_naming_both(tmp_path):
 def test_ponder_settings_without_pondering_are_named_in_a_warning(caplog):
     """``controller=none,granularity=token`` is a Direct run: say that the setting does
     nothing rather than let the run's recorded model args suggest otherwise."""
-    from lm_eval_ponder.evaluation.settings import load_pondering
+    from lm_eval_ponder.generation.settings import load_pondering
 
     args = PonderArgs.from_model_args(controller="none", granularity="token", tau="0.3")
-    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.settings"):
+    with caplog.at_level("WARNING", logger="lm_eval_ponder.generation.settings"):
         assert load_pondering(args, "no-such-backbone", None, "cpu", None) is None
     assert "granularity, tau have no effect" in caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="lm_eval_ponder.evaluation.settings"):
+    with caplog.at_level("WARNING", logger="lm_eval_ponder.generation.settings"):
         load_pondering(PonderArgs.from_model_args(controller="none"), "x", None, "cpu", None)
     assert caplog.text == ""

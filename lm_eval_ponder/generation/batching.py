@@ -15,7 +15,7 @@ import torch
 
 from lm_eval_ponder.engine import LoopConfig, cache_bytes_per_token
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.settings import model_arg_number
+from lm_eval_ponder.generation.settings import model_arg_number
 
 # requests per row in flight in a call its caller cuts (``Batching.requests_per_call``)
 REQUESTS_PER_ROW = 4

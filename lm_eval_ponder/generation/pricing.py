@@ -1,7 +1,7 @@
 """A generation call's rows priced as they end: the accounting each answer carries
 (``accounting.GenerationText``), read from the call's hooks and priced with ``flops``.
 
-Kept apart from ``evaluation.accounting`` (what the tasks read, light to import) and from the
+Kept apart from ``generation.accounting`` (what the tasks read, light to import) and from the
 model class: this is where a row's depth, exit layers and FLOPs come from, for the answers
 lm-eval gets and for the answers kept as rows end (``evaluation.resume``) alike.
 """
@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from lm_eval_ponder.evaluation.accounting import GenerationText
-from lm_eval_ponder.evaluation.early_exit import ExitHook, ExitSettings, exit_accounting
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
+from lm_eval_ponder.generation.accounting import GenerationText
+from lm_eval_ponder.generation.early_exit import ExitHook, ExitSettings, exit_accounting
 from lm_eval_ponder.hooks import RowRecords
 from lm_eval_ponder.pondering.dynamics import ControllerDecide
 from lm_eval_ponder.pondering.hook import SteeredCall, SteeringHook

@@ -1,11 +1,11 @@
-"""The progress of a generation call with many rows in flight (lm_eval_ponder.evaluation.progress):
+"""The progress of a generation call with many rows in flight (lm_eval_ponder.generation.progress):
 what the bar says, and the status line of a long tail, on a clock the test moves."""
 
 from __future__ import annotations
 
 import torch
 
-from lm_eval_ponder.evaluation.progress import RowProgress, duration
+from lm_eval_ponder.generation.progress import RowProgress, duration
 
 
 class Clock:

@@ -49,8 +49,8 @@ import torch.nn as nn
 from lm_eval_ponder.backbone import decoder_layers, final_norm, text_config
 from lm_eval_ponder.engine import LoopObserver
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.evaluation.settings import PonderArgs, absent
 from lm_eval_ponder.flops import FlopsSpec, early_exit_generation_flops
+from lm_eval_ponder.generation.settings import PonderArgs, absent
 from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
 from lm_eval_ponder.pondering.hook import SteeredCall
 

@@ -82,7 +82,7 @@ class PonderLM(HFLM):
                  alpha_start: float | None = None, granularity: str | None = None,
                  layer: int | None = None, generation: str = "loop",
                  max_rows: int | str | None = None, max_cache_gib: float | str | None = None,
-                 allow_backbone_mismatch: bool | str = False,
+                 batch_invariant: bool | str = False, allow_backbone_mismatch: bool | str = False,
                  early_exit: float | str | None = None, exit_layers: str | None = None,
                  min_top_prob: float | str | None = None, **kwargs) -> None:
         install_excepthook()
@@ -107,7 +107,7 @@ class PonderLM(HFLM):
             kwargs["dtype"] = bb.native_dtype(kwargs["device"])
         check_model_dtype(kwargs["dtype"])
         check_batch_size(kwargs.get("batch_size", 1))
-        self.batching = Batching(max_rows, max_cache_gib, kwargs["device"])
+        self.batching = Batching(max_rows, max_cache_gib, kwargs["device"], batch_invariant)
         if kwargs["device"] == "cpu":  # freed caches go back to the system
             allocator.return_large_blocks()
         self.backbone_info = self.load_backbone(pretrained, gguf_file, kwargs)

@@ -1,7 +1,12 @@
 """How ``--model ponder`` batches: rows in flight and their key/value cache budget.
 
-Not part of a run's configuration (no number depends on them in float32), so they are not in
-its fingerprint; ``PonderLM.get_model_info`` records them beside it. The engine takes them as
+Not part of a run's fingerprint, but not without effect either: in float32 on the CPUs
+measured no greedy answer moved with the batching, in bf16 59.5% of them did (docs/results/
+speed.md, "Batch invariance"), since a row's matmuls and attention reduce in an order that
+depends on the rows beside it. ``PonderLM.get_model_info`` records the batching beside the
+fingerprint (``ponder_batching``), and ``batch_invariant=true`` runs one row at a time: each
+answer is then computed alone, the same whatever ``max_rows``, ``max_cache_gib`` and the other
+requests are, at the cost of batching (measured on the speed page). The engine takes them as
 one ``engine.config.LoopConfig``.
 """
 
@@ -15,7 +20,7 @@ import torch
 
 from lm_eval_ponder.engine import LoopConfig, cache_bytes_per_token
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.generation.settings import model_arg_number
+from lm_eval_ponder.generation.settings import model_arg_flag, model_arg_number
 
 # requests per row in flight in a call its caller cuts (``Batching.requests_per_call``)
 REQUESTS_PER_ROW = 4
@@ -97,11 +102,17 @@ class Batching:
     ``max_cache_gib``), and the ``LoopConfig`` they make once the model's cache size per token
     is known (``loop_config``)."""
 
-    def __init__(self, max_rows: Any, max_cache_gib: Any, device: str) -> None:
-        self.max_rows = default_max_rows(device) if max_rows in (None, "", "auto") \
-            else model_arg_number("max_rows", max_rows, int)
+    def __init__(self, max_rows: Any, max_cache_gib: Any, device: str,
+                 batch_invariant: Any = False) -> None:
+        self.batch_invariant = model_arg_flag("batch_invariant", batch_invariant)
+        given = max_rows not in (None, "", "auto")
+        self.max_rows = model_arg_number("max_rows", max_rows, int) if given \
+            else 1 if self.batch_invariant else default_max_rows(device)
         if self.max_rows < 1:
             raise PonderError(f"max_rows must be >= 1, got {max_rows!r}")
+        if self.batch_invariant and self.max_rows != 1:
+            raise PonderError(f"batch_invariant=true runs one row at a time; max_rows={max_rows} "
+                              "contradicts it: drop one of them")
         self.device = device
         self.max_cache_gib: float | str | None = parse_cache_gib(max_cache_gib)
         self.max_cache_tokens: int | None = None
@@ -142,4 +153,4 @@ class Batching:
 
     def info(self) -> dict[str, Any]:
         return {"max_rows": self.max_rows, "max_cache_gib": self.max_cache_gib,
-                "max_cache_tokens": self.max_cache_tokens}
+                "max_cache_tokens": self.max_cache_tokens, "batch_invariant": self.batch_invariant}

@@ -84,6 +84,7 @@ class Run:
     note: str = ""  # why accounting is missing, if it is; which seeds were averaged
     seeds: list[int | None] = field(default_factory=lambda: [None])
     depth: int | None = None  # the one depth its controller chose on every question, if so
+    batch_dependent: bool = False  # greedy in bf16/fp16, batched: its answers follow the batch
 
     @property
     def label(self) -> str:
@@ -236,9 +237,21 @@ def result_runs(result: Path, roots: list[Path], estimators: Estimators) -> Iter
         samples = read_samples(samples_file)
         notes = (accounting_note(samples_file, samples, model, args, estimators),
                  mixed_attempts(marker))
-        yield Run(backbone, method, registry.dataset_of(task), samples, str(result),
-                  Identity.of(data, task), seeds=[run_seed(data)],
-                  note="; ".join(n for n in notes if n))
+        identity = Identity.of(data, task)
+        yield Run(backbone, method, registry.dataset_of(task), samples, str(result), identity,
+                  seeds=[run_seed(data)], note="; ".join(n for n in notes if n),
+                  batch_dependent=batch_dependent(config, identity))
+
+
+def batch_dependent(config: dict, identity: Identity) -> bool:
+    """Whether a run's greedy answers depend on the rows batched beside them: a half-precision
+    run (``ponder`` or lm-eval's own ``hf``), not in ``batch_invariant`` mode. In float32 no
+    answer moved on the CPU measured."""
+    if identity.generation.get("do_sample"):
+        return False
+    dtype = str(identity.model.get("dtype", ""))
+    batching = config.get("ponder_batching") or {}
+    return ("float16" in dtype) and not batching.get("batch_invariant", False)
 
 
 def mixed_attempts(marker: dict | None) -> str:
@@ -368,6 +381,11 @@ def common_questions(runs: list[Run]) -> dict[str, list[Run]]:
     return out
 
 
+BATCH_NOTE = ("greedy answers in bf16 depend on the batching (the rows computed beside them): of "
+              "the embedded model's answers to the first 200 arith questions, 59.5% differ "
+              "between max_rows 128 and 16 (docs/results/speed.md, batch invariance); a bf16 "
+              "row holds for the batching its results record (ponder_batching), and "
+              "batch_invariant=true computes each answer alone")
 ESTIMATED_NOTE = ("* estimated: the model kept no token accounting (--model hf, vllm, ...); "
                   "tokens re-counted from the responses with its tokenizer, to and including "
                   "the EOS as ponder counts, FLOPs priced from its config")
@@ -407,6 +425,8 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
         notes.append(ESTIMATED_NOTE)
     if any(key[0] == EMBEDDED_NAME for key in rows):
         notes.append(f"backbone {EMBEDDED_NAME}: {EMBEDDED_DESCRIPTION}")
+    if any(r.batch_dependent for r in runs):
+        notes.append(BATCH_NOTE)
     ordered = sorted(rows.values(), key=lambda r: (r["backbone"], table_rank(r["label"])))
     return ordered, notes
 

@@ -587,3 +587,18 @@ def test_a_packed_study_is_named_with_the_command_that_unpacks_it(tmp_path):
         rp.load_runs([tmp_path / "study"])
     with pytest.raises(PonderError, match=r"no such results directory: \S+elsewhere$"):
         rp.load_runs([tmp_path / "elsewhere"])
+
+
+def test_a_greedy_half_precision_row_carries_the_batch_note(tmp_path):
+    """Issue 73 item 9: the page says how large the batch effect is wherever a row's greedy
+    answers depend on the batch (bf16, not batch_invariant), and nowhere else."""
+    rows = [(True, 10, 0, None)] * 4
+    for name, dtype, batching in (("bf16", "torch.bfloat16", {"max_rows": 128}),
+                                  ("invariant", "torch.bfloat16", {"batch_invariant": True}),
+                                  ("f32", "torch.float32", {"max_rows": 128})):
+        write_run(tmp_path / name, name, {}, "arith_ponder", rows,
+                  config={**ponder_config(dtype=dtype), "ponder_batching": batching}, configs=GEN)
+    for names, expected in ((["bf16", "f32"], True), (["invariant", "f32"], False)):
+        runs = rp.load_runs([tmp_path / n for n in names])
+        assert [r.batch_dependent for r in runs] == [expected, False]
+        assert (rp.BATCH_NOTE in rp.leaderboard(runs)[1]) is expected

@@ -202,8 +202,9 @@ def sync_free_steering(args, granularity: str) -> dict[str, Any]:
 
     # forward hooks run in registration order: ``strict`` before the steering hook (which is
     # added per generation call), the next block's pre-hook after it
-    handles = [layers[lm.steer_layer].register_forward_hook(strict)]
-    after = layers[lm.steer_layer + 1] if lm.steer_layer + 1 < len(layers) else None
+    steer_layer = lm.generator.steering.layer
+    handles = [layers[steer_layer].register_forward_hook(strict)]
+    after = layers[steer_layer + 1] if steer_layer + 1 < len(layers) else None
     if after is not None:
         handles.append(after.register_forward_pre_hook(relaxed))
     prompts = [lm.apply_chat_template([{"role": "user", "content":

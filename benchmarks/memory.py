@@ -178,7 +178,8 @@ def sizes(lm) -> dict:
     from lm_eval_ponder.backbone import weight_bytes
 
     weights = weight_bytes(lm.model)
-    budget = None if lm.max_cache_gib is None else int(lm.max_cache_gib * 2**30)
+    gib = lm.batching.max_cache_gib
+    budget = None if gib is None else int(gib * 2**30)
     return {"weights_bytes": weights, "cache_budget_bytes": budget}
 
 
@@ -190,13 +191,13 @@ def train_cache(pretrained: str | None, dtype: str, peaks: PhasePeaks, out: Path
     from lm_eval_ponder.training.rollouts import generate_missing, prepare_cache
 
     cfg = TrainConfig(output=str(out), pretrained=pretrained, dtype=dtype).validate()
-    lm = load_backbone(cfg)
-    handle = peaks.watch(lm.model)
+    generator = load_backbone(cfg)
+    handle = peaks.watch(generator.model)
     offsets = [float(c) for c in cumulative_offsets(cfg.ponder)]
-    cache, prompts = prepare_cache(lm, cfg.rollout, offsets, out / "rollouts")
-    generate_missing(lm, cache, prompts, cfg.rollout, offsets, 0, 1)
+    cache, prompts = prepare_cache(generator, cfg.rollout, offsets, out / "rollouts")
+    generate_missing(generator, cache, prompts, cfg.rollout, offsets, 0, 1)
     handle.remove()
-    return {"max_rows": lm.max_rows, **sizes(lm)}
+    return {"max_rows": generator.batching.max_rows, **sizes(generator)}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,7 +4,7 @@ token-level GRPO step, on a randomly initialised backbone shape, answer lengths 
 - **Prompt level** (the paper's training, ``training.rollouts``): the rollout cache holds each
   training prompt's answer at every depth (K_max + 1 fixed offsets). A block is one generation
   call of prompts x depths rows, each steered at its depth's offset (``SteeringHook`` over
-  ``RowOffsets``, as ``OffsetsPerRow`` sets it up for ``PonderLM.generate_texts``), then the
+  ``RowOffsets``, as ``OffsetsPerRow`` sets it up for ``SteeredGenerator.generate_texts``), then the
   perplexity pass of the quality reward (``rollouts.token_perplexities``). At the defaults (64 training
   prompts, 9 depths, greedy) the whole cache is one block of 576 rows on a GPU. Training on a
   built cache only looks outcomes up (milliseconds a step), so the block is the cost.

@@ -87,15 +87,15 @@ def build(args) -> None:
     cfg = train_config(args.form, args.samples, args.max_tokens, args.batch_size,
                        args.dtype or recorded_dtype(directory))
     offsets = cumulative_offsets(cfg.ponder).tolist()
-    lm = load_backbone(cfg)
+    generator = load_backbone(cfg)
     t0 = time.time()
-    cache, prompts = prepare_cache(lm, cfg.rollout, offsets, directory)
+    cache, prompts = prepare_cache(generator, cfg.rollout, offsets, directory)
     print(f"cache {directory}: {len(prompts)} prompts x {len(offsets)} depths x "
           f"{args.samples} samples, offsets {[round(c, 4) for c in offsets]}", flush=True)
     if args.restore_only:
         print("prompts and z_0 restored; nothing generated (--restore-only)", flush=True)
         return
-    generate_missing(lm, cache, prompts, cfg.rollout, offsets, blocks=args.blocks)
+    generate_missing(generator, cache, prompts, cfg.rollout, offsets, blocks=args.blocks)
     with open(directory / "build_log.jsonl", "a") as f:
         f.write(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                             "wall_s": round(time.time() - t0, 1)}) + "\n")

@@ -231,9 +231,9 @@ def test_states(root: str, form: str, task: str, contexts: list[str], dtype: str
     from lm_eval_ponder.training.rollouts import prompt_states
 
     cfg = train_config(form, 1, 256, 1, dtype)
-    lm = load_backbone(cfg)
+    generator = load_backbone(cfg)
     with torch.no_grad():
-        z0 = prompt_states(lm, contexts, lm.steer_layer).float()
+        z0 = prompt_states(generator, contexts, generator.require_steering().layer).float()
     save_file({"z0": z0.contiguous()}, str(path),
               metadata={"contexts_sha256": digest, "dtype": dtype})
     return z0
@@ -296,13 +296,13 @@ def test_confidences(root: str, form: str, task: str, contexts: list[str], dtype
     from lm_eval_ponder.backbone import decoder_layers
     from lm_eval_ponder.training.loop import load_backbone
 
-    lm = load_backbone(train_config(form, 1, 256, 1, dtype))
-    step = lm.steer_scale * lm.steer_vector
-    conf = confidence_by_depth(lm.model, lambda c: lm.tok_batch_encode([c])[0], lm.steer_layer,
-                               step, offsets, contexts)
-    spec = FlopsSpec.from_model(lm.model)
-    above = len(decoder_layers(lm.model)) - (lm.steer_layer % len(decoder_layers(lm.model))) - 1
-    lengths = [int(lm.tok_batch_encode([c])[0].shape[1]) for c in contexts]
+    generator = load_backbone(train_config(form, 1, 256, 1, dtype))
+    model, steering = generator.model, generator.require_steering()
+    conf = confidence_by_depth(model, lambda c: generator.encode_batch([c])[0], steering.layer,
+                               steering.scale * steering.vector, offsets, contexts)
+    spec = FlopsSpec.from_model(model)
+    above = len(decoder_layers(model)) - (steering.layer % len(decoder_layers(model))) - 1
+    lengths = [int(generator.encode_batch([c])[0].shape[1]) for c in contexts]
     probe = torch.tensor([float(layers_flops(spec, above, 1, n - 1) + lm_head_flops(spec, 1))
                           for n in lengths])
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -58,9 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     contexts = [task.fewshot_context(d, 0, apply_chat_template=True,
                                      chat_template=lm.apply_chat_template) for d in docs]
     config = lm.ponder_config
-    z0 = prompt_states(lm, contexts, lm.steer_layer).to(lm.device)
+    steering = lm.generator.require_steering()
+    z0 = prompt_states(lm.generator, contexts, steering.layer).to(lm.device)
     offsets = cumulative_offsets(config).to(lm.device)
-    step = (lm.steer_scale * lm.steer_vector).to(lm.device)
+    step = (steering.scale * steering.vector).to(lm.device)
     with torch.no_grad():
         depth, phi = ponder(lm.controller, z0, step, offsets, config.tau)
     rows = [{"level": d["level"], "id": d["id"], "phi": [round(float(p), 4) for p in ph],

@@ -1200,13 +1200,13 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
     """Ctrl-C lands in the rollout phase (where a run spends its time): one line with the
     answers the cache kept and the command that resumes, the cache's blocks intact; the same
     command then finishes the run and prints where the controller is."""
-    from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.generation.generator import SteeredGenerator
     from lm_eval_ponder.training.rollouts import RolloutCache
 
     out = tmp_path / "run"
     argv = ["--output", str(out), "--pretrained", str(tiny_model_dir), "--steering",
             str(tiny_vector_dir), *TINY_ARGS]
-    real = PonderLM.generate_texts
+    real = SteeredGenerator.generate_texts
     calls = []
 
     def ctrl_c_in_second_block(self, *args, **kwargs):
@@ -1215,7 +1215,7 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
             raise KeyboardInterrupt
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(PonderLM, "generate_texts", ctrl_c_in_second_block)
+    monkeypatch.setattr(SteeredGenerator, "generate_texts", ctrl_c_in_second_block)
     stopped = run_command("train", argv, capfd)
     lines = [line for line in stopped.stderr.splitlines() if line.startswith(STOPPED)]
     assert stopped.status == INTERRUPTED and len(lines) == 1, stopped.stderr[-3000:]
@@ -1226,7 +1226,7 @@ def test_ctrl_c_while_train_builds_its_cache_says_where_and_how_to_resume(
                  f"Resume with: {shlex.quote(sys.executable)} -m lm_eval_ponder.train --output"):
         assert part in lines[0], (part, lines[0])
     assert not (out / "controller.safetensors").exists()
-    monkeypatch.setattr(PonderLM, "generate_texts", real)
+    monkeypatch.setattr(SteeredGenerator, "generate_texts", real)
     finished = run_command("train", argv, capfd)
     assert finished.status == 0, finished.stderr[-3000:]
     (summary,) = [line for line in finished.stdout.splitlines() if line.startswith("controller:")]

@@ -68,7 +68,7 @@ def ctrl_dir(tmp_path_factory):
 
 
 def test_controller_decide_follows_the_state_when_the_step_is_already_there(monkeypatch):
-    """The H200 crash: ``Pondering.hook`` hands over the step vector on the device already, and
+    """The H200 crash: ``Pondering.set_up`` hands over the step vector on the device already, and
     ``ControllerDecide`` moved its offsets only when the step was elsewhere."""
     torch.manual_seed(0)
     controller = PonderController(16, width=8)
@@ -116,11 +116,12 @@ def test_steering_decisions_never_wait_for_the_host(tiny_model_dir, tiny_vector_
     with device_guard(monkeypatch) as guard:
         lm = ponder_lm(tiny_model_dir, tiny_vector_dir, "meta", controller=str(ctrl_dir),
                        granularity=granularity)
-        layer = decoder_layers(lm.model)[lm.steer_layer]
+        steer_layer = lm.generator.steering.layer
+        layer = decoder_layers(lm.model)[steer_layer]
         # forward hooks run in registration order: this one before the steering hook (added
         # per generation call), the forward-pre hook clears the flag before the next layer
         enter = layer.register_forward_hook(lambda *a: setattr(guard, "count_syncs", True))
-        after = decoder_layers(lm.model)[lm.steer_layer + 1].register_forward_pre_hook(
+        after = decoder_layers(lm.model)[steer_layer + 1].register_forward_pre_hook(
             lambda *a: setattr(guard, "count_syncs", False))
         try:
             lm.generate_until(requests(GREEDY))

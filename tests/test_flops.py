@@ -356,7 +356,7 @@ def test_generation_flops_match_the_generation_that_runs(config_cls: type, extra
     assert lm.model.config._attn_implementation == "eager" and lm.prefill_logits == 1
     ids = torch.randint(4, 90, (1, GEN_PROMPT), generator=torch.Generator().manual_seed(1))
     with FlopCounterMode(display=False) as counter:
-        out = lm.generate_batch(ids, None, max_new_tokens=GEN_NEW, stop=[], do_sample=False)
+        out = lm.generator.generate_batch(ids, None, max_new_tokens=GEN_NEW, stop=[], do_sample=False)
     assert (out.prompt_tokens, out.gen_tokens) == ([GEN_PROMPT], [GEN_NEW])
     traced = _model_flops(counter)
     spec = lm.flops_spec
@@ -368,7 +368,7 @@ def test_generation_flops_match_the_generation_that_runs(config_cls: type, extra
     every_position = generation_flops(spec, GEN_PROMPT, GEN_NEW, logits_to_keep=0)
     assert abs(every_position - traced) / traced > 0.5
     # the row's own accounting is this price
-    text = lm.generate_texts(["1+2=?"], {"max_gen_toks": 3, "until": [], "do_sample": False})[0]
+    text = lm.generator.generate_texts(["1+2=?"], {"max_gen_toks": 3, "until": [], "do_sample": False})[0]
     assert text.stats["flops"] == generation_flops(spec, int(text.stats["prompt_tokens"]),
                                                    int(text.stats["gen_tokens"]))
 

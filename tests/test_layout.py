@@ -136,6 +136,71 @@ def test_the_top_level_modules_are_imported_by_no_package_module():
     assert top_level_imports() == [], top_level_imports()
 
 
+# Issue 74: outside ``evaluation/`` no function takes the lm-eval model; the trainer (and any
+# later stage) takes the ``generation.generator.SteeredGenerator`` it builds. One module may
+# name ``PonderLM``: the trainer's ``load_backbone``, which loads the backbone through it
+# (HFLM's loading, device and dtype rules, chat template) and keeps only its generator.
+BUILDS_THE_MODEL = {"lm_eval_ponder.training.loop"}
+
+
+def lm_eval_model_uses(pkg: Path = PKG) -> list[str]:
+    """Outside ``evaluation/``: every function (or lambda) with a parameter named ``lm`` or
+    annotated ``PonderLM``, and every import of ``evaluation.lm`` or ``PonderLM`` outside
+    ``BUILDS_THE_MODEL``, at any depth."""
+    found = []
+    for name, tree in modules(pkg).items():
+        if name.split(".")[1:2] == ["evaluation"]:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                args = node.args
+                found += [f"{name}.{getattr(node, 'name', '<lambda>')}({a.arg})"
+                          for a in (*args.posonlyargs, *args.args, *args.kwonlyargs,
+                                    args.vararg, args.kwarg)
+                          if a is not None and (a.arg == "lm" or "PonderLM" in (
+                              ast.unparse(a.annotation) if a.annotation else ""))]
+            elif name not in BUILDS_THE_MODEL and imports_the_lm_eval_model(node):
+                found.append(f"{name} imports PonderLM")
+    return found
+
+
+def imports_the_lm_eval_model(node: ast.AST) -> bool:
+    if isinstance(node, ast.Import):
+        return any(a.name == "lm_eval_ponder.evaluation.lm" for a in node.names)
+    if not isinstance(node, ast.ImportFrom):
+        return False
+    names = {a.name for a in node.names}
+    return node.module == "lm_eval_ponder.evaluation.lm" or "PonderLM" in names or (
+        node.module == "lm_eval_ponder.evaluation" and "lm" in names)
+
+
+def test_no_function_outside_evaluation_takes_the_lm_eval_model():
+    assert lm_eval_model_uses() == [], lm_eval_model_uses()
+
+
+def test_a_planted_use_of_the_lm_eval_model_is_reported(tmp_path):
+    import shutil
+
+    copy = tmp_path / "lm_eval_ponder"
+    shutil.copytree(PKG, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert lm_eval_model_uses(copy) == []
+    plants = {"training/rollouts.py": "def planted(lm, cfg):\n    return lm\n",
+              "training/online.py": "def planted(model: 'PonderLM'):\n    return model\n",
+              "reporting/report.py": "f = lambda lm: lm\n",
+              "training/loop.py": "def planted(model: PonderLM | None):\n    return model\n",
+              "training/grpo.py": "def planted():\n    from lm_eval_ponder.evaluation import lm\n",
+              "steering/cli.py": "from lm_eval_ponder.evaluation.lm import PonderLM\n"}
+    for path, text in plants.items():
+        (copy / path).write_text((copy / path).read_text() + "\n\n" + text)
+    assert sorted(lm_eval_model_uses(copy)) == [
+        "lm_eval_ponder.reporting.report.<lambda>(lm)",
+        "lm_eval_ponder.steering.cli imports PonderLM",
+        "lm_eval_ponder.training.grpo imports PonderLM",
+        "lm_eval_ponder.training.loop.planted(model)",
+        "lm_eval_ponder.training.online.planted(model)",
+        "lm_eval_ponder.training.rollouts.planted(lm)"]
+
+
 def test_a_planted_import_of_the_autoload_is_reported(tmp_path):
     import shutil
 
@@ -366,8 +431,8 @@ def test_a_submodule_import_is_reported(tmp_path):
 # the hops every generation request takes before the engine (issue 67: four hops, where
 # lm-eval's vLLM backend has one; 100 lines of code in five hops before)
 REQUEST_PATH = [("evaluation/lm.py", "PonderLM", "generate_until"),
-                ("evaluation/lm.py", "PonderLM", "generate_texts"),
-                ("evaluation/lm.py", "PonderLM", "generate_batch"),
+                ("generation/generator.py", "SteeredGenerator", "generate_texts"),
+                ("generation/generator.py", "SteeredGenerator", "generate_batch"),
                 ("generation/batch.py", "BatchStep", "run")]
 REQUEST_PATH_LINES = 70
 

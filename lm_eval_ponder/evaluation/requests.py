@@ -13,50 +13,23 @@ string). The tests that check
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.generation.generator import Generation
 
 
-@dataclass
-class Generation:
-    """One request group's generation settings: stop strings (the EOS text included, as HFLM
-    adds it), new tokens at most, and the rest of the kwargs for the sampler."""
+def read_generation(gen_kwargs: dict, default_max_gen_toks: int, eos_text: str) -> Generation:
+    """A request group's generation kwargs as HFLM reads them (``normalize_gen_kwargs``,
+    ``handle_stop_sequences``: the EOS text is a stop string too). The model hands this, with
+    its defaults, to its ``SteeredGenerator``, so the trainer's calls are read the same way."""
+    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
 
-    until: list[str]
-    max_gen_toks: int
-    kwargs: dict[str, Any]
-
-    @classmethod
-    def of(cls, gen_kwargs: dict, default_max_gen_toks: int, eos_text: str) -> Generation:
-        from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
-
-        kwargs = normalize_gen_kwargs(dict(gen_kwargs), default_max_gen_toks)
-        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
-        max_gen_toks = checked_max_gen_toks(kwargs.pop("max_gen_toks"))
-        kwargs.pop("max_length", None)  # HFLM warns and prefers max_gen_toks; so do we
-        return cls(until, max_gen_toks, kwargs)
-
-    def check_room(self, longest_prompt: int, positions: int) -> str | None:
-        """A ``max_gen_toks`` that leaves no prompt at all in the model's positions is refused:
-        HFLM's reading cuts the prompt from the left to ``positions - max_gen_toks`` tokens,
-        which at 100000 of 8192 left nothing (the attention then failed on a tensor of 0
-        elements). One that cuts the longest prompt, as lm-eval does for any prompt too long
-        for its model, is returned as a warning to say once: those questions are scored on
-        the prompt's end only."""
-        if self.max_gen_toks + longest_prompt <= positions:
-            return None
-        room = positions - longest_prompt
-        if self.max_gen_toks >= positions:
-            raise PonderError(
-                f"max_gen_toks={self.max_gen_toks} does not fit: the model has {positions} "
-                "positions, and no prompt would be left; pass --gen_kwargs max_gen_toks="
-                f"{max(room, 1) if room > 0 else positions // 2} or less")
-        return (f"max_gen_toks={self.max_gen_toks} with the longest prompt's {longest_prompt} "
-                f"tokens passes the model's {positions} positions: such prompts are cut from "
-                f"the left to {positions - self.max_gen_toks} tokens, as lm-eval cuts them" +
-                (f" (max_gen_toks={room} would keep them whole)" if room > 0 else ""))
+    kwargs = normalize_gen_kwargs(dict(gen_kwargs), default_max_gen_toks)
+    until = handle_stop_sequences(kwargs.pop("until", None), eos=eos_text)
+    max_gen_toks = checked_max_gen_toks(kwargs.pop("max_gen_toks"))
+    kwargs.pop("max_length", None)  # HFLM warns and prefers max_gen_toks; so do we
+    return Generation(until, max_gen_toks, kwargs)
 
 
 def checked_max_gen_toks(value: Any) -> int:

@@ -1,8 +1,9 @@
-"""The batch step of ``--model ponder``: one left-padded batch through the generation engine
-(or transformers' ``generate``), steered as the call says, each row priced as it ends.
+"""The batch step: one left-padded batch through the generation engine (or transformers'
+``generate``), steered as the call says, each row priced as it ends.
 
-Both ways into ``PonderLM`` (lm-eval's ``generate_until`` and the trainer's ``generate_texts``)
-end here, so an answer is generated, counted and priced the same way whoever asked for it.
+Both callers (lm-eval's ``generate_until`` and the trainer) reach it through one
+``generation.generator.SteeredGenerator``, so an answer is generated, counted and priced the
+same way whoever asked for it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from lm_eval_ponder.engine import (
 )
 from lm_eval_ponder.errors import PonderError, UnsupportedGeneration
 from lm_eval_ponder.generation.accounting import GenerationText, count_generated_tokens
+from lm_eval_ponder.generation.batching import Batching
 from lm_eval_ponder.generation.pricing import CallAccounts, Pricing
 from lm_eval_ponder.pondering.hook import CallSteering
 
@@ -60,15 +62,15 @@ class BatchGeneration:
 
 @dataclass(frozen=True)
 class GenerationCall:
-    """What one batch step needs of the model that makes it (``PonderLM.generation_call``):
-    the backbone and its device, the decoding path (``generation``: ``loop`` or ``hf``) and
-    the loop's batching, how a row is priced, the tokenizer's ends and texts, and the
-    callbacks for transformers' ``generate`` (through HFLM) and for one-time warnings."""
+    """What one batch step needs of the model that makes it (built once per model, by
+    ``PonderLM``): the backbone and its device, the decoding path (``generation``: ``loop`` or
+    ``hf``) and the loop's batching, how a row is priced, the tokenizer's ends and texts, and
+    the callbacks for transformers' ``generate`` (through HFLM) and for one-time warnings."""
 
     model: Any
     device: torch.device
     generation: str
-    loop_config: LoopConfig
+    batching: Batching
     pricing: Pricing
     eos_token_id: int
     pad_token_id: int | None
@@ -77,6 +79,11 @@ class GenerationCall:
     autocast_dtype: torch.dtype | None
     hf_generate: Callable[..., torch.Tensor]
     warn_once: Callable[[str], None]
+
+    @property
+    def loop_config(self) -> LoopConfig:
+        """The engine's batching, read at each call (a benchmark may change ``batching``)."""
+        return self.batching.loop_config(self.pricing.min_top_prob)
 
 
 class BatchStep:
@@ -99,7 +106,7 @@ class BatchStep:
             raise PonderError(f"max_gen_toks must be at least 1, got {max_new_tokens}")
         mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         steered = steering.set_up(call.model, call.device, input_ids.shape[0])
-        accounts = CallAccounts(call.pricing.for_call(steered), mask.sum(dim=1).tolist(), steered)
+        accounts = CallAccounts(call.pricing, mask.sum(dim=1).tolist(), steered.rows)
         texts = None if on_text is None else Callbacks(on_tokens=lambda row, tokens, why: on_text(
             row, accounts.text(row, len(tokens), call.answer(tokens, stop), why == FINISH_UNSURE)))
         kwargs = hf_sampling_kwargs(generation_kwargs)
@@ -128,7 +135,7 @@ class BatchStep:
             sampling = SamplingConfig.from_kwargs(call.model.generation_config, **kwargs)
             check_model_supported(call.model)
         except UnsupportedGeneration as why:
-            if call.loop_config.min_top_prob is not None:  # generate would not stop there
+            if call.pricing.min_top_prob is not None:  # generate would not stop there
                 raise PonderError(f"min_top_prob= needs the generation loop, and {why}") from None
             call.warn_once(f"generation loop: {why}; using transformers' generate for these "
                            "requests (finished rows keep decoding)")

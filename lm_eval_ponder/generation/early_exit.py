@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,8 +51,8 @@ from lm_eval_ponder.engine import LoopObserver
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.flops import FlopsSpec, early_exit_generation_flops
 from lm_eval_ponder.generation.settings import PonderArgs, absent
-from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
-from lm_eval_ponder.pondering.hook import SteeredCall
+from lm_eval_ponder.hooks import RowRecords, block_hidden, regroup_by_row, with_block_hidden
+from lm_eval_ponder.pondering.hook import RowSteering, SteeredCall
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class ExitSettings:
         """Early exit steers nothing; its hook lets tokens exit and records where
         (``CallSteering``)."""
         hook = ExitHook(model, self)
-        return SteeredCall(hook=hook, exits=hook)
+        return SteeredCall(hook=hook, rows=ExitRows(hook, self))
 
 
 def parse_layers(spec: Any) -> tuple[int, int | None, int]:
@@ -175,6 +175,23 @@ def exit_accounting(spec: FlopsSpec, settings: ExitSettings, exits: torch.Tensor
                                         logits_to_keep)
     mean = (spec.n_layers + sum(steps)) / (1 + len(steps)) if gen_tokens else spec.n_layers
     return {"exit_layer": float(mean), "flops": float(flops)}
+
+
+@dataclass
+class ExitRows:
+    """The rows of one early-exit call as they end: each decode step's exit layer, by the rows
+    its ``hook`` saw, read as the records grow (``hooks.RowRecords``); each row prices itself
+    (``exit_accounting``)."""
+
+    hook: ExitHook
+    settings: ExitSettings
+    exits: RowRecords = field(default_factory=RowRecords)
+
+    def row(self, row: int, ran: int) -> RowSteering:
+        self.exits.read(self.hook.exits, self.hook.exit_rows)
+        layers = self.exits.of(row)
+        return RowSteering(own_accounting=lambda spec, prompt, gen, logits: exit_accounting(
+            spec, self.settings, layers, prompt, gen, logits))
 
 
 class ExitHook(LoopObserver):

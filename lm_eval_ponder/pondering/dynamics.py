@@ -205,7 +205,7 @@ class ControllerDecide:
 
     def __call__(self, z_last: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         # each tensor follows the hidden state on its own: the step may arrive on the device
-        # already (``Pondering.hook`` passes it so) while the offsets do not. Once per
+        # already (``Pondering.set_up`` passes it so) while the offsets do not. Once per
         # generation, so no host-to-device copy per decoded token.
         if self.h.device != z_last.device:
             self.h = self.h.to(z_last.device)

@@ -9,7 +9,8 @@ granularity the paper's two descriptions disagree on (``"prompt"`` or ``"token"`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -18,21 +19,49 @@ import torch.nn as nn
 from lm_eval_ponder.backbone import decoder_layers
 from lm_eval_ponder.engine import LoopObserver
 from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.flops import FlopsSpec
 from lm_eval_ponder.hooks import block_hidden, regroup_by_row, with_block_hidden
 from lm_eval_ponder.pondering.dynamics import GRANULARITIES, Decide
 
 
-@dataclass
-class SteeredCall:
-    """What one generation call is steered by, once set up: its forward ``hook`` (a context
-    manager and loop observer; None: nothing is added), the controller's ``decider`` whose
-    depths price the rows, the ``pondering`` it came from, and an early exit's hook (its exit
-    layers price the rows)."""
+@dataclass(frozen=True)
+class RowSteering:
+    """What a call's steering did to one row, read as the row ends: its ponder steps (the
+    depth; at token granularity the mean), the controller's evaluations and their FLOPs (zeros
+    where no controller decides), and for a row that prices itself (early exit: each token's
+    exit layer sets its cost) its accounting from (the backbone's ``FlopsSpec``, prompt tokens,
+    generated tokens, prefill logits kept)."""
 
-    hook: Any = None
-    decider: Any = None
-    pondering: Any = None
-    exits: Any = None
+    ponder_steps: float = 0.0
+    controller_evals: int = 0
+    controller_flops: int = 0
+    own_accounting: Callable[[FlopsSpec, int, int, int], dict[str, float]] | None = None
+
+
+class RowStatistics(Protocol):
+    """A steered call's statistics per row, read from its hook's records as each row ends (so
+    an answer kept the moment it ends carries them): ``row(row, ran)``, row ``row`` having run
+    a forward for ``ran`` tokens."""
+
+    def row(self, row: int, ran: int) -> RowSteering: ...
+
+
+class NoRowStatistics:
+    """Steering that decides nothing a row is charged for (none, fixed offsets, a caller's hook)."""
+
+    def row(self, row: int, ran: int) -> RowSteering:
+        return RowSteering()
+
+
+@dataclass(frozen=True)
+class SteeredCall:
+    """One generation call's steering once set up (``CallSteering.set_up``): its forward
+    ``hook`` (a context manager and loop observer; None: nothing is added) and the statistics
+    it keeps per row (``rows``), from which ``generation.pricing`` prices each row. One typed
+    result: the pricing reads ``rows`` and no longer sorts hooks, deciders and exits itself."""
+
+    hook: LoopObserver | None = None
+    rows: RowStatistics = field(default_factory=NoRowStatistics)
 
 
 class CallSteering(Protocol):

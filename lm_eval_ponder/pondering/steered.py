@@ -6,7 +6,7 @@ the model args that choose them are the adapter's (``generation.settings``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import file_sha256
+from lm_eval_ponder.hooks import RowRecords
 from lm_eval_ponder.pondering.dynamics import (
     ControllerDecide,
     Decide,
@@ -22,7 +23,7 @@ from lm_eval_ponder.pondering.dynamics import (
     RowOffsets,
     cumulative_offsets,
 )
-from lm_eval_ponder.pondering.hook import SteeredCall, SteeringHook
+from lm_eval_ponder.pondering.hook import RowSteering, SteeredCall, SteeringHook
 
 
 def short_sha(path: Path) -> str:
@@ -35,7 +36,7 @@ class Steering:
     """A loaded steering vector at one layer: what every steered call adds its offsets to.
 
     The model's own pondering holds one (``Pondering.steering``); the trainer loads one for a
-    model that steers no call unless the call says how (``PonderLM.unsteered``)."""
+    model that steers no call unless the call says how (``training.loop.load_backbone``)."""
 
     steering_dir: Path
     layer: int
@@ -99,33 +100,46 @@ class Pondering:
             **(vars(self.config) if self.controller is not None else {}),
         }
 
-    def hook(self, model: torch.nn.Module, device) -> tuple[SteeringHook, ControllerDecide | None]:
-        """A fresh steering hook for one generation call, and the controller's decider (which
-        records the depths it chose), or None for a fixed alpha."""
+    def set_up(self, model: torch.nn.Module, device, rows: int) -> SteeredCall:
+        """A fresh steering hook for one call of ``rows`` rows and its rows' statistics: the
+        depths a controller chose (a fixed alpha charges a row nothing)."""
+        steering = self.steering
         if self.controller is None:
-            return self.steering.hook(model, FixedOffset(self.alpha), device, "prompt"), None
+            hook = steering.hook(model, FixedOffset(self.alpha), device, "prompt")
+            return hook.set_up(model, device, rows)
         # every tensor a decision reads is on the device before generation starts, so the
         # first steered forward copies nothing from the host either
-        steering = self.steering
         decider = ControllerDecide(self.controller, steering.vector.to(device), steering.scale,
                                    cumulative_offsets(self.config).to(device), self.config.tau)
-        return steering.hook(model, decider, device, self.granularity), decider
-
-    def set_up(self, model: torch.nn.Module, device, rows: int) -> SteeredCall:
-        """This pondering's hook and decider for one call of ``rows`` rows."""
-        hook, decider = self.hook(model, device)
+        hook = steering.hook(model, decider, device, self.granularity)
         hook.expect_rows(rows)
-        return SteeredCall(hook=hook, decider=decider, pondering=self)
+        return SteeredCall(hook=hook, rows=PonderedRows(self.config, self.controller, hook, decider))
 
-    def row_stats(self, depths: torch.Tensor | None, gen_tokens: int) -> tuple[float, int]:
-        """(ponder steps, controller evaluations) of one row, from the depths its decisions
-        chose, in order (``SteeringHook.per_row``; None: no controller). A row that finished
-        early under ``model.generate`` kept deciding for padding: only its first ``gen_tokens``
-        decisions count."""
-        if depths is None or len(depths) == 0:
-            return 0.0, 0
+
+@dataclass
+class PonderedRows:
+    """The rows of one call that a controller steers as they end: the depths its ``decider``
+    chose, by the rows its ``hook`` saw in each forward, read as the records grow
+    (``hooks.RowRecords``)."""
+
+    config: PonderConfig
+    controller: torch.nn.Module
+    hook: SteeringHook
+    decider: ControllerDecide
+    depths: RowRecords = field(default_factory=RowRecords)
+
+    def row(self, row: int, ran: int) -> RowSteering:
+        """Row ``row``'s ponder steps, controller evaluations and their FLOPs, from the depths
+        its decisions chose, in order. A row that finished early under ``model.generate`` kept
+        deciding for padding: only its first ``ran`` decisions count."""
+        self.depths.read(self.decider.depths, self.hook.decision_rows)
+        depths = self.depths.of(row)
+        if len(depths) == 0:
+            return RowSteering()
         evals_per_decision = self.config.k_max + 1  # all candidates, one batched call
         if self.config.granularity == "prompt":
-            return float(depths[0]), evals_per_decision
-        used = depths[: max(gen_tokens, 1)]
-        return used.float().mean().item(), evals_per_decision * len(used)
+            steps, evals = float(depths[0]), evals_per_decision
+        else:
+            used = depths[: max(ran, 1)]
+            steps, evals = used.float().mean().item(), evals_per_decision * len(used)
+        return RowSteering(steps, evals, self.controller.evaluation_flops(evals))

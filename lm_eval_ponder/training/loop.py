@@ -29,6 +29,8 @@ import torch
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import append_jsonl, output_folder
+from lm_eval_ponder.generation.generator import SteeredGenerator
+from lm_eval_ponder.generation.settings import load_steering
 from lm_eval_ponder.pondering.controller import PonderController, save_controller
 from lm_eval_ponder.pondering.dynamics import cumulative_offsets
 from lm_eval_ponder.portable import backbone_record, expand, portable_path
@@ -57,10 +59,13 @@ LOG = "train_log.jsonl"
 LOGGER = logging.getLogger(__name__)
 
 
-def load_backbone(cfg: TrainConfig):
-    """The frozen backbone with the run's steering vector. It ponders no call by itself: the
-    rollout cache steers each row at its depth's offset and the token-level trainer steers
-    through its policy's hook, each call saying how."""
+def load_backbone(cfg: TrainConfig) -> SteeredGenerator:
+    """The frozen backbone's generation with the run's steering vector (``cfg.steering`` at
+    ``cfg.layer``; None: the shipped vector, its default layer). It ponders no call by itself:
+    the rollout cache steers each row at its depth's offset and the token-level trainer steers
+    through its policy's hook, each call saying how. ``PonderLM`` loads the backbone (HFLM's
+    loading, device and dtype rules, chat template) and only its generator is kept: the one
+    module outside ``evaluation`` that names it (``tests/test_layout.py``)."""
     from lm_eval_ponder.evaluation.lm import PonderLM
 
     # HFLM's batch size is unused (the rollout cache sizes its own calls); 0 is the cache's
@@ -69,8 +74,12 @@ def load_backbone(cfg: TrainConfig):
               "parallelize": cfg.parallelize}
     if cfg.device:
         kwargs["device"] = cfg.device
-    return PonderLM.unsteered(cfg.steering, cfg.layer, pretrained=cfg.pretrained,
-                              gguf_file=cfg.gguf_file, **kwargs)
+    generator = PonderLM(controller=None, pretrained=cfg.pretrained, gguf_file=cfg.gguf_file,
+                         **kwargs).generator
+    backbone = generator.backbone
+    generator.steering = load_steering(cfg.steering, cfg.layer, backbone.name,
+                                       generator.model.config, backbone.source_sha256)
+    return generator
 
 
 def batch_metrics(window: list[dict], weights: dict[str, float], k_max: int, step: int,
@@ -186,16 +195,16 @@ def trim_log(log_path: Path, start: int) -> None:
         log_path.write_text("".join(line + "\n" for line in kept))
 
 
-def identity_of(lm) -> dict:
+def identity_of(generator: SteeredGenerator) -> dict:
     """What a controller is trained for: backbone, steering vector, layer and scale."""
-    return {"backbone": backbone_record(lm.backbone_info.path, lm.backbone_info.name,
-                                    lm.backbone_info.source_sha256),
-            "backbone_name": lm.backbone_info.name,
-            "backbone_sha256": lm.backbone_info.source_sha256,
-            "dtype": str(lm.model.dtype).removeprefix("torch."),
-            "steering_dir": portable_path(lm.steering_dir), "layer": lm.steer_layer,
-            "steering_scale": lm.steer_scale, "hidden_size": lm.model.config.hidden_size,
-            "steering_sha256": lm.require_steering().sha()}
+    backbone, steering, model = generator.backbone, generator.require_steering(), generator.model
+    return {"backbone": backbone_record(backbone.path, backbone.name, backbone.source_sha256),
+            "backbone_name": backbone.name,
+            "backbone_sha256": backbone.source_sha256,
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "steering_dir": portable_path(steering.steering_dir), "layer": steering.layer,
+            "steering_scale": steering.scale, "hidden_size": model.config.hidden_size,
+            "steering_sha256": steering.sha()}
 
 
 class TrainingEnvironment(Protocol):
@@ -228,20 +237,20 @@ class TrainingEnvironment(Protocol):
     def data_and_cost(self, cfg: TrainConfig, n_train: int, n_val: int) -> tuple[dict, dict]: ...
 
 
-def build_environment(cfg: TrainConfig, lm, controller: PonderController, offsets: list[float],
-                      out: Path, dist: Distributed) -> TrainingEnvironment:
-    """Prompt granularity: build (or finish) the rollout cache with ``lm``, then train on
-    lookups. Token granularity: train online with ``lm`` in the loop."""
+def build_environment(cfg: TrainConfig, generator: SteeredGenerator, controller: PonderController,
+                      offsets: list[float], out: Path, dist: Distributed) -> TrainingEnvironment:
+    """Prompt granularity: build (or finish) the rollout cache with ``generator``, then train
+    on lookups. Token granularity: train online with ``generator`` in the loop."""
     if cfg.ponder.granularity == "token":
-        return OnlineEnvironment(lm, cfg, controller, rank=dist.rank)
+        return OnlineEnvironment(generator, cfg, controller, rank=dist.rank)
     t0 = time.time()
     cache_dir = Path(cfg.cache_dir) if cfg.cache_dir else out / "rollouts"
     if dist.rank == 0:
-        cache, prompts = prepare_cache(lm, cfg.rollout, offsets, cache_dir)
+        cache, prompts = prepare_cache(generator, cfg.rollout, offsets, cache_dir)
     dist.barrier()  # rank 0 has written the manifest, prompts and states
     if dist.rank != 0:
-        cache, prompts = prepare_cache(lm, cfg.rollout, offsets, cache_dir, write=False)
-    generate_missing(lm, cache, prompts, cfg.rollout, offsets, dist.rank, dist.world)
+        cache, prompts = prepare_cache(generator, cfg.rollout, offsets, cache_dir, write=False)
+    generate_missing(generator, cache, prompts, cfg.rollout, offsets, dist.rank, dist.world)
     dist.barrier()  # every rank's share is finished
     env = CachedEnvironment(RolloutCache(cache_dir), cfg.ponder.k_max, cfg.rollout.samples,
                             controller.evaluation_flops(cfg.ponder.k_max + 1), cfg.reward,
@@ -352,14 +361,14 @@ def train(cfg: TrainConfig, dist: Distributed) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     offsets = cumulative_offsets(cfg.ponder)
-    lm = load_backbone(cfg)
-    identity = identity_of(lm)
+    generator = load_backbone(cfg)
+    identity = identity_of(generator)
     torch.manual_seed(cfg.seed)
     controller = PonderController(identity["hidden_size"], cfg.controller_hidden,
                                   cfg.controller_temperature)
-    env = build_environment(cfg, lm, controller, offsets.tolist(), out, dist)
+    env = build_environment(cfg, generator, controller, offsets.tolist(), out, dist)
     if cfg.ponder.granularity != "token":
-        del lm  # GRPO on lookups needs no backbone
+        del generator  # GRPO on lookups needs no backbone
     from lm_eval_ponder.steering.vector import load_vector
 
     vector = load_vector(expand(identity["steering_dir"])).vector(identity["layer"])

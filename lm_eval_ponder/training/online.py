@@ -32,6 +32,7 @@ import math
 import torch
 
 from lm_eval_ponder.flops import generation_flops
+from lm_eval_ponder.generation.generator import SteeredGenerator
 from lm_eval_ponder.pondering.controller import PonderController
 from lm_eval_ponder.pondering.dynamics import TokenPolicy
 from lm_eval_ponder.scoring import grading
@@ -54,14 +55,14 @@ class OnlineEnvironment:
 
     granularity = "token"
 
-    def __init__(self, lm, cfg: TrainConfig, controller: PonderController,
+    def __init__(self, generator: SteeredGenerator, cfg: TrainConfig, controller: PonderController,
                  prompts: list[Prompt] | None = None, rank: int = 0) -> None:
         ppl_ref = None
         if cfg.reward.ppl_baseline is not None and cfg.reward.sigma_ppl is not None:
             ppl_ref = (cfg.reward.ppl_baseline, cfg.reward.sigma_ppl)
         self.rewards = RewardBook(cfg.reward, ppl_ref)
-        self.lm, self.train_cfg = lm, cfg
-        self.prompts = build_prompts(lm, cfg.rollout) if prompts is None else prompts
+        self.generator, self.train_cfg = generator, cfg
+        self.prompts = build_prompts(generator, cfg.rollout) if prompts is None else prompts
         self.max_gen_toks = cfg.rollout.max_completion_length
         self.k_max = cfg.ponder.k_max
         # as the rollout cache: greedy, EOS only (generate_texts adds the EOS text as lm-eval does)
@@ -76,26 +77,27 @@ class OnlineEnvironment:
 
         One call for a whole step's P x G rows keeps the batch full (the generation loop holds
         ``max_rows`` rows in flight and lets finished rows leave), instead of P calls of G rows
-        each. Generation goes through ``PonderLM.generate_texts`` (the trainer's way in: the
-        contexts read and answered as ``generate_until`` reads and answers them) with a
-        token-mode hook driven by ``policy`` instead of the model's own pondering.
+        each. Generation goes through ``SteeredGenerator.generate_texts`` (the contexts read
+        and answered as lm-eval's ``generate_until`` reads and answers them) with a token-mode
+        hook driven by ``policy``.
         """
-        lm = self.lm
+        generator = self.generator
         prompts = [self.prompts[i] for i in ids for _ in range(group)]
         if len(policy.teacher) != len(prompts):
             raise ValueError(f"internal: policy for {len(policy.teacher)} rows, "
                              f"{len(prompts)} rows to generate")
-        hook = lm.require_steering().hook(lm.model, policy, lm.device, "token")
-        out = lm.generate_texts([p.context for p in prompts], self.generation, steer=hook)
+        hook = generator.require_steering().hook(generator.model, policy, generator.device,
+                                                 "token")
+        out = generator.generate_texts([p.context for p in prompts], self.generation, steer=hook)
         texts = [str(t) for t in out]
         used = [int(t.stats["gen_tokens"]) for t in out]
-        ppls = response_perplexities(lm, [p.context for p in prompts], texts)
+        ppls = response_perplexities(generator, [p.context for p in prompts], texts)
         trajectories = policy.trajectories(used, hook)
-        records = []
+        records, pricing = [], generator.pricing
         for p, n_prompt, text, n, ppl, (_, depths) in zip(
                 prompts, [t.stats["prompt_tokens"] for t in out], texts, used, ppls, trajectories):
             correct, pred = grading.grade(p.kind, text, p.gold)
-            flops = generation_flops(lm.flops_spec, n_prompt, n, lm.prefill_logits) + \
+            flops = generation_flops(pricing.spec, n_prompt, n, pricing.prefill_logits) + \
                 self.controller.evaluation_flops((self.k_max + 1) * len(depths))
             records.append({"key": p.key, "task": p.task, "level": p.level, "text": text,
                             "gen_tokens": n, "prompt_tokens": int(n_prompt),
@@ -110,8 +112,9 @@ class OnlineEnvironment:
         if not ids:
             return {}
         recs = []
-        for start in range(0, len(ids), self.lm.max_rows):
-            chunk = ids[start : start + self.lm.max_rows]
+        rows = self.generator.batching.max_rows
+        for start in range(0, len(ids), rows):
+            chunk = ids[start : start + rows]
             policy = trainer.token_policy(torch.zeros(len(chunk), dtype=torch.bool),
                                            torch.zeros(len(chunk), dtype=torch.long), greedy=True)
             recs += self.rollout(chunk, 1, policy)[0]

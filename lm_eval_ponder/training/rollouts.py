@@ -55,6 +55,7 @@ from lm_eval_ponder.files import (
     read_text,
     short_float32,
 )
+from lm_eval_ponder.generation.generator import SteeredGenerator
 from lm_eval_ponder.pondering.steered import OffsetsPerRow
 from lm_eval_ponder.portable import backbone_record
 from lm_eval_ponder.scoring import grading
@@ -141,7 +142,7 @@ class Prompt:
     kind: str
 
 
-def build_prompts(lm, cfg: RolloutConfig) -> list[Prompt]:
+def build_prompts(generator: SteeredGenerator, cfg: RolloutConfig) -> list[Prompt]:
     """The training prompts exactly as lm-eval renders the task (chat template included)."""
     from lm_eval.tasks import TaskManager
 
@@ -159,7 +160,7 @@ def build_prompts(lm, cfg: RolloutConfig) -> list[Prompt]:
         for doc in docs:
             context = task.fewshot_context(
                 doc, 0, apply_chat_template=cfg.apply_chat_template,
-                chat_template=lm.apply_chat_template if cfg.apply_chat_template else None,
+                chat_template=generator.apply_chat_template if cfg.apply_chat_template else None,
             )
             gold = str(task.doc_to_target(doc))
             key = _sha([name, doc["id"], context])[:16]
@@ -175,24 +176,26 @@ def generation_kwargs(cfg: RolloutConfig) -> dict:
 
 
 @torch.no_grad()
-def prompt_states(lm, contexts: list[str], layer: int) -> torch.Tensor:
+def prompt_states(generator: SteeredGenerator, contexts: list[str], layer: int) -> torch.Tensor:
     """z_0 per prompt: the steering layer's (unsteered) output at the last prompt token.
 
     One prompt at a time, so no padding can shift the last position; encoded as HFLM encodes
-    generation contexts (``tok_batch_encode``), which is what the steering hook sees.
+    generation contexts (its ``tok_batch_encode``, the generator's ``encode_batch``), which is
+    what the steering hook sees.
     """
     from lm_eval_ponder.backbone import decoder_layers
     from lm_eval_ponder.hooks import last_token_capture
 
-    with last_token_capture(decoder_layers(lm.model)[layer]) as captured:
+    model, device = generator.model, generator.device
+    with last_token_capture(decoder_layers(model)[layer]) as captured:
         for context in contexts:
-            ids, mask = lm.tok_batch_encode([context])
-            lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device))
+            ids, mask = generator.encode_batch([context])
+            model(input_ids=ids.to(device), attention_mask=mask.to(device))
     return torch.cat(captured, dim=0)
 
 
 @torch.no_grad()
-def response_perplexities(lm, contexts: list[str], texts: list[str],
+def response_perplexities(generator: SteeredGenerator, contexts: list[str], texts: list[str],
                           logits_budget: int = 1 << 28) -> list[float | None]:
     """Perplexity of each text given its context under the frozen, unsteered backbone.
 
@@ -210,15 +213,16 @@ def response_perplexities(lm, contexts: list[str], texts: list[str],
     unique = list(dict.fromkeys(pairs))
     if len(unique) < len(pairs):
         scored = dict(zip(unique, response_perplexities(
-            lm, [c for c, _ in unique], [t for _, t in unique], logits_budget)))
+            generator, [c for c, _ in unique], [t for _, t in unique], logits_budget)))
         return [scored[pair] for pair in pairs]
-    rows, responses = [], []
+    rows, responses, tokenizer = [], [], generator.tokenizer
     for context, text in zip(contexts, texts):
-        resp = lm.tokenizer(text, add_special_tokens=False).input_ids
-        rows.append(lm.tok_batch_encode([context])[0][0].tolist() + resp)
+        resp = tokenizer(text, add_special_tokens=False).input_ids
+        rows.append(generator.encode_batch([context])[0][0].tolist() + resp)
         responses.append(len(resp))
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else 0
-    return token_perplexities(lm.model, rows, responses, pad, lm.device, logits_budget)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return token_perplexities(generator.model, rows, responses, pad, generator.device,
+                              logits_budget)
 
 
 @torch.no_grad()
@@ -451,15 +455,16 @@ def read_outcomes(path: Path) -> list[dict]:
     return out
 
 
-def cache_identity(lm, cfg: RolloutConfig, offsets: list[float], prompts: list[Prompt]) -> dict:
+def cache_identity(generator: SteeredGenerator, cfg: RolloutConfig, offsets: list[float],
+                   prompts: list[Prompt]) -> dict:
+    backbone, steering = generator.backbone, generator.require_steering()
     return {
-        "backbone": backbone_record(lm.backbone_info.path, lm.backbone_info.name,
-                                    lm.backbone_info.source_sha256),
-        "backbone_sha256": lm.backbone_info.source_sha256,
-        "dtype": str(lm.model.dtype),
-        "steering_sha256": lm.require_steering().sha(),
-        "layer": lm.steer_layer,
-        "scale": lm.steer_scale,
+        "backbone": backbone_record(backbone.path, backbone.name, backbone.source_sha256),
+        "backbone_sha256": backbone.source_sha256,
+        "dtype": str(generator.model.dtype),
+        "steering_sha256": steering.sha(),
+        "layer": steering.layer,
+        "scale": steering.scale,
         "offsets": [round(float(c), 8) for c in offsets],
         "generation": generation_kwargs(cfg),
         "samples": cfg.samples,
@@ -473,8 +478,8 @@ def prompts_sha(prompts: list[Prompt]) -> str:
     return _sha([asdict(p) for p in prompts])
 
 
-def prepare_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str | os.PathLike,
-                  write: bool = True) -> tuple[RolloutCache, list[Prompt]]:
+def prepare_cache(generator: SteeredGenerator, cfg: RolloutConfig, offsets: list[float],
+                  directory: str | os.PathLike, write: bool = True) -> tuple[RolloutCache, list[Prompt]]:
     """Open (or, with ``write``, create) the cache for these settings; write prompts and z_0.
 
     Prompts and z_0 missing beside existing outcomes (a cache restored from git) are rebuilt
@@ -483,34 +488,34 @@ def prepare_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str |
     In a multi-process run only rank 0 writes; the others open it afterwards, and get the same
     refusal if it was built for other settings.
     """
-    prompts = build_prompts(lm, cfg)
-    identity = cache_identity(lm, cfg, offsets, prompts)
+    prompts = build_prompts(generator, cfg)
+    identity = cache_identity(generator, cfg, offsets, prompts)
     manifest = {"identity": identity, "fingerprint": _sha(identity)[:16],
                 "n_prompts": len(prompts), "k_max": len(offsets) - 1}
     if not write and not (Path(directory) / MANIFEST).is_file():
         raise PonderError(f"rollout cache {directory} has no manifest (rank 0 writes it first)")
     cache = RolloutCache(directory, manifest)
     if write and not cache.has_prompts():
-        cache.write_prompts(prompts, prompt_states(lm, [p.context for p in prompts],
-                                                   lm.steer_layer))
+        cache.write_prompts(prompts, prompt_states(generator, [p.context for p in prompts],
+                                                   generator.require_steering().layer))
     return cache, prompts
 
 
-def block_size(lm, cfg: RolloutConfig, n_depths: int) -> int:
+def block_size(generator: SteeredGenerator, cfg: RolloutConfig, n_depths: int) -> int:
     """Prompts per block: a block's prompts x depths x samples fill one generation call of
     ``cfg.batch_size`` rows (0: ``Batching.requests_per_call``, four times the model's rows in
     flight, so the loop stays full while rows finish and waiting ones join)."""
-    rows = cfg.batch_size or lm.batching.requests_per_call
+    rows = cfg.batch_size or generator.batching.requests_per_call
     return max(1, rows // (cfg.samples * n_depths))
 
 
-def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: RolloutConfig,
-                     offsets: list[float], rank: int = 0, world: int = 1,
+def generate_missing(generator: SteeredGenerator, cache: RolloutCache, prompts: list[Prompt],
+                     cfg: RolloutConfig, offsets: list[float], rank: int = 0, world: int = 1,
                      progress: bool = True, blocks: range | None = None) -> None:
     """Generate every missing (prompt, depth, sample) of this rank's prompts (r, r+world, ...).
 
-    ``lm`` is a ``PonderLM`` with a steering vector. Work goes in blocks of prompts, and a
-    block is one generation call (``PonderLM.generate_texts``) holding every depth and
+    ``generator`` holds a steering vector. Work goes in blocks of prompts, and a block is one
+    generation call (``SteeredGenerator.generate_texts``) holding every depth and
     sample of its prompts, each row at its depth's fixed offset: the rows the evaluation loop
     would run, with ``max_rows`` of them in flight, so the cache is built at the loop's speed
     (1.15x its tokens/s, measured by a benchmark since retired: ``docs/results/history.md``).
@@ -530,7 +535,7 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
 
     done = cache.done()
     mine = prompts[rank::world]
-    per_block = block_size(lm, cfg, len(offsets))
+    per_block = block_size(generator, cfg, len(offsets))
     starts = range(0, len(mine), per_block)
     if blocks is not None:
         starts = [b for i, b in enumerate(starts) if i in blocks]
@@ -546,7 +551,7 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
     # per finished answer, with rows in flight, tokens and a status line during a long tail
     bar = RowProgress(sum(map(len, todo.values())), f"rollouts (rank {rank})", unit="answer",
                       disable=not progress)
-    lengths = {p.key: len(lm.tok_encode(p.context)) for p in mine}
+    lengths = {p.key: len(generator.encode(p.context)) for p in mine}
     try:
         for block_start, items in todo.items():
             if not items:
@@ -554,10 +559,12 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
             items.sort(key=lambda item: -lengths[item[0].key])  # stable: prompt-major otherwise
             torch.manual_seed(cfg.seed + 104729 * (rank + world * block_start))
             contexts = [p.context for p, _, _ in items]
-            with bar.watch(lm.model):
-                steer = OffsetsPerRow(lm.require_steering(), [offsets[k] for _, k, _ in items])
-                texts = lm.generate_texts(contexts, gen, steer=steer, observers=[bar.observer()])
-            ppls = response_perplexities(lm, contexts, [str(t) for t in texts])
+            with bar.watch(generator.model):
+                steer = OffsetsPerRow(generator.require_steering(),
+                                      [offsets[k] for _, k, _ in items])
+                texts = generator.generate_texts(contexts, gen, steer=steer,
+                                                 observers=[bar.observer()])
+            ppls = response_perplexities(generator, contexts, [str(t) for t in texts])
             records = []
             for (p, depth, s), text, ppl in zip(items, texts, ppls):
                 correct, pred = grading.grade(p.kind, str(text), p.gold)
@@ -576,9 +583,9 @@ def generate_missing(lm, cache: RolloutCache, prompts: list[Prompt], cfg: Rollou
         bar.close()
 
 
-def build_cache(lm, cfg: RolloutConfig, offsets: list[float], directory: str | os.PathLike,
-                progress: bool = True) -> RolloutCache:
+def build_cache(generator: SteeredGenerator, cfg: RolloutConfig, offsets: list[float],
+                directory: str | os.PathLike, progress: bool = True) -> RolloutCache:
     """Single-process convenience: prepare the cache and generate everything missing."""
-    cache, prompts = prepare_cache(lm, cfg, offsets, directory)
-    generate_missing(lm, cache, prompts, cfg, offsets, progress=progress)
+    cache, prompts = prepare_cache(generator, cfg, offsets, directory)
+    generate_missing(generator, cache, prompts, cfg, offsets, progress=progress)
     return cache

@@ -231,10 +231,10 @@ def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypat
     lm = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32",
                   max_cache_gib="0.001")
     per_token = cache_bytes_per_token(lm.model.config, torch.float32)
-    assert lm.max_cache_tokens == int(0.001 * 2**30 // per_token)
+    assert lm.batching.max_cache_tokens == int(0.001 * 2**30 // per_token)
     lm.generate_until(requests({"max_gen_toks": 4, "do_sample": False}))
-    assert seen == [lm.max_cache_tokens]
-    assert lm.get_model_info()["ponder_batching"]["max_cache_tokens"] == lm.max_cache_tokens
+    assert seen == [lm.batching.max_cache_tokens]
+    assert lm.get_model_info()["ponder_batching"]["max_cache_tokens"] == lm.batching.max_cache_tokens
     # the default on a CPU: three times the weights, at least 0.5 GiB, at most a sixth of the
     # machine's memory (issue 66); on a GPU a third of its memory. Checked against a memory
     # size the test sets, and the size read against /proc/meminfo (a cgroup limit may only
@@ -243,14 +243,14 @@ def test_cache_budget_reaches_the_loop_and_the_results(tiny_model_dir, monkeypat
 
     monkeypatch.setattr(batching, "total_memory_bytes", lambda device: 12 * 2**30)
     auto = PonderLM(pretrained=str(tiny_model_dir), device="cpu", dtype="float32")
-    assert auto.max_cache_gib == 0.5  # the floor: a tiny model's weights are a few kB
+    assert auto.batching.max_cache_gib == 0.5  # the floor: a tiny model's weights are a few kB
     assert batching.default_cache_gib("cpu", 2**28) == 0.75  # the embedded model in bf16
     assert batching.default_cache_gib("cpu", 2**30) == 2.0  # a sixth of 12 GiB
     assert batching.default_cache_gib("cuda:0", 2**30) == 4.0
     meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
     assert 0 < total_memory_bytes("cpu") <= int(meminfo["MemTotal"].split()[0]) * 1024
     assert PonderLM(pretrained=str(tiny_model_dir), device="cpu",
-                    max_cache_gib="none").max_cache_tokens is None
+                    max_cache_gib="none").batching.max_cache_tokens is None
     for bad in ("-1", "lots"):
         with pytest.raises(PonderError, match="max_cache_gib"):
             PonderLM(pretrained=str(tiny_model_dir), device="cpu", max_cache_gib=bad)
@@ -324,7 +324,7 @@ def test_pad_token_generated_mid_answer_is_not_its_end(tiny_model_dir, monkeypat
     monkeypatch.setattr(HFLM, "_model_generate",
                         lambda self, context, *a, **k: torch.cat([context, answer], dim=1))
     ids = torch.full((2, 3), 5)
-    out = lm.generate_batch(ids, torch.ones_like(ids), max_new_tokens=6, stop=[],
+    out = lm.generator.generate_batch(ids, torch.ones_like(ids), max_new_tokens=6, stop=[],
                             hook=None)
     assert out.gen_tokens == [4, 6]
 

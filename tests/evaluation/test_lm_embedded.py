@@ -101,7 +101,7 @@ def test_default_model_uses_the_shipped_controller():
     lm = PonderLM(batch_size=4)
     assert lm.controller is not None and lm.ponder.controller_dir == shipped
     assert vars(lm.ponder_config) == config["ponder"]
-    assert lm.steer_layer == config["layer"]
+    assert lm.generator.steering.layer == config["layer"]
     assert not PonderLM(batch_size=4, controller="none").pondering
 
 
@@ -116,7 +116,7 @@ def test_recount_from_text_matches_ponder_count_to_eos():
     prompts = [lm.apply_chat_template([{"role": "user", "content": q}]) for q in
                ("What is 2 + 2? Reply with the number only.", "What is the capital of France?",
                 "Answer yes or no: is 5 > 3?")]
-    texts = lm.generate_texts(prompts, {"until": [], "max_gen_toks": 40, "do_sample": False})
+    texts = lm.generator.generate_texts(prompts, {"until": [], "max_gen_toks": 40, "do_sample": False})
     for text in texts:
         assert text.stats["gen_tokens"] < 40, "expected an answer that ends in EOS"
         assert count_text_tokens(lm.tokenizer, text, 40) == text.stats["gen_tokens"]

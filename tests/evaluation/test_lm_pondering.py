@@ -163,9 +163,11 @@ def test_rendered_rows_at_their_own_offsets_equal_fixed_alpha_runs(tiny_model_di
     contexts = [r.args[0] for r in requests(GREEDY)]
     alphas = [-1.5, 0.0, 2.0]
     rows = [(c, a) for a in alphas for c in contexts]
-    got = lm.generate_texts([c for c, _ in rows], GREEDY,
-                            steer=OffsetsPerRow(lm.steering, [a for _, a in rows]))
-    want = {a: lm.generate_texts(contexts, GREEDY, steer=Pondering.fixed(lm.steering, a))
+    generator = lm.generator
+    got = generator.generate_texts([c for c, _ in rows], GREEDY,
+                                   steer=OffsetsPerRow(generator.steering, [a for _, a in rows]))
+    want = {a: generator.generate_texts(contexts, GREEDY,
+                                        steer=Pondering.fixed(generator.steering, a))
             for a in alphas}
     expected = [want[a][i] for a in alphas for i in range(len(contexts))]
     assert [str(g) for g in got] == [str(w) for w in expected]

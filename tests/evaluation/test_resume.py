@@ -23,6 +23,7 @@ from lm_eval_ponder.evaluation.resume import (
     restore_kept,
 )
 from lm_eval_ponder.generation.accounting import GenerationText
+from lm_eval_ponder.generation.generator import SteeredGenerator
 
 SAMPLED = {"max_gen_toks": 8, "do_sample": True, "temperature": 1.0}
 GREEDY = {"max_gen_toks": 8, "do_sample": False}
@@ -110,13 +111,13 @@ def test_a_resumed_run_draws_only_the_missing_answers():
 def count_drawn(monkeypatch) -> list:
     """The contexts the model is asked to generate from here on (those no store answered)."""
     drawn = []
-    real = PonderLM.generate_texts
+    real = SteeredGenerator.generate_texts
 
     def counting(self, contexts, *args, **kwargs):
         drawn.extend(contexts)
         return real(self, contexts, *args, **kwargs)
 
-    monkeypatch.setattr(PonderLM, "generate_texts", counting)
+    monkeypatch.setattr(SteeredGenerator, "generate_texts", counting)
     return drawn
 
 
@@ -156,7 +157,7 @@ def kill_after_three_rows(monkeypatch) -> tuple[list, list]:
     """From here on, a run is killed (KeyboardInterrupt) as its third row ends, after that row's
     answer was kept. Returns (rows per generate_batch call, keep_early's results so far)."""
     calls, early = [], []
-    real_batch, real_early = PonderLM.generate_batch, SampledAnswers.keep_early
+    real_batch, real_early = SteeredGenerator.generate_batch, SampledAnswers.keep_early
 
     def counting_calls(self, *args, **kwargs):
         calls.append(args[0].shape[0])
@@ -169,7 +170,7 @@ def kill_after_three_rows(monkeypatch) -> tuple[list, list]:
             raise KeyboardInterrupt
         return kept
 
-    monkeypatch.setattr(PonderLM, "generate_batch", counting_calls)
+    monkeypatch.setattr(SteeredGenerator, "generate_batch", counting_calls)
     monkeypatch.setattr(SampledAnswers, "keep_early", killed_after_three)
     return calls, early
 
@@ -180,7 +181,7 @@ def test_an_interrupted_run_keeps_every_row_that_ended(tiny_model_dir, tmp_path,
     sampled answer is now kept as its row ends in the loop: a run killed after its third row
     keeps three answers, and the call stays whole (the rows in flight stay max_rows)."""
     lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=2, device="cpu")
-    assert lm.requests_per_call == 8  # the six requests are one call
+    assert lm.batching.requests_per_call == 8  # the six requests are one call
     cache = str(tmp_path / "cache")
     real_early = SampledAnswers.keep_early
     calls, _ = kill_after_three_rows(monkeypatch)
@@ -306,15 +307,15 @@ def test_the_loop_gets_every_request_in_one_call(tiny_model_dir, monkeypatch):
     """Each call ends in a tail where the batch shrinks to its longest answers: the loop gets
     all of generate_until's requests at once, however many times max_rows they are."""
     lm = PonderLM(pretrained=str(tiny_model_dir), batch_size=1, max_rows=1, device="cpu")
-    assert lm.requests_per_call == 4 < 6
+    assert lm.batching.requests_per_call == 4 < 6
     calls = []
-    real_batch = PonderLM.generate_batch
+    real_batch = SteeredGenerator.generate_batch
 
     def counting_calls(self, *args, **kwargs):
         calls.append(args[0].shape[0])
         return real_batch(self, *args, **kwargs)
 
-    monkeypatch.setattr(PonderLM, "generate_batch", counting_calls)
+    monkeypatch.setattr(SteeredGenerator, "generate_batch", counting_calls)
     out = lm.generate_until(requests(GREEDY))
     assert calls == [6] and len(out) == 6
     assert lm.batch_size_per_gpu == 1  # lm-eval's own setting is back after the call

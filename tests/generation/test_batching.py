@@ -54,7 +54,7 @@ def test_an_answer_is_the_same_alone_and_among_others_in_the_invariant_mode(arch
     for cache_gib in ("none", "0.001"):
         lm = PonderLM(pretrained=str(tmp_path), controller="none", dtype="bfloat16",
                       device="cpu", batch_invariant=True, max_cache_gib=cache_gib)
-        together = [str(t) for t in lm.generate_texts(prompts, gen)]
-        alone = [str(lm.generate_texts([p], gen)[0]) for p in prompts[:16]]
+        together = [str(t) for t in lm.generator.generate_texts(prompts, gen)]
+        alone = [str(lm.generator.generate_texts([p], gen)[0]) for p in prompts[:16]]
         assert alone == together[:16]
         assert lm.get_model_info()["ponder_batching"]["batch_invariant"] is True

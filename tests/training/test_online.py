@@ -37,16 +37,22 @@ def fixed_controller(bias: float) -> PonderController:
 
 
 @pytest.fixture(scope="module")
-def lm(tiny_model_dir, tiny_vector_dir):
+def generator(tiny_model_dir, tiny_vector_dir):
     return PonderLM(pretrained=str(tiny_model_dir), steering=str(tiny_vector_dir), batch_size=4,
-                    device="cpu", alpha=float(OFFSETS[0]))
+                    device="cpu", alpha=float(OFFSETS[0])).generator
+
+
+def step_of(generator) -> torch.Tensor:
+    """The steering step (scale x vector) the trainer's controller moves along."""
+    steering = generator.require_steering()
+    return steering.scale * steering.vector
 
 
 PROMPT = Prompt("k0", "arith_ponder", "0", 1, "Q: 2+3=?\nA:", "5", "numeric")
 
 
 @pytest.mark.parametrize("bias,depth", [(-30.0, 0), (30.0, 2)])
-def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, tiny_vector_dir,
+def test_rollout_is_what_a_token_level_controller_generates(generator, tiny_model_dir, tiny_vector_dir,
                                                             tmp_path, bias, depth):
     """An online rollout driven by the greedy policy of a controller that always halts at
     `depth` yields the same text, tokens and FLOPs as `--model ponder` with that controller at
@@ -60,9 +66,9 @@ def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, 
     cfg = parse_args(["--output", str(tmp_path / "o"), "--rollout.max_completion_length", "6",
                       "--ponder.k_max", "2", "--controller_hidden", "16"])
     ctrl = fixed_controller(bias)
-    trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, OFFSETS, 0.2,
+    trainer = GRPOTrainer(ctrl, step_of(generator), OFFSETS, 0.2,
                           GRPOConfig(num_generations=2), seed=0)
-    env = OnlineEnvironment(lm, cfg, ctrl, prompts=[PROMPT])
+    env = OnlineEnvironment(generator, cfg, ctrl, prompts=[PROMPT])
     greedy = trainer.token_policy(torch.zeros(1, dtype=torch.bool),
                                    torch.zeros(1, dtype=torch.long), greedy=True)
     [rec], [(states, depths)] = env.rollout([0], 1, greedy)
@@ -75,17 +81,17 @@ def test_rollout_is_what_a_token_level_controller_generates(lm, tiny_model_dir, 
     assert [r["text"] for r in recs] == [str(want)] * 2
 
 
-def test_one_batched_rollout_equals_each_prompt_alone(lm, tmp_path):
+def test_one_batched_rollout_equals_each_prompt_alone(generator, tmp_path):
     """A step's prompts of different lengths go through one left-padded generation; each
     row's text, counts and FLOPs are what that prompt generates on its own."""
     cfg = parse_args(["--output", str(tmp_path / "o"), "--rollout.max_completion_length", "6",
                       "--ponder.k_max", "2", "--controller_hidden", "16"])
     ctrl = fixed_controller(30.0)
-    trainer = GRPOTrainer(ctrl, lm.steer_scale * lm.steer_vector, OFFSETS, 0.2,
+    trainer = GRPOTrainer(ctrl, step_of(generator), OFFSETS, 0.2,
                           GRPOConfig(num_generations=2), seed=0)
     long = Prompt("k1", "arith_ponder", "1", 2, "Q: what is 12 + 30 + 7 + 1?\nA:", "50",
                   "numeric")
-    env = OnlineEnvironment(lm, cfg, ctrl, prompts=[PROMPT, long])
+    env = OnlineEnvironment(generator, cfg, ctrl, prompts=[PROMPT, long])
 
     def teacher(rows, depths):
         return trainer.token_policy(torch.ones(rows, dtype=torch.bool), torch.tensor(depths))

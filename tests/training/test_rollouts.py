@@ -38,13 +38,13 @@ def make_lm(model_dir, vector_dir, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def lm(tiny_model_dir, tiny_vector_dir):
-    return make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0])
+def generator(tiny_model_dir, tiny_vector_dir):
+    return make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0]).generator
 
 
 @pytest.fixture(scope="module")
-def cache(lm, tmp_path_factory):
-    return build_cache(lm, CFG, OFFSETS, tmp_path_factory.mktemp("cache"), progress=False)
+def cache(generator, tmp_path_factory):
+    return build_cache(generator, CFG, OFFSETS, tmp_path_factory.mktemp("cache"), progress=False)
 
 
 def record_lines(directory) -> list[str]:
@@ -76,7 +76,7 @@ def test_cache_holds_every_prompt_at_every_depth(cache):
         assert isinstance(r["correct"], bool)
 
 
-def test_cached_outcome_is_what_a_controller_run_generates(lm, cache, tiny_model_dir,
+def test_cached_outcome_is_what_a_controller_run_generates(generator, cache, tiny_model_dir,
                                                            tiny_vector_dir, tmp_path):
     """A prompt-granularity controller that halts at depth 0 (or always continues to K)
     generates exactly the cached depth-0 (depth-K) text: the cache is exact, not a proxy."""
@@ -97,7 +97,7 @@ def test_cached_outcome_is_what_a_controller_run_generates(lm, cache, tiny_model
         assert [str(t) for t in texts] == [table[(p.key, depth)][0]["text"] for p in prompts]
 
 
-def test_cached_state_is_the_hooks_state(lm, cache):
+def test_cached_state_is_the_hooks_state(generator, cache):
     """z_0 in the cache is the steering layer's output that the hook hands the controller."""
     seen = []
 
@@ -108,13 +108,14 @@ def test_cached_state_is_the_hooks_state(lm, cache):
     from lm_eval_ponder.pondering.hook import SteeringHook
 
     p = cache.prompts()[0]
-    ids, mask = lm.tok_batch_encode([p.context])
-    with SteeringHook(lm.model, lm.steer_layer, lm.steer_vector, lm.steer_scale, decide):
-        lm.model(input_ids=ids, attention_mask=mask)
+    ids, mask = generator.encode_batch([p.context])
+    steering = generator.require_steering()
+    with SteeringHook(generator.model, steering.layer, steering.vector, steering.scale, decide):
+        generator.model(input_ids=ids, attention_mask=mask)
     assert torch.allclose(seen[0][0], cache.states()[0], atol=1e-5)
 
 
-def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_path):
+def test_interrupted_build_resumes_without_loss_or_duplicates(generator, cache, tmp_path):
     lines = record_lines(cache.dir)
     partial = tmp_path / "partial"
     partial.mkdir()
@@ -122,7 +123,7 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_pat
         (partial / name).write_bytes((cache.dir / name).read_bytes())
     # 7 complete lines and a torn eighth, as a kill mid-write would leave
     (partial / "rollouts.rank0.jsonl").write_text("\n".join(lines[:7]) + "\n" + lines[7][:20])
-    resumed = build_cache(lm, CFG, OFFSETS, partial, progress=False)
+    resumed = build_cache(generator, CFG, OFFSETS, partial, progress=False)
     records = list(resumed.records())
     assert len(records) == len(lines)
     key = lambda r: (r["key"], r["depth"], r["sample"])  # noqa: E731
@@ -132,7 +133,7 @@ def test_interrupted_build_resumes_without_loss_or_duplicates(lm, cache, tmp_pat
 
 
 def test_cache_kept_without_its_prompts_says_how_to_restore_them_and_restores_exactly(
-        lm, cache, tmp_path):
+        generator, cache, tmp_path):
     # What a committed cache holds: the manifest and the compact outcomes, not the prompts
     # (benchmark questions), z_0 or the texts.
     kept = committed_copy(cache.dir, tmp_path / "kept")
@@ -140,7 +141,7 @@ def test_cache_kept_without_its_prompts_says_how_to_restore_them_and_restores_ex
         RolloutCache(kept).prompts()
     with pytest.raises(PonderError, match="not its prompts and z_0"):
         RolloutCache(kept).states()
-    restored, prompts = prepare_cache(lm, CFG, OFFSETS, kept)
+    restored, prompts = prepare_cache(generator, CFG, OFFSETS, kept)
     assert restored.prompts() == cache.prompts() == prompts
     torch.testing.assert_close(restored.states(), cache.states())
     assert restored.done() == cache.done()  # the outcomes are untouched: nothing to generate
@@ -206,11 +207,11 @@ def test_outcomes_kept_under_other_patterns_are_refused(cache, tmp_path, monkeyp
         list(kept.records())
 
 
-def test_cache_refuses_other_settings(lm, cache):
+def test_cache_refuses_other_settings(generator, cache):
     other = RolloutConfig(prompts=CFG.prompts, max_completion_length=7, batch_size=8,
                           apply_chat_template=False)
     with pytest.raises(PonderError, match="built for other settings.*generation"):
-        build_cache(lm, other, OFFSETS, cache.dir, progress=False)
+        build_cache(generator, other, OFFSETS, cache.dir, progress=False)
     with pytest.raises(PonderError, match="not a rollout cache"):
         RolloutCache(cache.dir / "nowhere")
 
@@ -221,31 +222,31 @@ def test_response_perplexities_chunked_equal_one_row_at_a_time(tiny_model_dir, t
     with native bf16) padding alone moves a perplexity by a few percent."""
     from lm_eval_ponder.training.rollouts import response_perplexities
 
-    lm = make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0], dtype="float32")
+    generator = make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0], dtype="float32").generator
 
     contexts = ["What is 2+2?", "Hello there, how are you doing today", "x", "Add 1 and 2."]
     texts = ["4", "fine thanks and you?", "", "The answer is 3"]
-    vocab = lm.model.get_output_embeddings().weight.shape[0]
-    got = response_perplexities(lm, contexts, texts, logits_budget=4 * vocab * 8)  # tiny chunks
+    vocab = generator.model.get_output_embeddings().weight.shape[0]
+    got = response_perplexities(generator, contexts, texts, logits_budget=4 * vocab * 8)  # tiny chunks
     want = []
     for context, text in zip(contexts, texts):
-        ctx = lm.tok_batch_encode([context])[0][0].tolist()
-        resp = lm.tokenizer(text, add_special_tokens=False).input_ids
+        ctx = generator.encode_batch([context])[0][0].tolist()
+        resp = generator.tokenizer(text, add_special_tokens=False).input_ids
         if not resp:
             want.append(None)
             continue
         ids = torch.tensor([ctx + resp])
-        logits = lm.model(input_ids=ids).logits[0, len(ctx) - 1: -1]
+        logits = generator.model(input_ids=ids).logits[0, len(ctx) - 1: -1]
         want.append(float(torch.exp(torch.nn.functional.cross_entropy(logits, ids[0, len(ctx):]))))
     assert got[2] is None and want[2] is None
     assert [g for g in got if g is not None] == pytest.approx([w for w in want if w is not None],
                                                               rel=1e-5)
 
 
-def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draws(lm, tmp_path):
+def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draws(generator, tmp_path):
     sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=12,
                             samples=2, apply_chat_template=False, seed=5)
-    full = build_cache(lm, sampled, OFFSETS, tmp_path / "full", progress=False)
+    full = build_cache(generator, sampled, OFFSETS, tmp_path / "full", progress=False)
     lines = record_lines(full.dir)
     # 12 rows per call / (2 samples x 3 depths) = blocks of 2 prompts, each one generation call
     # at all 3 depths, each in a file of its own (a build kept in git is a series of small
@@ -265,7 +266,7 @@ def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draw
             (partial / f).write_bytes((full.dir / f).read_bytes())
         # the one-file-per-rank layout of older caches, which resuming keeps reading
         (partial / "rollouts.rank0.jsonl").write_text("\n".join(kept) + "\n")
-        return {key(r): r["text"] for r in build_cache(lm, sampled, OFFSETS, partial,
+        return {key(r): r["text"] for r in build_cache(generator, sampled, OFFSETS, partial,
                                                        progress=False).records()}
 
     # stopped after block 0 (and a torn line): the same draws as the uninterrupted build
@@ -277,16 +278,16 @@ def test_stopped_sampled_build_leaves_whole_prompts_and_resumes_to_the_same_draw
     assert all(half[key(json.loads(line))] == json.loads(line)["text"] for line in lines[:16])
 
 
-def test_two_builds_of_disjoint_blocks_draw_what_one_build_draws(lm, tmp_path):
+def test_two_builds_of_disjoint_blocks_draw_what_one_build_draws(generator, tmp_path):
     sampled = RolloutConfig(prompts=CFG.prompts, max_completion_length=6, batch_size=12,
                             samples=2, apply_chat_template=False, seed=5)
-    full = build_cache(lm, sampled, OFFSETS, tmp_path / "full", progress=False)
-    shared, prompts = prepare_cache(lm, sampled, OFFSETS, tmp_path / "shared")
+    full = build_cache(generator, sampled, OFFSETS, tmp_path / "full", progress=False)
+    shared, prompts = prepare_cache(generator, sampled, OFFSETS, tmp_path / "shared")
     # as two one-thread processes on one machine would: blocks 1.. first, then block 0
-    generate_missing(lm, shared, prompts, sampled, OFFSETS, progress=False, blocks=range(1, 99))
+    generate_missing(generator, shared, prompts, sampled, OFFSETS, progress=False, blocks=range(1, 99))
     assert {r["key"] for r in shared.records()} == {p.key for p in prompts[2:]}
     assert not (shared.dir / "rollouts.rank0.part000.jsonl").exists()
-    generate_missing(lm, shared, prompts, sampled, OFFSETS, progress=False, blocks=range(0, 1))
+    generate_missing(generator, shared, prompts, sampled, OFFSETS, progress=False, blocks=range(0, 1))
     key = lambda r: (r["key"], r["depth"], r["sample"])  # noqa: E731
     assert {key(r): r["text"] for r in shared.records()} == \
         {key(r): r["text"] for r in full.records()}
@@ -298,20 +299,20 @@ def test_repeated_answers_are_scored_once(tiny_model_dir, tiny_vector_dir, monke
     second forward, and every row still gets its perplexity."""
     from lm_eval_ponder.training import rollouts
 
-    lm = make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0], dtype="float32")
+    generator = make_lm(tiny_model_dir, tiny_vector_dir, alpha=OFFSETS[0], dtype="float32").generator
     contexts = ["What is 2+2?", "What is 2+2?", "Add 1 and 2.", "What is 2+2?"]
     texts = ["4", "4", "3", "four"]
     rows = []
-    forward = lm.model.forward
-    monkeypatch.setattr(lm.model, "forward",
+    forward = generator.model.forward
+    monkeypatch.setattr(generator.model, "forward",
                         lambda *a, **k: rows.append(k["input_ids"].shape[0]) or forward(*a, **k))
-    got = rollouts.response_perplexities(lm, contexts, texts)
+    got = rollouts.response_perplexities(generator, contexts, texts)
     assert sum(rows) == 3 and got[0] == got[1] and None not in got
-    alone = rollouts.response_perplexities(lm, contexts[2:], texts[2:])
+    alone = rollouts.response_perplexities(generator, contexts[2:], texts[2:])
     assert got[2:] == pytest.approx(alone, rel=1e-5)
 
 
-def test_the_rollout_phase_shows_answers_rows_in_flight_and_tokens(lm, tmp_path, monkeypatch):
+def test_the_rollout_phase_shows_answers_rows_in_flight_and_tokens(generator, tmp_path, monkeypatch):
     """The trainer's rollout bar ticks per finished answer and counts what its status line
     shows: every answer started, and the tokens the answers generated (the loop's live rows)."""
     import lm_eval_ponder.generation.progress as progress
@@ -324,7 +325,7 @@ def test_the_rollout_phase_shows_answers_rows_in_flight_and_tokens(lm, tmp_path,
             bars.append(self)
 
     monkeypatch.setattr(progress, "RowProgress", Recording)
-    cache = build_cache(lm, CFG, OFFSETS, tmp_path / "c", progress=True)
+    cache = build_cache(generator, CFG, OFFSETS, tmp_path / "c", progress=True)
     (bar,) = bars
     records = list(cache.records())
     assert bar.total == bar.finished == bar.started == len(records) == 5 * len(OFFSETS)

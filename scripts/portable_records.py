@@ -37,7 +37,9 @@ from lm_eval_ponder.portable import portable_text
 TEXT = {".json", ".md", ".csv", ".html", ".jsonl", ".txt", ".yaml", ".xz"}
 CHECKOUT = re.compile(r"(?<![\w.~$:/@-])/work/[\w.-]+/")
 CUDA = re.compile(r'("device": ?)"cuda:0"')
-PATH_NAMED = re.compile(r"^__(?:root|home|work|tmp)__.*?__(?P<name>[^_][^/]*)$")
+# lm-eval's name for a local path: its "/" as "__" (``__root__.cache__lm_eval_ponder__organisms__X``);
+# a first pass of this script kept all but the machine's part (``lm_eval_ponder__organisms__X``)
+PATH_NAMED = re.compile(r"^(?:__(?:root|home|work|tmp)__|lm_eval_ponder__)\S*__(?P<name>[^_][^/]*)$")
 
 
 def rewrite_text(text: str, results_json: bool) -> str:
@@ -84,12 +86,14 @@ def weights_sha(folder: Path) -> str | None:
 def rename_folders(root: Path) -> dict[str, str]:
     """Path-named result folders renamed; old -> new relative names of the files moved."""
     moved: dict[str, str] = {}
-    for folder in sorted(root.rglob("__*__*"), key=lambda p: -len(p.parts)):
+    for folder in sorted((p for p in root.rglob("*__*") if PATH_NAMED.match(p.name)),
+                         key=lambda p: -len(p.parts)):
         m = PATH_NAMED.match(folder.name)
         if not folder.is_dir() or not m:
             continue
         sha = weights_sha(folder)
-        name = m.group("name") + (f"-{sha[:12]}" if sha else "")
+        name = m.group("name")
+        name += f"-{sha[:12]}" if sha and not name.endswith(sha[:12]) else ""
         target = folder.with_name(name)
         if target.exists():
             sys.exit(f"portable_records.py: {target} exists; cannot rename {folder}")

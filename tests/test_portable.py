@@ -84,7 +84,9 @@ def records() -> list[tuple[str, bytes]]:
                 for member in tar.getmembers():
                     if member.isfile():
                         data = tar.extractfile(member).read()
-                        out.append((f"{name}:{member.name}", data))
+                        inner = member.pax_headers.get("LM_EVAL_PONDER.inner_xz") == "1"
+                        member_name = member.name.removesuffix(".xz") if inner else member.name
+                        out.append((f"{name}:{member_name}", data))  # stored as text
             continue
         out.append((name, path.read_bytes()))
     return out

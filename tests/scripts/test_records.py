@@ -4,6 +4,7 @@ after an unpack that happens once, new runs added by name, GPQA's answer texts n
 from __future__ import annotations
 
 import json
+import lzma
 import tarfile
 from pathlib import Path
 
@@ -20,7 +21,8 @@ def study(root: Path) -> Path:
     (run / "model").mkdir(parents=True)
     (run / "ponder_run.json").write_text('{"method": "Direct"}')
     (run / "model" / "results_1.json").write_text('{"results": {}}')
-    (run / "model" / "samples_arith_1.compact.jsonl.xz").write_bytes(b"xz")
+    (run / "model" / "samples_arith_1.compact.jsonl.xz").write_bytes(
+        lzma.compress(b'{"doc_id": 0, "exact_match": 1.0}\n'))
     (run / "model" / "samples_arith_1.jsonl").write_text("the answers as text")  # not kept
     return folder
 
@@ -112,3 +114,29 @@ def test_the_committed_archives_hold_no_gpqa_text_and_unpack_as_stamped():
         folder = target.with_name(target.name[:-len(archive.SUFFIX)])
         assert not archive.unpack(folder)  # the session's unpack (conftest) is current
         assert all((folder / n).is_file() for n in names)
+
+
+def test_a_compact_log_is_stored_as_text_and_unpacked_as_it_was(tmp_path):
+    """xz compresses across the archive's members only if they are not compressed already:
+    a ``*.jsonl.xz`` is stored decompressed (marked), and unpacked compressed again, the same
+    text under the same name; near-identical logs then cost little more than one."""
+    folder = study(tmp_path)
+    log = next(folder.rglob("*.compact.jsonl.xz"))
+    rows = "".join(json.dumps({"doc_id": i, "exact_match": float(i % 3 == 0), "gen_tokens": 8})
+                   + "\n" for i in range(2000))
+    log.write_bytes(lzma.compress(rows.encode()))
+    twin = log.with_name("samples_arith_2.compact.jsonl.xz")
+    twin.write_bytes(lzma.compress(rows.replace('"gen_tokens": 8', '"gen_tokens": 9').encode()))
+    target = archive.pack(folder)
+    with tarfile.open(target) as tar:
+        member = tar.getmember(log.relative_to(folder).as_posix())
+        assert member.pax_headers.get(archive.INNER_XZ) == "1"
+        assert tar.extractfile(member).read().decode() == rows
+    assert target.stat().st_size < log.stat().st_size + twin.stat().st_size
+    fresh = tmp_path / "clone" / "results"
+    fresh.mkdir(parents=True)
+    (fresh / "study.tar.xz").write_bytes(target.read_bytes())
+    assert archive.unpack(fresh / "study")
+    for path in (log, twin):
+        copy = fresh / "study" / path.relative_to(folder)
+        assert lzma.decompress(copy.read_bytes()) == lzma.decompress(path.read_bytes())

@@ -84,21 +84,6 @@ def build_tiny_llama(vocab_size: int, seed: int = 0):
     return LlamaForCausalLM(config).eval()
 
 
-def build_tiny_qwen2(vocab_size: int, seed: int = 0):
-    """The tiny Llama's shape as a Qwen2 (biased q/k/v projections), with transformers'
-    default generation config."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        bos_token_id=1, eos_token_id=2, pad_token_id=3, tie_word_embeddings=False,
-    )
-    return Qwen2ForCausalLM(config).eval()
-
-
 @pytest.fixture(scope="session")
 def left_tokenizer():
     """The tiny tokenizer, left-padded as lm-eval pads a generation batch."""

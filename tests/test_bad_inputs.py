@@ -316,6 +316,11 @@ ISSUE55_CASES = {
                                         ("exit_layers", "'0:2'"), "fine"),
     "allow_backbone_mismatch not a flag": Case(PLAIN + ",allow_backbone_mismatch=maybe",
                                                ("allow_backbone_mismatch", "'maybe'"), "fine"),
+    # issue 73 item 9: the batch-invariant mode is one row in flight, so max_rows > 1 contradicts it
+    "batch_invariant not a flag": Case(PLAIN + ",batch_invariant=maybe",
+                                       ("batch_invariant", "'maybe'"), "fine"),
+    "batch_invariant with max_rows": Case(PLAIN + ",batch_invariant=true,max_rows=64",
+                                          ("batch_invariant=true", "max_rows=64"), "fine"),
     "alpha not finite": Case("pretrained={tiny},steering={vector},alpha=nan", ("alpha", "nan"),
                              "fine"),
     # 6. a controller's config.json type-checked, naming the file and the key
@@ -713,6 +718,7 @@ ARG_RANGES = {
     "exit_layers": "exit_layers from layer zero", "granularity": "granularity unknown",
     "generation": "generation unknown",
     "allow_backbone_mismatch": "allow_backbone_mismatch not a flag",
+    "batch_invariant": "batch_invariant not a flag",
 }
 NO_RANGE = {
     "pretrained": "a Hub id or a model directory ('backbone missing', 'pretrained a "

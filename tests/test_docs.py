@@ -45,15 +45,19 @@ def documented_args(text: str) -> list[str]:
 
 
 def ponder_args() -> set[str]:
+    """``PonderLM.__init__``'s parameters and the answer stops it takes from its kwargs."""
     from lm_eval_ponder.evaluation.lm import PonderLM
+    from lm_eval_ponder.generation.settings import ANSWER_STOPS
 
     params = inspect.signature(PonderLM.__init__).parameters.values()
-    return {p.name for p in params if p.name != "self" and p.kind is not p.VAR_KEYWORD}
+    return {p.name for p in params if p.name != "self" and p.kind is not p.VAR_KEYWORD} | \
+        set(ANSWER_STOPS)
 
 
 def test_the_readme_table_is_exactly_the_model_args():
     """A row for every parameter of ``PonderLM.__init__`` (less ``self`` and ``**kwargs``, which
-    go to HFLM), and none for a parameter that is not there: the two cannot drift."""
+    go to HFLM, but with the answer stops it takes from them), and none for a parameter that is
+    not there: the two cannot drift."""
     names = documented_args(README.read_text())
     assert len(names) == len(set(names)), "an arg has two rows"
     code = ponder_args()

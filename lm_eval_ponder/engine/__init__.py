@@ -1,6 +1,7 @@
 """The generation engine: a loop over rows in flight in which a finished row stops costing
 compute (``loop``), its rows in flight over a ``DynamicCache`` (``rows``, ``cache``), the
-next-token choice (``sampling``), stop strings (``stops``), its batching settings (``config``)
+next-token choice (``sampling``), how a row ends (``stops``: every stopping rule behind one
+interface), its batching settings (``config``)
 and what it tells its callers (``observers``). It imports no lm-eval: ``evaluation.lm`` adapts
 it to lm-eval's ``LM`` API and the trainer drives it through that adapter.
 
@@ -9,7 +10,7 @@ submodule (``tests/test_layout.py`` checks it), so the engine's files can move w
 touching their callers. Only the engine's own tests read its modules directly."""
 
 from lm_eval_ponder.engine.config import LoopConfig
-from lm_eval_ponder.engine.loop import FINISH_UNSURE, generate_rows
+from lm_eval_ponder.engine.loop import generate_rows
 from lm_eval_ponder.engine.observers import Callbacks, LoopObserver, StepTimer
 from lm_eval_ponder.engine.rows import (
     cache_bytes_per_token,
@@ -19,7 +20,9 @@ from lm_eval_ponder.engine.rows import (
     supports_logits_to_keep,
 )
 from lm_eval_ponder.engine.sampling import SamplingConfig
+from lm_eval_ponder.engine.stops import FINISH_UNSURE, StepView, StopRule, TopProbBelow
 
 __all__ = ["FINISH_UNSURE", "Callbacks", "LoopConfig", "LoopObserver", "SamplingConfig",
-           "StepTimer", "cache_bytes_per_token", "cache_keyword", "cache_shape",
-           "check_model_supported", "generate_rows", "supports_logits_to_keep"]
+           "StepTimer", "StepView", "StopRule", "TopProbBelow", "cache_bytes_per_token",
+           "cache_keyword", "cache_shape", "check_model_supported", "generate_rows",
+           "supports_logits_to_keep"]

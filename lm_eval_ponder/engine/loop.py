@@ -74,52 +74,46 @@ from lm_eval_ponder.engine.rows import (
     supports_logits_to_keep,
 )
 from lm_eval_ponder.engine.sampling import ChoiceRows, SamplingConfig, TokenChooser
-from lm_eval_ponder.engine.stops import StopStrings
-
-FINISH_EOS = "eos"
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
-# ``LoopConfig.min_top_prob``: the row's top next-token probability fell below it; the token
-# chosen there is not kept (the forward that gave those logits ran, and is priced)
-FINISH_UNSURE = "unsure"
+from lm_eval_ponder.engine.stops import (
+    FINISH_LENGTH,
+    EndOfText,
+    LengthLimit,
+    StepView,
+    StopRule,
+    StopStrings,
+)
 
 
 @dataclass(frozen=True)
 class StepFlags:
     """What one step tells the host of each row of its batch, read back in one copy (the step's
-    one host sync): per batch position, 1 where its new token is an EOS id, where it reached
-    its length limit, where a stop string may now be complete (to confirm on its decoded
-    text), where its top next-token probability fell below ``LoopConfig.min_top_prob``; its
-    generated count; and the positions with any flag (``ended``: the rows that may have
-    ended). A position whose row already ended has no flag."""
+    one host sync): per rule (the loop's order), 1 at each batch position it flags; each
+    position's generated count; and the positions with any flag (``ended``: the rows that may
+    have ended). A position whose row already ended has no flag."""
 
-    eos: list[int]
-    length: list[int]
-    maybe_stop: list[int]
-    unsure: list[int]
+    fired: list[list[int]]
     counts: list[int]
     ended: list[int]
 
     @classmethod
-    def read(cls, counts: torch.Tensor, alive: torch.Tensor | None, *, eos: torch.Tensor,
-             length: torch.Tensor, maybe_stop: torch.Tensor,
-             unsure: torch.Tensor | None) -> StepFlags:
-        flags = torch.stack([eos, length, maybe_stop,
-                             torch.zeros_like(eos) if unsure is None else unsure])
+    def read(cls, counts: torch.Tensor, alive: torch.Tensor | None,
+             flags: list[torch.Tensor]) -> StepFlags:
+        stacked = torch.stack(flags)
         if alive is not None:
-            flags &= alive
+            stacked &= alive
         # the one host sync of the step
-        host = torch.cat([flags.long(), flags.any(dim=0)[None].long(), counts[None]]).tolist()
-        return cls(*host[:4], counts=host[5], ended=[i for i, f in enumerate(host[4]) if f])
+        host = torch.cat([stacked.long(), stacked.any(dim=0)[None].long(), counts[None]]).tolist()
+        return cls(host[:-2], counts=host[-1], ended=[i for i, f in enumerate(host[-2]) if f])
 
 
 @dataclass
 class GenerationResult:
     """``sequences``: [B, L + T], context then generated tokens, ``pad_token_id`` after each
     row's end (the form ``generate`` returns). ``gen_tokens``: each row's generated tokens up to
-    and including its EOS or the token completing a stop string. ``finish_reason``: "eos",
-    "stop", "length" or "unsure" (``LoopConfig.min_top_prob``; its last token is dropped, so
-    such a row ran one forward more than it kept tokens) per row. The counters describe the
+    and including its EOS or the token completing a stop string. ``finish_reason``: the
+    ``reason`` of the rule that ended each row ("eos", "stop", "length", or an answer stop's,
+    e.g. "unsure"; a rule that does not keep its token leaves the row one forward more than it
+    kept tokens). The counters describe the
     work done."""
 
     sequences: torch.LongTensor
@@ -206,7 +200,11 @@ class RowLoop:
                                   device=device)
         self.chooser = TokenChooser(sampling or SamplingConfig(), device, self.eos_t.tolist(),
                                     self.width)
-        self.stops = StopStrings(stop, decode, self.vocab_size(), device)
+        # every way a row ends, in the order that names it: the caller's answer stops first
+        # (one that drops its token must win over the others), then the loop's own
+        strings = StopStrings(stop, decode, self.vocab_size(), device)
+        self.rules: list[StopRule] = [*config.stops, EndOfText(self.eos_t),
+                                      *([strings] if strings else []), LengthLimit()]
         self.keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         self.cache_arg = cache_keyword(model)
         self.text_config = text_config(model.config)
@@ -351,38 +349,36 @@ class RowLoop:
             batch.feed(nxt)
             limit = self.max_new if self.limits is None else \
                 self.limits.index_select(0, batch.rows_t)
-            unsure = None
-            if self.config.min_top_prob is not None:
-                top = torch.softmax(logits.float(), dim=-1).amax(dim=-1)
-                unsure = top < self.config.min_top_prob
-            flags = StepFlags.read(counts, alive, eos=torch.isin(nxt, self.eos_t),
-                                   length=counts >= limit,
-                                   maybe_stop=self.stops.candidates(nxt), unsure=unsure)
-            self.retire(batch, flags)
+            step = StepView(nxt, logits, counts, limit)
+            self.retire(batch, StepFlags.read(counts, alive, [r.flags(step) for r in self.rules]))
+
+    def ending_rule(self, i: int, flags: StepFlags, texts: dict[int, list[int]]) -> StopRule | None:
+        """The first rule that ends batch position ``i`` (a text rule only once its row's
+        decoded tokens confirm it), or None."""
+        for rule, fired in zip(self.rules, flags.fired):
+            if fired[i] and (not rule.needs_text or rule.confirm(texts[i][:flags.counts[i]])):
+                return rule
+        return None
 
     def retire(self, batch: StepRows, flags: StepFlags) -> None:
-        """Each row that ended, with why (``FINISH_*``), to the result and the observers."""
+        """Each row that ended, with why (its rule's ``reason``), to the result and the
+        observers."""
         candidates = flags.ended
         if not candidates:
             return
-        maybe_stop = [i for i in candidates
-                      if flags.maybe_stop[i] and not (flags.eos[i] or flags.unsure[i])]
-        stopped = set(self.confirm_stops(batch, maybe_stop, flags.counts)) if maybe_stop else set()
+        # rows a text rule flagged before any sure rule: their tokens, read back in one copy
+        to_read = [i for i in candidates if self.text_first(i, flags)]
+        texts = dict(zip(to_read, self.read_tokens(batch, to_read))) if to_read else {}
         ended: list[int] = []
         for i in candidates:
+            rule = self.ending_rule(i, flags, texts)
+            if rule is None:
+                continue
             row, count = batch.rows[i], flags.counts[i]
-            if flags.unsure[i]:  # before the others: the token that would end them is dropped
-                self.reason[row] = FINISH_UNSURE
+            self.reason[row] = rule.reason
+            if not rule.keeps_token:  # its forward ran; the token it chose is not kept
                 count -= 1
                 self.tokens[row, count] = self.pad
-            elif flags.eos[i]:
-                self.reason[row] = FINISH_EOS
-            elif i in stopped:
-                self.reason[row] = FINISH_STOP
-            elif flags.length[i]:
-                self.reason[row] = FINISH_LENGTH
-            else:
-                continue
             self.result.gen_tokens[row] = count
             ended.append(i)
             # one read-back per finished row, only when an observer asks for the tokens
@@ -390,13 +386,16 @@ class RowLoop:
             self.observers.row_finished(row, tokens, self.reason[row])
         batch.retire(ended)
 
-    def confirm_stops(self, batch: StepRows, positions: list[int], counts: list[int]) -> list[int]:
-        """Of these batch positions, the rows whose decoded text now holds a stop string."""
+    def text_first(self, i: int, flags: StepFlags) -> bool:
+        """Whether a text rule flags position ``i`` before the first device rule that does."""
+        return next((rule.needs_text for rule, fired in zip(self.rules, flags.fired) if fired[i]),
+                    False)
+
+    def read_tokens(self, batch: StepRows, positions: list[int]) -> list[list[int]]:
+        """These batch positions' generated tokens so far (one device-to-host copy)."""
         rows = torch.tensor([batch.rows[i] for i in positions], dtype=torch.long,
                             device=self.device)
-        texts = self.tokens.index_select(0, rows).tolist()
-        return [i for i, generated in zip(positions, texts)
-                if self.stops.hit(generated[:counts[i]])]
+        return self.tokens.index_select(0, rows).tolist()
 
     def outputs(self) -> GenerationResult:
         steps = max(self.result.gen_tokens, default=0)

@@ -29,7 +29,8 @@ class LoopObserver:
 
     def row_finished(self, row: int, tokens: list[int] | None, reason: str = "") -> None:
         """Row ``row`` ended; ``tokens``: its generated tokens if ``wants_tokens``;
-        ``reason``: why (``engine.loop``'s ``FINISH_*``; "" where the caller cannot say)."""
+        ``reason``: why (the ending rule's ``reason``, ``engine.stops``; "" where the caller
+        cannot say)."""
 
     def phase(self, name: str, device: torch.device) -> Any:
         """A context around one phase of the loop (``StepTimer``)."""

@@ -48,10 +48,11 @@ from lm_eval_ponder.generation.generator import SteeredGenerator
 from lm_eval_ponder.generation.pricing import Pricing
 from lm_eval_ponder.generation.progress import RowProgress
 from lm_eval_ponder.generation.settings import (
+    ANSWER_STOPS,
+    AnswerStops,
     PonderArgs,
     check_model_dtype,
     load_pondering,
-    parse_min_top_prob,
     refuse_removed_model_args,
     unknown_model_arg,
 )
@@ -81,7 +82,7 @@ class PonderLM(HFLM):
                  max_rows: int | str | None = None, max_cache_gib: float | str | None = None,
                  batch_invariant: bool | str = False, allow_backbone_mismatch: bool | str = False,
                  early_exit: float | str | None = None, exit_layers: str | None = None,
-                 min_top_prob: float | str | None = None, **kwargs) -> None:
+                 **kwargs) -> None:
         install_excepthook()
         refuse_removed_model_args(kwargs)
         self.generation = str(generation).strip().lower()
@@ -92,8 +93,9 @@ class PonderLM(HFLM):
             k_max=k_max, alpha0=alpha0, beta=beta, alpha_start=alpha_start,
             granularity=granularity, allow_backbone_mismatch=allow_backbone_mismatch)
         self.early_exit = ExitSettings.from_model_args(early_exit, exit_layers, self.ponder_args)
-        self.min_top_prob = parse_min_top_prob(min_top_prob, self.generation,
-                                               self.early_exit is not None)
+        # min_top_prob= and any other answer stop (generation.settings.ANSWER_STOPS)
+        self.answer_stops = AnswerStops.from_model_args(kwargs, self.generation,
+                                                        self.early_exit is not None)
         kwargs["device"] = bb.resolve_device(kwargs.get("device"),
                                              parallelize=bool(kwargs.get("parallelize", False)))
         if kwargs["device"] == "cpu" and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
@@ -186,7 +188,8 @@ class PonderLM(HFLM):
                 "only local directories, files already in the Hugging Face cache, and the "
                 "embedded default (no `pretrained=`) can be loaded.") from error
         except TypeError as error:
-            known = {p for cls in (PonderLM, HFLM) for p in inspect.signature(cls.__init__).parameters}
+            known = {*ANSWER_STOPS,
+                     *(p for cls in (PonderLM, HFLM) for p in inspect.signature(cls.__init__).parameters)}
             mistake = unknown_model_arg(error, kwargs, known)
             if mistake is None:
                 raise
@@ -220,7 +223,7 @@ class PonderLM(HFLM):
         call = GenerationCall(
             model=self.model, device=self.device, generation=self.generation,
             batching=self.batching,
-            pricing=Pricing(self.flops_spec, self.prefill_logits, self.min_top_prob),
+            pricing=Pricing(self.flops_spec, self.prefill_logits, self.answer_stops.rules),
             eos_token_id=self.eot_token_id, pad_token_id=self.tokenizer.pad_token_id,
             decode=self.tok_decode, answer=self.answer,
             autocast_dtype=self.mixed_precision_dtype,
@@ -269,8 +272,7 @@ class PonderLM(HFLM):
         }
         if self.early_exit is not None:  # absent otherwise: earlier runs keep their identity
             fingerprint["early_exit"] = self.early_exit.fingerprint()
-        if self.min_top_prob is not None:  # likewise
-            fingerprint["min_top_prob"] = self.min_top_prob
+        fingerprint.update(self.answer_stops.values)  # likewise (min_top_prob=)
         return fingerprint
 
     def fingerprint_hash(self) -> str:

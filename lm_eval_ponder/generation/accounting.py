@@ -22,9 +22,11 @@ from collections.abc import Sequence
 
 STAT_KEYS = ("gen_tokens", "flops", "ponder_steps")
 # recorded only by early-exit runs (``generation.early_exit``: the mean exit layer) and by
-# runs with ``min_top_prob`` (the share of answers it stopped), so every other run's samples
-# and results keep exactly their keys; averaged over a document's responses like ponder steps
-OPTIONAL_STAT_KEYS = ("exit_layer", "unsure_stop")
+# runs with an answer stop (``<reason>_stop``, e.g. ``unsure_stop`` of ``min_top_prob``: the
+# share of answers it stopped), so every other run's samples and results keep exactly their
+# keys; averaged over a document's responses like ponder steps
+OPTIONAL_STAT_KEYS = ("exit_layer",)
+ANSWER_STOP_SUFFIX = "_stop"
 
 
 class GenerationText(str):
@@ -107,7 +109,8 @@ def response_stats(responses: Sequence[str] | str) -> dict[str, float]:
         "flops": FlopCount(sum(s["flops"] for s in stats)),  # lm-eval's table: readable
         "ponder_steps": float(sum(s.get("ponder_steps", 0.0) for s in stats) / len(stats)),
     }
-    for key in OPTIONAL_STAT_KEYS:
+    stops = sorted(k for k in stats[0] if k.endswith(ANSWER_STOP_SUFFIX))
+    for key in (*OPTIONAL_STAT_KEYS, *stops):
         if all(key in s for s in stats):
             out[key] = float(sum(s[key] for s in stats) / len(stats))
     return out

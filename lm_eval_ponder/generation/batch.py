@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from lm_eval_ponder.engine import (
-    FINISH_UNSURE,
     Callbacks,
     LoopConfig,
     LoopObserver,
@@ -50,14 +49,14 @@ def hf_sampling_kwargs(generation_kwargs: dict) -> dict:
 @dataclass
 class BatchGeneration:
     """One batch's output: ``sequences`` [B, L + T] as ``generate`` returns them, each row's
-    generated tokens (to its EOS or stop string), prompt tokens, its accounting, and whether
-    it ended at a token below ``min_top_prob`` (which it ran a forward for and did not keep)."""
+    generated tokens (to its EOS or stop string), prompt tokens, its accounting, and why each
+    row ended (the engine's ``finish_reason``; "" where ``generate`` decoded)."""
 
     sequences: torch.Tensor
     gen_tokens: list[int]
     prompt_tokens: list[int]
     accounts: CallAccounts
-    unsure: list[bool]
+    reasons: list[str]
 
 
 @dataclass(frozen=True)
@@ -83,7 +82,7 @@ class GenerationCall:
     @property
     def loop_config(self) -> LoopConfig:
         """The engine's batching, read at each call (a benchmark may change ``batching``)."""
-        return self.batching.loop_config(self.pricing.min_top_prob)
+        return self.batching.loop_config(self.pricing.answer_stops)
 
 
 class BatchStep:
@@ -108,14 +107,14 @@ class BatchStep:
         steered = steering.set_up(call.model, call.device, input_ids.shape[0])
         accounts = CallAccounts(call.pricing, mask.sum(dim=1).tolist(), steered.rows)
         texts = None if on_text is None else Callbacks(on_tokens=lambda row, tokens, why: on_text(
-            row, accounts.text(row, len(tokens), call.answer(tokens, stop), why == FINISH_UNSURE)))
+            row, accounts.text(row, len(tokens), call.answer(tokens, stop), why)))
         kwargs = hf_sampling_kwargs(generation_kwargs)
         sampling = self.loop_sampling(kwargs)
         generate = self.loop if sampling is not None else self.generate
         with steered.hook or contextlib.nullcontext(), self.autocast():
-            sequences, counts, unsure = generate(input_ids, mask, max_new_tokens, stop,
-                                                 sampling or kwargs, [texts, steered.hook, *observers])
-        return BatchGeneration(sequences, counts, accounts.prompt_tokens, accounts, unsure)
+            sequences, counts, reasons = generate(input_ids, mask, max_new_tokens, stop,
+                                                  sampling or kwargs, [texts, steered.hook, *observers])
+        return BatchGeneration(sequences, counts, accounts.prompt_tokens, accounts, reasons)
 
     def autocast(self) -> torch.autocast:
         call = self.call
@@ -135,28 +134,28 @@ class BatchStep:
             sampling = SamplingConfig.from_kwargs(call.model.generation_config, **kwargs)
             check_model_supported(call.model)
         except UnsupportedGeneration as why:
-            if call.pricing.min_top_prob is not None:  # generate would not stop there
-                raise PonderError(f"min_top_prob= needs the generation loop, and {why}") from None
+            if call.pricing.answer_stops:  # generate would not stop there
+                names = ", ".join(r.reason for r in call.pricing.answer_stops)
+                raise PonderError(f"an answer stop ({names}) needs the generation loop, and "
+                                  f"{why}") from None
             call.warn_once(f"generation loop: {why}; using transformers' generate for these "
                            "requests (finished rows keep decoding)")
             return None
         return sampling
 
     def loop(self, input_ids, attention_mask, max_new_tokens: int, stop: list[str],
-             sampling: SamplingConfig, observers: list) -> tuple[torch.Tensor, list[int], list[bool]]:
-        """The engine's generation: (sequences, generated tokens per row, which rows ended
-        below ``min_top_prob``)."""
+             sampling: SamplingConfig, observers: list) -> tuple[torch.Tensor, list[int], list[str]]:
+        """The engine's generation: (sequences, generated tokens per row, why each ended)."""
         call = self.call
         result = generate_rows(
             call.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
             eos_token_ids=set(sampling.eos_token_ids) or {call.eos_token_id},
             pad_token_id=call.pad_token_id, stop=stop, decode=call.decode,
             sampling=sampling, config=call.loop_config, observers=observers)
-        return (result.sequences, list(result.gen_tokens),
-                [why == FINISH_UNSURE for why in result.finish_reason])
+        return result.sequences, list(result.gen_tokens), list(result.finish_reason)
 
     def generate(self, input_ids, attention_mask, max_new_tokens: int, stop: list[str],
-                 kwargs: dict, observers: list) -> tuple[torch.Tensor, list[int], list[bool]]:
+                 kwargs: dict, observers: list) -> tuple[torch.Tensor, list[int], list[str]]:
         """transformers' ``generate`` through HFLM's ``_model_generate``; each row counted to
         its EOS or stop string (the pad token is no end: the model may generate it), and
         handed to the observers once the call returns."""
@@ -173,4 +172,4 @@ class BatchStep:
         for row, (tokens, count) in enumerate(zip(generated, counts)):
             for observer in finishers:
                 observer.row_finished(row, tokens[:count])
-        return sequences, counts, [False] * len(counts)
+        return sequences, counts, [""] * len(counts)

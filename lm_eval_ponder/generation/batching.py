@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from lm_eval_ponder.engine import LoopConfig, cache_bytes_per_token
+from lm_eval_ponder.engine import LoopConfig, StopRule, cache_bytes_per_token
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.generation.settings import model_arg_flag, model_arg_number
 
@@ -145,11 +145,11 @@ class Batching:
                 "plus max_gen_toks): rows run one at a time, each past the budget; raise "
                 "max_cache_gib or leave it out")
 
-    def loop_config(self, min_top_prob: float | None = None) -> LoopConfig:
-        """The engine's config; ``min_top_prob`` is the model's (it changes what is generated,
-        so it lives in the fingerprint, not here)."""
+    def loop_config(self, stops: tuple[StopRule, ...] = ()) -> LoopConfig:
+        """The engine's config; the answer ``stops`` are the model's (they change what is
+        generated, so they live in the fingerprint, not here)."""
         return LoopConfig(max_rows=self.max_rows, max_cache_tokens=self.max_cache_tokens,
-                          min_top_prob=min_top_prob)
+                          stops=stops)
 
     def info(self) -> dict[str, Any]:
         return {"max_rows": self.max_rows, "max_cache_gib": self.max_cache_gib,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lm_eval_ponder.engine import StopRule
 from lm_eval_ponder.flops import FlopsSpec, generation_flops
 from lm_eval_ponder.generation.accounting import GenerationText
 from lm_eval_ponder.pondering.hook import RowStatistics
@@ -19,22 +20,24 @@ from lm_eval_ponder.pondering.hook import RowStatistics
 @dataclass
 class Pricing:
     """What prices a row's FLOPs: the backbone's shape, the prefill's logits as generation
-    computes them (``flops.generation_flops``), and ``min_top_prob``, under which a row runs
-    the forward of a token it drops."""
+    computes them (``flops.generation_flops``), and the run's answer stops
+    (``engine.stops``), under one of which (``min_top_prob``'s) a row runs the forward of a
+    token it drops."""
 
     spec: FlopsSpec
     prefill_logits: int
-    min_top_prob: float | None = None
+    answer_stops: tuple[StopRule, ...] = ()
 
-    def text(self, text: str, row: dict[str, float], controller_flops: int = 0) -> GenerationText:
+    def text(self, text: str, row: dict[str, float], controller_flops: int = 0,
+             dropped: bool = False) -> GenerationText:
         """A generated text with its row's accounting, FLOPs priced from its counts plus its
-        controller's (unless the row priced its own: early exit). A row stopped below
-        ``min_top_prob`` ran the forward of the token it dropped: it is priced at one token
-        more than it kept (the softmax that tested it, a few operations per vocabulary entry,
-        is not priced)."""
+        controller's (unless the row priced its own: early exit). A row whose stop dropped the
+        token it stopped at ran that token's forward: it is priced at one token more than it
+        kept (the test itself, e.g. a softmax, a few operations per vocabulary entry, is not
+        priced)."""
         if "flops" in row:
             return GenerationText(text, dict(row))
-        ran = row["gen_tokens"] + int(row.get("unsure_stop", 0.0))
+        ran = row["gen_tokens"] + int(dropped)
         flops = generation_flops(self.spec, row["prompt_tokens"], ran, self.prefill_logits)
         return GenerationText(text, {**row, "flops": float(flops + controller_flops)})
 
@@ -48,18 +51,19 @@ class CallAccounts:
     def __init__(self, pricing: Pricing, prompt_tokens: list[int], rows: RowStatistics) -> None:
         self.pricing, self.prompt_tokens, self.rows = pricing, prompt_tokens, rows
 
-    def text(self, row: int, gen_tokens: int, text: str, unsure: bool = False) -> GenerationText:
-        """Row ``row``'s answer with its accounting, having generated ``gen_tokens`` tokens
-        (``unsure``: and then stopped below ``min_top_prob``)."""
-        # a row stopped below min_top_prob made one decision more than it kept tokens (at token
-        # granularity): the one that steered the logits the stop tested
-        steered = self.rows.row(row, gen_tokens + int(unsure))
+    def text(self, row: int, gen_tokens: int, text: str, reason: str = "") -> GenerationText:
+        """Row ``row``'s answer with its accounting, having generated ``gen_tokens`` tokens and
+        ended for ``reason`` (the engine's ``finish_reason``)."""
+        # a row whose stop dropped its token made one decision more than it kept tokens (at
+        # token granularity): the one that steered the logits the stop tested
+        dropped = any(r.reason == reason and not r.keeps_token for r in self.pricing.answer_stops)
+        steered = self.rows.row(row, gen_tokens + int(dropped))
         prompt = int(self.prompt_tokens[row])
         stats = {"prompt_tokens": prompt, "gen_tokens": gen_tokens,
                  "ponder_steps": steered.ponder_steps, "controller_evals": steered.controller_evals}
-        if self.pricing.min_top_prob is not None:  # absent otherwise: other runs keep their keys
-            stats["unsure_stop"] = float(unsure)
+        for rule in self.pricing.answer_stops:  # absent otherwise: other runs keep their keys
+            stats[f"{rule.reason}_stop"] = float(reason == rule.reason)
         if steered.own_accounting is not None:
             stats.update(steered.own_accounting(self.pricing.spec, prompt, gen_tokens,
                                                 self.pricing.prefill_logits))
-        return self.pricing.text(text, stats, steered.controller_flops)
+        return self.pricing.text(text, stats, steered.controller_flops, dropped)

@@ -13,13 +13,14 @@ import difflib
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lm_eval_ponder.engine import StopRule, TopProbBelow
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.pondering.dynamics import (
     PonderConfig,
@@ -63,23 +64,36 @@ def model_arg_number(key: str, value: Any, kind: type[int] | type[float]) -> int
                           f"--model_args {key}={example}") from None
 
 
-def parse_min_top_prob(value: Any, generation: str, early_exit: bool) -> float | None:
-    """``min_top_prob``: the answer-truncation reading of the paper's tau (an answer stops at
-    its first position whose top next-token probability is below it). None when not given;
-    refused with ``generation=hf`` (``generate`` has no such stop, and its batch-wide
-    criterion would price rows wrongly) and with ``early_exit=`` (one stopping rule a run)."""
-    if absent(value):
-        return None
-    tau = model_arg_number("min_top_prob", value, float)
-    if not 0 < tau < 1:
-        raise PonderError(f"min_top_prob must be a probability in (0, 1), got {value!r} (at 0 "
-                          "no answer stops, at 1 every answer stops at its first token)")
-    if generation != "loop":
-        raise PonderError("min_top_prob= stops answers inside the generation loop; it does "
-                          f"not apply to generation={generation}")
-    if early_exit:
-        raise PonderError("min_top_prob= and early_exit= are two stopping rules; pass one")
-    return tau
+# The answer stops a run may add (``engine.stops``), by model arg: a new stopping rule is one
+# class there and one entry here (a number the rule is built from).
+ANSWER_STOPS: dict[str, Callable[[float], StopRule]] = {"min_top_prob": TopProbBelow}
+
+
+@dataclass(frozen=True)
+class AnswerStops:
+    """The run's answer stops: the model args as given (``values``, which the fingerprint
+    records: they change what is generated) and the engine's rules built from them."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    rules: tuple[StopRule, ...] = ()
+
+    @classmethod
+    def from_model_args(cls, kwargs: dict[str, Any], generation: str,
+                        early_exit: bool) -> AnswerStops:
+        """Take the ``ANSWER_STOPS`` args out of ``kwargs`` (absent, "none" or "": not given).
+        Refused with ``generation=hf`` (``generate`` has no such stop, and its batch-wide
+        criterion would price rows wrongly) and with ``early_exit=`` (one stopping rule a
+        run). ``min_top_prob`` is the answer-truncation reading of the paper's tau."""
+        values = {name: model_arg_number(name, value, float)
+                  for name in ANSWER_STOPS if not absent(value := kwargs.pop(name, None))}
+        rules = tuple(ANSWER_STOPS[name](value) for name, value in values.items())
+        for name in values:
+            if generation != "loop":
+                raise PonderError(f"{name}= stops answers inside the generation loop; it does "
+                                  f"not apply to generation={generation}")
+            if early_exit:
+                raise PonderError(f"{name}= and early_exit= are two stopping rules; pass one")
+        return cls(values, rules)
 
 
 def check_model_dtype(dtype: Any) -> None:

@@ -1,15 +1,17 @@
 """lm_eval_ponder.engine.stops: only tokens that can complete a stop string are candidates,
-the table is sound on a real byte-level BPE tokenizer (no stop is missed), and rows whose new
-token cannot complete a stop string are never decoded."""
+the table is sound on a real byte-level BPE tokenizer (no stop is missed), rows whose new
+token cannot complete a stop string are never decoded, and a new stopping rule is one class."""
 
 from __future__ import annotations
 
 import random
 
+import pytest
 import torch
-from conftest import build_tiny_tokenizer, needs_embedded
+from conftest import build_tiny_llama, build_tiny_tokenizer, needs_embedded
 
-from lm_eval_ponder.engine.stops import StopStrings, candidate_table
+from lm_eval_ponder.engine import LoopConfig, StepView, generate_rows
+from lm_eval_ponder.engine.stops import DeviceRule, StopStrings, candidate_table
 
 
 def test_candidates_on_a_character_tokenizer():
@@ -96,3 +98,50 @@ def test_rows_are_decoded_only_when_their_token_can_complete_a_stop():
     generate_rows(model, enc.input_ids, enc.attention_mask, max_new_tokens=12,
                   eos_token_ids=set(), pad_token_id=3, stop=[present], decode=decode)
     assert calls  # a token that can complete the stop is checked on the host
+
+
+class EndsAt(DeviceRule):
+    """A rule a user might add: end a row at a given token id (kept, or dropped)."""
+
+    reason = "ends_at"
+
+    def __init__(self, token: int, keeps_token: bool = True) -> None:
+        self.token, self.keeps_token = token, keeps_token
+
+    def flags(self, step: StepView) -> torch.Tensor:
+        return step.tokens == self.token
+
+
+@pytest.mark.parametrize("keeps", [True, False])
+def test_a_new_stopping_rule_is_one_class(left_tokenizer, keeps):
+    """A rule plugged in through ``LoopConfig.stops`` ends the rows it flags, with its reason,
+    keeping or dropping its token, and leaves every other row as the loop alone leaves it; it
+    is checked before the loop's own rules (its token here is also an end of text)."""
+    tok = left_tokenizer
+    model = build_tiny_llama(len(tok), seed=0)
+    prompts = ["What is 3 + 5?", "Add 12 and 30.", "Hi", "Compute 7 times 8 please."]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    width = enc.input_ids.shape[1]
+
+    def run(stops=(), eos=frozenset({999})):
+        return generate_rows(model, enc.input_ids, enc.attention_mask, max_new_tokens=12,
+                             eos_token_ids=set(eos), pad_token_id=3,
+                             config=LoopConfig(max_rows=2, stops=stops))
+
+    plain = run()
+    rows = [plain.sequences[r, width:].tolist() for r in range(len(prompts))]
+    token = rows[0][4]  # a token row 0 emits at its fifth step
+    firsts = [row.index(token) if token in row else None for row in rows]
+    assert any(f is None for f in firsts)  # some rows never see it: they must not change
+    stopped = run((EndsAt(token, keeps),), eos={999, token})
+    for r, first in enumerate(firsts):
+        if first is None:
+            assert stopped.finish_reason[r] == "length"
+            assert stopped.sequences[r, width:].tolist() == rows[r]
+            continue
+        kept = first + 1 if keeps else first
+        assert stopped.finish_reason[r] == "ends_at"  # before EOS, which the token also is
+        assert stopped.gen_tokens[r] == kept
+        assert stopped.sequences[r, width:width + kept].tolist() == rows[r][:kept]
+        assert stopped.sequences[r, width + kept:].eq(3).all()
+    assert LoopConfig(stops=(EndsAt(token, keeps),)).drops_token("ends_at") is not keeps

@@ -11,11 +11,24 @@ import torch
 from conftest import build_tiny_llama
 from test_lm import PROMPTS, requests
 
-from lm_eval_ponder.engine import FINISH_UNSURE, Callbacks, LoopConfig, generate_rows
+from lm_eval_ponder.engine import (
+    FINISH_UNSURE,
+    Callbacks,
+    LoopConfig,
+    TopProbBelow,
+    generate_rows,
+)
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.flops import generation_flops
-from lm_eval_ponder.generation.settings import parse_min_top_prob
+from lm_eval_ponder.generation.settings import AnswerStops
+
+
+def parse_min_top_prob(value, generation: str, early_exit: bool) -> float | None:
+    """The ``min_top_prob`` model arg as the model reads it (None: no answer stop)."""
+    stops = AnswerStops.from_model_args({"min_top_prob": value}, generation, early_exit)
+    assert len(stops.rules) == len(stops.values) <= 1
+    return stops.values.get("min_top_prob")
 from lm_eval_ponder.reporting.report import _label
 
 MAX_NEW = 12
@@ -71,7 +84,7 @@ def test_rows_stop_where_the_reference_says(sharp, tok):
         result = generate_rows(
             sharp, enc.input_ids, enc.attention_mask, max_new_tokens=MAX_NEW,
             eos_token_ids={999}, pad_token_id=PAD,
-            config=LoopConfig(max_rows=max_rows, min_top_prob=tau),
+            config=LoopConfig(max_rows=max_rows, stops=(TopProbBelow(tau),)),
             observers=[Callbacks(on_tokens=lambda r, t, why: seen.__setitem__(r, (t, why)))])
         width = enc.input_ids.shape[1]
         for row, (tokens, unsure) in enumerate(expected):
@@ -105,7 +118,7 @@ def test_refused_where_it_cannot_hold():
     with pytest.raises(PonderError, match="two stopping rules"):
         parse_min_top_prob("0.2", "loop", True)
     with pytest.raises(PonderError, match="in \\(0, 1\\)"):
-        LoopConfig(min_top_prob=1.5)
+        TopProbBelow(1.5)
 
 
 def test_lm_eval_answers_are_priced_as_run(sharp_model_dir):

@@ -14,11 +14,9 @@ import contextlib
 import functools
 import logging
 import sys
-import types
-import typing
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 # the program as the user typed it, for usage lines: set by the console script
 # (``lm-eval-ponder report``); None under ``python -m lm_eval_ponder.report``
@@ -166,42 +164,3 @@ def install_excepthook() -> None:
 
     hook._lm_eval_ponder = True  # type: ignore[attr-defined]
     sys.excepthook = hook
-
-
-# ----------------------------------------------------------------------------- typed configs
-# The trainer's config and a controller's config.json are OmegaConf structured dataclasses:
-# OmegaConf refuses a value of the wrong type at its key, and these put its refusal in words.
-
-def describe(hint: Any) -> str:
-    """A field's type in words, for the error that names it."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join("null" if a is type(None) else describe(a) for a in args)
-    if origin is dict:
-        return f"a mapping of {describe(args[0])} to {describe(args[1])}" if args else "a mapping"
-    if origin is tuple:
-        count = "" if len(args) == 2 and args[1] is Ellipsis else f"{len(args)} "
-        return f"a list of {count}values, each {describe(args[0])}"
-    return {bool: "true or false", int: "an integer", float: "a number",
-            str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def field_type(root: Any, key: str) -> Any:
-    """The declared type of a dotted key of the dataclass ``root`` (inside a mapping field:
-    its values' type; ``Any`` for a key it does not have)."""
-    import dataclasses
-
-    hint: Any = root
-    for part in key.split("."):
-        if dataclasses.is_dataclass(hint):
-            hint = typing.get_type_hints(hint).get(part, Any)
-        else:
-            args = typing.get_args(hint)
-            hint = args[1] if len(args) == 2 else Any
-    return hint
-
-
-def first_line(error: Exception) -> str:
-    """An OmegaConf error's message without the lines it appends (full_key, object_type)."""
-    msg = getattr(error, "msg", None)
-    return str(msg).splitlines()[0] if msg else type(error).__name__

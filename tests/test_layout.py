@@ -14,7 +14,7 @@ STAGES = ("engine", "steering", "pondering", "generation", "evaluation", "scorin
           "reporting")
 # Top-level modules below every stage: they import no stage.
 FOUNDATIONS = {"backbone", "flops", "errors", "files", "resources", "hooks", "allocator", "data",
-               "registry", "portable"}
+               "registry", "portable", "typed"}
 # Top-level modules that only re-export documented entry points and import paths.
 SHIMS = {"train", "steer", "report", "suite", "stats"}
 # The console script (``lm-eval-ponder COMMAND``): above every stage, as the shims, but with code

@@ -39,9 +39,10 @@ import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
-from lm_eval_ponder.errors import PonderError, describe, field_type, first_line
+from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import atomic_write
 from lm_eval_ponder.pondering.dynamics import PonderConfig
+from lm_eval_ponder.typed import WrongType, describe, fill
 
 MAX_PARAMS = 1_000_000
 PROJECTION_DIM = 1024  # backbone widths above this are randomly projected down to it
@@ -172,9 +173,9 @@ def save_controller(
 
 @dataclass
 class ControllerFile:
-    """The keys of a controller's ``config.json`` that loading reads, with their types: an
-    OmegaConf structured config, as the trainer's config is, so a value of the wrong type is
-    refused at its key, naming the file (``"ponder": {"tau": "low"}`` ended in a traceback
+    """The keys of a controller's ``config.json`` that loading reads, with their types: read
+    through ``lm_eval_ponder.typed``, as the trainer's config is, so a value of the wrong type
+    is refused at its key, naming the file (``"ponder": {"tau": "low"}`` ended in a traceback
     from the settings that named neither). Other keys (the training record) are not read."""
 
     d_model: int | None = None
@@ -191,9 +192,6 @@ def check_config(config: Any, path: Path) -> None:
     """Refuse a controller ``config.json`` whose read keys do not have their types (an
     unknown key under ``ponder``, a misspelt setting, too), in one line naming ``path`` and
     the key."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException, ValidationError
-
     if not isinstance(config, dict):
         raise PonderError(f"controller config {path} holds a JSON {type(config).__name__}, "
                           "not an object of keys")
@@ -202,18 +200,16 @@ def check_config(config: Any, path: Path) -> None:
         raise PonderError(f"controller config {path}: key 'ponder' must be a mapping of ponder "
                           f"settings (tau, k_max, ...), got {read['ponder']!r}")
     try:
-        checked = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ControllerFile), read))
+        checked = fill(ControllerFile(), read)
+    except WrongType as error:
+        raise PonderError(f"controller config {path}: key {error.key!r} must be "
+                          f"{describe(error.hint)}, got {error.value!r}") from None
+    except PonderError as error:  # a key it does not have
+        raise PonderError(f"controller config {path}: {error}") from None
+    try:
         checked.ponder.validate()
     except PonderError as error:  # a value of the right type out of its range
         raise PonderError(f"controller config {path}: key 'ponder': {error}") from None
-    except ValidationError as error:
-        key = error.full_key or "?"
-        raise PonderError(f"controller config {path}: key {key!r} must be "
-                          f"{describe(field_type(ControllerFile, key))}, got "
-                          f"{error.value!r}") from None
-    except OmegaConfBaseException as error:
-        raise PonderError(f"controller config {path}: key {error.full_key!r}: "
-                          f"{first_line(error)}") from None
 
 
 def config_sizes(config: dict) -> tuple[int, int]:

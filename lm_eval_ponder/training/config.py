@@ -28,24 +28,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import (
-    ConfigAttributeError,
-    ConfigKeyError,
-    KeyValidationError,
-    OmegaConfBaseException,
-    ValidationError,
-)
-
 from lm_eval_ponder import registry
 from lm_eval_ponder.backbone import check_dtype
-from lm_eval_ponder.errors import PonderError, describe, field_type, first_line, program_name
+from lm_eval_ponder.errors import PonderError, program_name
 from lm_eval_ponder.files import check_output
 from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.training.expected import ExpectedConfig
 from lm_eval_ponder.training.grpo import GRPOConfig
 from lm_eval_ponder.training.rewards import RewardConfig
 from lm_eval_ponder.training.rollouts import RolloutConfig
+from lm_eval_ponder.typed import convert, field_type, interpolate
 
 LOGGER = logging.getLogger(__name__)
 
@@ -194,12 +186,11 @@ def check_prompts(prompts: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- config I/O
-# Parsing and type checks are OmegaConf's: ``TrainConfig`` is a structured config, so a value
-# of the wrong type is refused at the key that holds it (a string where a number belongs would
-# otherwise travel to the first comparison that uses it, ``'>' not supported between 'str' and
-# 'int'`` deep in the trainer). What stays here: old key names, where a mapping replaces a
-# field and where it sets a section's keys, and OmegaConf's refusals as one line naming the
-# key (and the file).
+# One parser, typed by the dataclasses (``lm_eval_ponder.typed``): a config file's entries and
+# the command line's ``--key value`` are set on one ``TrainConfig`` in that order, each value
+# checked and converted against its field's type at the key that holds it. What stays here:
+# old key names, where a mapping replaces a field and where it sets a section's keys, and
+# ``${key}`` references between keys.
 
 def key_type(key: str) -> Any:
     """The declared type of a dotted key of ``TrainConfig`` (inside a mapping field: its
@@ -227,78 +218,95 @@ def current_name(key: str) -> str:
     return key
 
 
-def is_section(node: Any) -> bool:
-    """Whether a node of the structured config is a nested dataclass (``grpo``, ``reward``):
-    a mapping given to it sets its keys, where one given to a mapping field replaces it."""
-    return OmegaConf.is_dict(node) and dataclasses.is_dataclass(OmegaConf.get_type(node))
+def select(cfg: TrainConfig, key: str) -> Any:
+    """The node a dotted key names: a section, a field's value or a mapping field's entry
+    (``AttributeError``/``KeyError`` where there is none)."""
+    node: Any = cfg
+    for part in key.split("."):
+        if isinstance(node, dict):
+            node = node[part]
+        elif dataclasses.is_dataclass(node) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        else:
+            raise KeyError(key)
+    return node
 
 
-def assignments(conf: DictConfig, key: str, value: Any) -> Iterator[tuple[str, Any]]:
+def assignments(cfg: TrainConfig, key: str, value: Any) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of each field that ``key: value`` sets. A mapping given to a
     section sets its keys one by one, so the section's other keys keep their values (``grpo:
     {max_steps: 7}`` in YAML); one given to a mapping field replaces it whole (``--rollout.prompts
-    '{arith_ponder: 4}'`` trains on arith alone), which OmegaConf's merge would not do."""
+    '{arith_ponder: 4}'`` trains on arith alone)."""
     key = current_name(str(key))
-    node = OmegaConf.select(conf, key)
-    if not is_section(node):
+    try:
+        node = select(cfg, key)
+    except (AttributeError, KeyError):
+        node = None
+    if not dataclasses.is_dataclass(node):
         yield key, value
     elif isinstance(value, Mapping):
         for inner, inner_value in value.items():
-            yield from assignments(conf, f"{key}.{inner}", inner_value)
+            yield from assignments(cfg, f"{key}.{inner}", inner_value)
     else:
         raise PonderError(f"config key {key!r} holds nested keys ({key}.KEY VALUE); "
                           f"got {value!r}")
 
 
-def assign(conf: DictConfig, key: str, value: Any) -> None:
-    """Set one field, OmegaConf checking the value against its type; its refusal becomes one
-    line that names the key, the value and the type the key takes."""
-    parent = key.rpartition(".")[0]
-    if parent and not OmegaConf.is_dict(OmegaConf.select(conf, parent)):
-        raise PonderError(f"unknown config key {key!r} (see --help for the keys)")
+def assign(cfg: TrainConfig, key: str, value: Any) -> None:
+    """Set one field (or one entry of a mapping field), the value converted to the key's type;
+    a key the config does not have is one line."""
+    parent_key, _, name = key.rpartition(".")
     try:
-        OmegaConf.update(conf, key, value, merge=False)
-    except (ConfigAttributeError, ConfigKeyError):
-        raise PonderError(f"unknown config key {key!r} (see --help for the keys)") from None
-    except KeyValidationError:  # a mapping field given a key that is not a string
-        raise PonderError(f"config key {key!r} must be {describe(key_type(key))}, "
-                          f"got {value!r}") from None
-    except ValidationError as error:
-        where = error.full_key or key
-        raise PonderError(f"config key {where!r} must be {describe(key_type(where))}, "
-                          f"got {error.value!r}") from None
-    except OmegaConfBaseException as error:
-        raise PonderError(f"config key {key!r}: {first_line(error)}") from None
+        parent = select(cfg, parent_key) if parent_key else cfg
+    except (AttributeError, KeyError):
+        parent = None
+    if isinstance(parent, dict) and parent_key:
+        parent[name] = convert(value, key_type(key), key)
+    elif dataclasses.is_dataclass(parent) and name in {f.name for f in dataclasses.fields(parent)}:
+        setattr(parent, name, convert(value, key_type(key), key))
+    else:
+        raise PonderError(f"unknown config key {key!r} (see --help for the keys)")
 
 
-def apply(conf: DictConfig, key: Any, value: Any, source: str | None = None) -> None:
+def apply(cfg: TrainConfig, key: Any, value: Any, source: str | None = None) -> None:
     """Set ``key: value`` (a YAML entry or a ``--key value``); ``source``, the file it came
     from, leads the error."""
     try:
-        for leaf, leaf_value in assignments(conf, key, value):
-            assign(conf, leaf, leaf_value)
+        for leaf, leaf_value in assignments(cfg, key, value):
+            assign(cfg, leaf, leaf_value)
     except PonderError as error:
         if source is None:
             raise
         raise PonderError(f"{source}: {error}") from None
-    except OmegaConfBaseException as error:  # a key OmegaConf cannot parse (``a[0``)
-        raise PonderError(f"{source + ': ' if source else ''}config key {key!r}: "
-                          f"{first_line(error)}") from None
 
 
 def read_config_file(path: str) -> dict:
-    """A YAML config file as a mapping (OmegaConf's YAML reader), or one line naming the file:
-    missing, not UTF-8, not YAML, not a mapping."""
+    """A YAML config file as a mapping, or one line naming the file: missing, not UTF-8, not
+    YAML, a key twice, not a mapping."""
     import yaml
 
+    class Unique(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's where installed
+        """A YAML reader that refuses a key given twice (PyYAML keeps the last silently)."""
+
+    def mapping(loader: Any, node: yaml.MappingNode) -> dict:
+        keys = [loader.construct_object(k, deep=True) for k, _ in node.value]
+        twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        if twice is not None:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"found duplicate key {twice}", node.start_mark)
+        return loader.construct_mapping(node, deep=True)
+
+    Unique.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
     try:
-        loaded = OmegaConf.load(Path(path))
+        loaded = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=Unique)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         # a YAML error spans several lines (where it was parsing, what it found): one line here
         raise PonderError(f"cannot read config {path}: {' '.join(str(error).split())}") from None
-    if not OmegaConf.is_dict(loaded):
+    if loaded is None:  # an empty file sets nothing
+        return {}
+    if not isinstance(loaded, dict):
         raise PonderError(f"{path} must hold a mapping of config keys")
-    return OmegaConf.to_container(loaded)
+    return loaded
 
 
 def cli_value(key: str, raw: str) -> Any:
@@ -317,15 +325,6 @@ def cli_value(key: str, raw: str) -> Any:
     if str in options and not (value is None and type(None) in options):
         return raw
     return value
-
-
-def built(conf: DictConfig) -> TrainConfig:
-    """The ``TrainConfig`` the structured config holds (interpolations such as
-    ``${output}/rollouts`` resolved here: one that names no key ends in one line)."""
-    try:
-        return OmegaConf.to_object(conf)
-    except OmegaConfBaseException as error:
-        raise PonderError(f"config key {error.full_key!r}: {first_line(error)}") from None
 
 
 def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
@@ -423,7 +422,7 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         parser.add_argument(f"--{key}", dest=key, default=argparse.SUPPRESS)
     if entries:
         args, rest = parser.parse_known_args(argv)
-    conf = OmegaConf.structured(TrainConfig)
+    conf = TrainConfig()
     from_file = read_config_file(args.config) if args.config else {}
     recipe = getattr(args, "recipe", None) or from_file.get("recipe") or "default"
     if recipe not in RECIPES:
@@ -442,7 +441,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
             raise PonderError(f"unexpected argument {token!r}; options look like --key value")
         key = current_name(token[2:].partition("=")[0])
         raise PonderError(f"unknown config key {key!r} (see --help for the keys)")
-    cfg = built(conf).validate()
+    interpolate(conf, lambda key: select(conf, key))
+    cfg = conf.validate()
     if cfg.algorithm == "grpo":  # the command line's; a study may run a few steps on purpose
         cfg.check_grpo_adapts()
     return cfg

@@ -22,6 +22,10 @@ from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.evaluation.lm import PonderLM
 from lm_eval_ponder.flops import generation_flops
 from lm_eval_ponder.generation.settings import AnswerStops
+from lm_eval_ponder.reporting.report import _label
+
+MAX_NEW = 12
+PAD = 3
 
 
 def parse_min_top_prob(value, generation: str, early_exit: bool) -> float | None:
@@ -29,10 +33,6 @@ def parse_min_top_prob(value, generation: str, early_exit: bool) -> float | None
     stops = AnswerStops.from_model_args({"min_top_prob": value}, generation, early_exit)
     assert len(stops.rules) == len(stops.values) <= 1
     return stops.values.get("min_top_prob")
-from lm_eval_ponder.reporting.report import _label
-
-MAX_NEW = 12
-PAD = 3
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.training.config import parse_args
+from lm_eval_ponder.typed import WrongType, convert
 
 
 def test_bad_config_is_a_clear_error(tmp_path):
@@ -91,8 +92,8 @@ def test_values_read_as_the_fields_type(tmp_path):
 
 def test_a_mapping_replaces_a_mapping_field_and_sets_a_sections_keys(tmp_path):
     """``rollout.prompts`` and ``reward.weights`` are fields: a mapping given to one replaces it
-    (``{arith_ponder: 4}`` trains on arith alone, as it always has; OmegaConf's merge would
-    keep gsm8k's 14). ``grpo``, ``reward`` are sections: a mapping sets the keys it names,
+    (``{arith_ponder: 4}`` trains on arith alone, as it always has; a merge would keep
+    gsm8k's 14). ``grpo``, ``reward`` are sections: a mapping sets the keys it names,
     the others keep theirs; old key names inside it are renamed."""
     yaml_file = tmp_path / "c.yaml"
     yaml_file.write_text("rollout:\n  prompts: {gsm8k_ponder: 3}\nreward:\n  weights: {acc: 2}\n")
@@ -137,10 +138,29 @@ def test_prompts_name_tasks_with_a_training_split(tmp_path):
 
 
 def test_interpolations_resolve_or_name_their_key(tmp_path):
-    """OmegaConf's interpolation: ``${output}`` in another key is that key's value; one that
-    names no key is one line naming the key that holds it."""
+    """Interpolation: ``${output}`` in another key is that key's value; one that names no key
+    is one line naming the key that holds it."""
     cfg = parse_args(["--output", str(tmp_path), "--cache_dir", "${output}/cache"])
     assert cfg.cache_dir == f"{tmp_path}/cache"
     with pytest.raises(PonderError, match=re.escape("config key 'cache_dir': Interpolation key "
                                                     "'nowhere' not found")):
         parse_args(["--output", str(tmp_path), "--cache_dir", "${nowhere}"])
+
+
+def test_values_convert_to_their_fields_type():
+    """``typed.convert``, the one type check under the trainer's config and a controller's
+    config.json: what YAML leaves to the reader converts; what cannot mean the type is refused
+    at its key (an entry's own dotted key inside a mapping or a list)."""
+    ok = [("1e-3", float, 0.001), (3, float, 3.0), (4.0, int, 4), ("7", int, 7),
+          (2024, str, "2024"), ("true", bool, True), (None, int | None, None),
+          ([1, 2, 3], tuple[float, float, float], (1.0, 2.0, 3.0)),
+          (["flops"], tuple[str, ...], ("flops",)), ({"a": "2"}, dict[str, int], {"a": 2})]
+    for value, hint, expected in ok:
+        assert convert(value, hint, "k") == expected, (value, hint)
+    bad = [(True, int, "k"), (2.5, int, "k"), ("fast", float, "k"), ("maybe", bool, "k"),
+           ([1, 2], tuple[float, float, float], "k"), ({"a": "x"}, dict[str, int], "k.a"),
+           ([1, "x"], tuple[float, ...], "k.1"), (None, int, "k"), ({1: 2}, dict[str, int], "k")]
+    for value, hint, key in bad:
+        with pytest.raises(WrongType) as caught:
+            convert(value, hint, "k")
+        assert caught.value.key == key, (value, hint)

@@ -136,8 +136,9 @@ def main() -> None:
             row["batching"].pop("weight_bytes", None)
         record["dtypes"][dtype] = rows
         del lm
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+        # after each dtype, so a run stopped in the next keeps what it finished
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -377,9 +377,11 @@ def key_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name("python -m lm_eval_ponder.train"), allow_abbrev=False,
         usage="%(prog)s --output DIR [--config FILE] [--KEY VALUE ...]",
-        description="Train a pondering controller with GRPO (FR-Ponder) on a frozen backbone. "
-                    "Every config key is an option (--key value or --key=value), and any of "
-                    "them can come from a YAML file (--config, nested).")
+        description="Train a pondering controller (FR-Ponder) on a frozen backbone: by default "
+                    "the exact expected reward over the rollout cache at your price per 1k "
+                    "tokens; the paper's GRPO with --recipe paper. Every config key is an "
+                    "option (--key value or --key=value), and any of them can come from a YAML "
+                    "file (--config, nested), read through the same types.")
     parser.add_argument("--config", help="YAML file with any of the keys below (nested)")
     control = parser.add_argument_group(
         "positive control (training.control): the recipe the other keys name, trained on a "

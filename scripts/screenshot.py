@@ -6,7 +6,9 @@ Headless Chromium from the OS packages (``apt install chromium``) draws the page
 fetched from the network (the page and its figures are local files). Chromium's
 ``--screenshot`` takes the window, not the page, so the window is made tall and the blank band
 below the page is cut off afterwards. A ``.png`` target keeps that drawing; ``.webp`` (what
-the docs keep) or ``.jpg`` gets it compressed (``images.save_page``).
+the docs keep) or ``.jpg`` gets it resized to ``PAGE_WIDTH`` pixels and saved in that format
+at ``PAGE_QUALITY`` (``save_page``): the tables stay legible and a 10,000-pixel page is 0.25 MB
+instead of 1.5 MB.
 """
 
 from __future__ import annotations
@@ -19,11 +21,32 @@ import tempfile
 from pathlib import Path
 
 from lm_eval_ponder.errors import PonderError, command, run_program
-from lm_eval_ponder.reporting.images import save_page
 
+PAGE_WIDTH = 800
+PAGE_QUALITY = 50
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome-headless-shell",
             "headless_shell")
 
+
+
+def save_page(png: str | Path, target: str | Path, width: int = PAGE_WIDTH,
+              quality: int = PAGE_QUALITY) -> Path:
+    """A picture of a page, from the browser's PNG, ``width`` pixels wide (a narrower page
+    keeps its width) in the format ``target``'s suffix names (see the module docstring)."""
+    from PIL import Image
+
+    target = Path(target)
+    with Image.open(png) as img:
+        img = img.convert("RGB")
+        if img.width > width:
+            img = img.resize((width, round(img.height * width / img.width)),
+                             Image.Resampling.LANCZOS)
+        if target.suffix.lower() == ".png":
+            img.save(target, format="PNG", optimize=True)
+        else:
+            img.save(target, quality=quality, **({"method": 6} if target.suffix.lower() ==
+                                                 ".webp" else {"optimize": True}))
+    return target
 
 def find_browser() -> str:
     """The first Chromium-family browser on PATH (or in ``$LM_EVAL_PONDER_BROWSER``)."""

@@ -33,8 +33,3 @@ class LoopConfig:
             raise PonderError(f"max_cache_tokens must be >= 1, got {self.max_cache_tokens!r}")
         if not 0 < self.admit_fraction <= 1:
             raise PonderError(f"admit_fraction must be in (0, 1], got {self.admit_fraction!r}")
-
-    def drops_token(self, reason: str) -> bool:
-        """Whether a row that ended for ``reason`` dropped the token it stopped at (so ran one
-        forward more than it kept tokens)."""
-        return any(rule.reason == reason and not rule.keeps_token for rule in self.stops)

@@ -144,4 +144,3 @@ def test_a_new_stopping_rule_is_one_class(left_tokenizer, keeps):
         assert stopped.gen_tokens[r] == kept
         assert stopped.sequences[r, width:width + kept].tolist() == rows[r][:kept]
         assert stopped.sequences[r, width + kept:].eq(3).all()
-    assert LoopConfig(stops=(EndsAt(token, keeps),)).drops_token("ends_at") is not keeps

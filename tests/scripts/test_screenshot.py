@@ -66,3 +66,13 @@ def test_a_webp_target_gets_the_drawing_compressed(tmp_path, monkeypatch):
         assert img.format == "WEBP" and img.size == (800, round(1016 * 800 / 1600))
         r, g, b = img.convert("RGB").getpixel((400, 100))
     assert r > 180 and g < 40 and b < 40
+
+
+def test_a_page_picture_is_resized_and_converted(tmp_path):
+    Image.fromarray(np.full((3000, 1280, 3), 250, dtype=np.uint8)).save(tmp_path / "p.png")
+    for name, fmt in (("p.webp", "WEBP"), ("p.jpg", "JPEG")):
+        with Image.open(render.save_page(tmp_path / "p.png", tmp_path / name)) as img:
+            assert img.format == fmt and img.size == (800, 1875)
+    Image.fromarray(np.zeros((100, 300, 3), dtype=np.uint8)).save(tmp_path / "narrow.png")
+    with Image.open(render.save_page(tmp_path / "narrow.png", tmp_path / "narrow.webp")) as img:
+        assert img.size == (300, 100)  # never enlarged

@@ -534,6 +534,7 @@ def controller_row(figures, depth, level, directory: Path, n_bootstrap: int,
     documents, and its depth profile."""
     import numpy as np
 
+    from lm_eval_ponder.portable import cwd_relative, portable_path
     from lm_eval_ponder.reporting.measures import wilson
 
     n = len(depth)
@@ -541,7 +542,8 @@ def controller_row(figures, depth, level, directory: Path, n_bootstrap: int,
     ci = bootstrap(figures, n, n_bootstrap)
     lo, hi = wilson(round(f["accuracy"] * n), n) if seeds == 1 else ci["accuracy"]
     return {"figures": {**f, "accuracy_ci95": [lo, hi]}, "ci95": ci,
-            **depth_profile(depth, level), "directory": str(directory)}
+            **depth_profile(depth, level),
+            "directory": portable_path(cwd_relative(str(directory)))}  # no machine's path
 
 
 def depth_status(root: str, form: str, task: str, k: int, decoding: str = "greedy") -> dict:

@@ -382,7 +382,7 @@ def common_questions(runs: list[Run]) -> dict[str, list[Run]]:
 
 
 BATCH_NOTE = ("greedy answers in bf16 depend on the batching (the rows computed beside them): of "
-              "the embedded model's answers to the first 200 arith questions, 59.5% differ "
+              "the embedded model's answers to the 500 arith questions, 67% differ "
               "between max_rows 128 and 16 (docs/results/speed.md, batch invariance); a bf16 "
               "row holds for the batching its results record (ponder_batching), and "
               "batch_invariant=true computes each answer alone")

@@ -1,34 +1,24 @@
 """A caching memory allocator (tcmalloc, preloaded) for long CPU generations: opt-in.
 
-Why it was tried: every decode step grows each layer's key/value cache with ``torch.cat`` into
-a new tensor (transformers' ``DynamicLayer``), tens of MB at 128 rows and a few hundred
-positions. glibc serves blocks over 32 MB (its largest mmap threshold) with a fresh ``mmap`` and
-unmaps them on ``free``, so each step faults the whole cache in and zeroes it again: a MATH500
-Best-of-5 run spent 25-30% of its CPU time in the kernel. tcmalloc keeps freed blocks for reuse.
-``python benchmarks/allocator.py --pairs 3`` (128 rows, 200-400-token prompts, 96 new tokens,
-bf16, one thread): system time 33-38 s -> 2-3 s, user+system CPU about 1.25x lower, wall
-x1.16 (median of 3 interleaved pairs on a shared machine), the same tokens.
+Why (docs/design/allocator.md): every decode step grows each layer's key/value cache with
+``torch.cat`` into a new tensor, and glibc maps blocks over 32 MB afresh and unmaps them on
+``free``: a MATH500 Best-of-5 run spent 25-30% of its CPU time in the kernel. Measured with
+``benchmarks/allocator.py`` (128 rows, 200-400-token prompts, 96 new tokens, bf16, one thread):
+tcmalloc (``--pairs 3``) cut system time 33-38 s -> 2-3 s, user+system CPU about 1.25x, wall
+x1.16, the same tokens; glibc's own tunables at 4 GiB (``glibc-large``, ``--library none
+--setting ...``, 2 pairs) cut system time 36-40 s -> 2.0-2.4 s, minor faults 18.3 M ->
+0.5-0.7 M, wall x1.22, peak resident 2.63 / 3.00 GB -> 2.54 / 3.52 GB.
 
-glibc itself can do the same (``glibc-large``): its tunables ``MALLOC_MMAP_THRESHOLD_`` and
-``MALLOC_TRIM_THRESHOLD_`` at 4 GiB serve every block from its heap and keep freed memory for
-reuse. The same benchmark (``--library none --setting ...``, 2 pairs): system time
-36-40 s -> 2.0-2.4 s, minor faults 18.3 M -> 0.5-0.7 M, wall x1.22 (pairs 1.28, 1.16), peak
-resident 2.63 / 3.00 GB -> 2.54 / 3.52 GB (glibc's heap coalesces freed neighbours, which
-tcmalloc's size classes do not). But in a full run it holds more: GSM8K FP-Direct under it
-(T = 0.7, 128 rows in flight, 33 min) climbed from 2.6 to 10.7 GB resident, peak 14.3 GB,
-where the next run of the same suite (CoT) under the default held 3.2-3.3 GB at the same
-stage that FP-Direct held 6-7 (both peak about 9-10 GB while loading). So it is opt-in, for a
-machine with memory to spare. The setting reaches a
-process only through its environment at start (``mallopt`` caps the threshold at 32 MB), so
-it is for child processes (``suite``) and for users who export it themselves.
-
-Why tcmalloc is not the default: in a real run (GSM8K Best-of-5 through ``suite``: continuous
-batching, rows joining and leaving, 500 new tokens) the process under tcmalloc grew to 14.8 GB
-resident in 26 minutes and the kernel killed it on this 24 GiB machine; resumed under glibc,
-the same run held 4.3-4.5 GB at the same point. tcmalloc holds the freed blocks of every size the cache passed
-through. So ``suite --allocator`` defaults to ``system``; ``auto`` or a path preload it for a
-user with memory to spare, and ``benchmarks/allocator.py`` prints the peak resident memory
-beside the times. Nothing here changes a number: allocation does not touch arithmetic.
+Neither is the default: full runs held far more. GSM8K Best-of-5 under tcmalloc (continuous
+batching, 500 new tokens), which holds freed blocks of every size the cache passed through,
+grew to 14.8 GB resident in 26 minutes and was killed on a 24 GiB machine (4.3-4.5 GB under
+glibc at the same point). GSM8K FP-Direct under ``glibc-large`` (T = 0.7, 128 rows, 33 min)
+climbed from 2.6 to 10.7 GB (peak 14.3 GB); at the stage where it held 6-7 GB the next run (CoT)
+under the default held 3.2-3.3 GB (both peak about 9-10 GB while loading). So ``suite
+--allocator`` defaults to ``system``; ``auto``, a path or ``glibc-large`` are for a machine with
+memory to spare. ``glibc-large`` reaches a process only through its environment at start
+(``mallopt`` caps the threshold at 32 MB): it is for child processes (``suite``) and users who
+export it. Allocation changes no number.
 """
 
 from __future__ import annotations
@@ -123,9 +113,7 @@ def return_large_blocks() -> bool:
         glibc = hasattr(libc, "gnu_get_libc_version")  # musl's mallopt does nothing
     except (OSError, AttributeError):
         return False
-    if not glibc:
-        return False
-    if not mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD):
+    if not glibc or not mallopt(M_MMAP_THRESHOLD, RETURN_THRESHOLD):
         return False
     APPLIED["mmap_threshold"] = str(RETURN_THRESHOLD)
     return True

@@ -148,9 +148,6 @@ def conversion_staging(target: Path, gguf_path: Path) -> Path:
                           f"free; {_cache_advice(gguf_path)}")
     return staging
 
-def _looks_like_path(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1
-
 def display_name(pretrained: str | None, gguf_file: str | None = None) -> str:
     """The backbone's name as a person reads it, without resolving anything: ``pretrained``
     as given (a Hub id; lm-eval names result folders after it), else the GGUF file's stem,
@@ -232,8 +229,8 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
     - anything else: a Hub id, resolved by transformers (offline caches included).
     """
     if pretrained is None and gguf_file is None:
-        gguf = embedded_gguf_path()
-        return ResolvedBackbone(str(convert_gguf(gguf)), EMBEDDED_NAME, file_sha256(gguf))
+        target = convert_gguf(embedded_gguf_path())  # the file is hashed once, there
+        return ResolvedBackbone(str(target), EMBEDDED_NAME, recorded_sha256(target))
     if gguf_file is not None:
         gguf = Path(gguf_file).expanduser()
         if not gguf.is_absolute() and pretrained is not None:
@@ -245,10 +242,10 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
                 "downloaded first)"
             )
         check_gguf(gguf)
-        _require_gguf_package()
-        sha = file_sha256(gguf)
-        return ResolvedBackbone(str(convert_gguf(gguf)),
-                                EMBEDDED_NAME if sha == EMBEDDED_SHA256 else gguf.stem, sha)
+        target = convert_gguf(gguf)  # which hashes the file and records its SHA-256
+        sha = recorded_sha256(target)
+        return ResolvedBackbone(str(target), EMBEDDED_NAME if sha == EMBEDDED_SHA256 else gguf.stem,
+                                sha)
     assert pretrained is not None
     local = Path(pretrained).expanduser()
     if local.is_dir():
@@ -256,7 +253,7 @@ def resolve_backbone(pretrained: str | None, gguf_file: str | None = None) -> Re
         sha = recorded_sha256(local)
         return ResolvedBackbone(str(local), EMBEDDED_NAME if sha == EMBEDDED_SHA256 else local.name,
                                 sha)
-    if local.exists() or _looks_like_path(pretrained):
+    if local.exists() or pretrained.startswith(("/", "./", "../", "~")) or pretrained.count("/") > 1:
         raise PonderError(
             f"backbone path not found or not a model directory: {pretrained} (expected a "
             "directory with config.json, a Hub id like Qwen/Qwen2.5-0.5B-Instruct, or "
@@ -361,7 +358,7 @@ def final_norm(model):
     for holder in (decoder, getattr(model, "model", None), getattr(model, "transformer", None),
                    getattr(model, "gpt_neox", None)):
         for name in FINAL_NORM_NAMES:
-            module = getattr(holder, name, None) if holder is not None else None
+            module = getattr(holder, name, None)
             if isinstance(module, nn.Module):
                 return module
     raise PonderError(f"cannot find the final norm of {type(model).__name__} (looked for "
@@ -420,13 +417,12 @@ def resolve_device(device: str | None, parallelize: bool = False) -> str:
 
     if torch.cuda.is_available():
         return "cuda" if device is None else str(device)
-    if parallelize or (device is not None and str(device).startswith("cuda")
-                       and str(device) != "cuda:0"):
-        if parallelize:  # --device cpu would not help: parallelize=True stays
-            raise PonderError(f"parallelize=True spreads a model over several CUDA GPUs, and "
-                              f"torch sees none here (torch {torch.__version__}); drop "
-                              "parallelize=True from --model_args (--parallelize from train or "
-                              "steer) to run on the CPU, or run on a GPU machine")
+    if parallelize:  # --device cpu would not help: parallelize=True stays
+        raise PonderError(f"parallelize=True spreads a model over several CUDA GPUs, and "
+                          f"torch sees none here (torch {torch.__version__}); drop "
+                          "parallelize=True from --model_args (--parallelize from train or "
+                          "steer) to run on the CPU, or run on a GPU machine")
+    if device is not None and str(device).startswith("cuda") and str(device) != "cuda:0":
         raise PonderError(f"device={device!r} needs a CUDA GPU, and torch sees none here "
                           f"(torch {torch.__version__}); pass --device cpu (or device=cpu in "
                           "--model_args), or run on a GPU machine")

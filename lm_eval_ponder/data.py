@@ -44,18 +44,12 @@ _LETTERS = "ABCD"
 # --------------------------------------------------------------------------- sources
 
 
-def _how_to_get(hub_id: str) -> str:
-    """The two ways to get the data; one sentence so every error reads the same."""
-    return (
-        f"To fix: set {DATA_ENV}=<dir> to a directory laid out like the project's shared data "
-        f"folder ({_LAYOUT}), or allow access to the Hugging Face Hub dataset {hub_id} "
-        "(network, and for GPQA an accepted licence / HF token)."
-    )
-
-
 def _fail(what: str, hub_id: str, detail: str) -> PonderDataError:
-    """Build the single user-facing error: what failed, why, and how to fix it."""
-    return PonderDataError(f"could not load {what}: {detail}. {_how_to_get(hub_id)}")
+    """The single user-facing error: what failed, why, and the two ways to get the data."""
+    return PonderDataError(
+        f"could not load {what}: {detail}. To fix: set {DATA_ENV}=<dir> to a directory laid out "
+        f"like the project's shared data folder ({_LAYOUT}), or allow access to the Hugging Face "
+        f"Hub dataset {hub_id} (network, and for GPQA an accepted licence / HF token).")
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:
@@ -147,12 +141,11 @@ def _load_local(what: str, raw: str, rel_path: str, hub_id: str) -> datasets.Dat
     each row checked against the dataset's schema."""
     root = Path(raw).expanduser()
     if not root.is_dir():
-        detail = f"{DATA_ENV}={raw} is not a directory (looked at {root.resolve()})"
-        raise _fail(what, hub_id, detail)
+        raise _fail(what, hub_id, f"{DATA_ENV}={raw} is not a directory (looked at {root.resolve()})")
     path = root / rel_path
     if not path.is_file():
-        detail = f"{DATA_ENV}={raw} is set but has no {rel_path} ({path.resolve()} does not exist)"
-        raise _fail(what, hub_id, detail)
+        raise _fail(what, hub_id, f"{DATA_ENV}={raw} is set but has no {rel_path} ({path.resolve()} "
+                                  "does not exist)")
     try:
         rows = _read_jsonl_gz(path)
         if not rows:
@@ -188,36 +181,27 @@ def load_gsm8k(split: str = "test") -> datasets.Dataset:
     if split not in _GSM8K_SPLITS:
         raise PonderDataError(f"unknown GSM8K split {split!r}; use one of {_GSM8K_SPLITS}")
     hub = "openai/gsm8k"
-    fetch = lambda ds: ds.load_dataset(hub, "main", split=split)  # noqa: E731
-    return _load(f"GSM8K ({split})", f"gsm8k/{split}.jsonl.gz", hub, fetch)
+    return _load(f"GSM8K ({split})", f"gsm8k/{split}.jsonl.gz", hub,
+                 lambda ds: ds.load_dataset(hub, "main", split=split))
 
 
 def load_math500() -> datasets.Dataset:
     """MATH-500 (problem, solution, answer, subject, level, unique_id)."""
     hub = "HuggingFaceH4/MATH-500"
-    fetch = lambda ds: ds.load_dataset(hub, split="test")  # noqa: E731
-    return _load("MATH-500", "math500/test.jsonl.gz", hub, fetch)
-
-
-def _lowercase_columns(dataset: datasets.Dataset) -> datasets.Dataset:
-    """The Hub capitalises GPQA columns and the local file does not; downstream sees lower case."""
-    mapping = {c: c.lower() for c in dataset.column_names if c != c.lower()}
-    mapping = {old: new for old, new in mapping.items() if new not in dataset.column_names}
-    return dataset.rename_columns(mapping) if mapping else dataset
+    return _load("MATH-500", "math500/test.jsonl.gz", hub, lambda ds: ds.load_dataset(hub, split="test"))
 
 
 def load_gpqa_diamond() -> datasets.Dataset:
-    """GPQA Diamond (198 rows) with lower-case column names, whichever source it came from."""
-    fetch = lambda ds: ds.load_dataset(_GPQA_HUB, "gpqa_diamond", split="train")  # noqa: E731
-    return _lowercase_columns(_load("GPQA Diamond", "gpqa/diamond.jsonl.gz", _GPQA_HUB, fetch))
+    """GPQA Diamond (198 rows) with lower-case column names, whichever source it came from (the
+    Hub capitalises them, the local file does not)."""
+    dataset = _load("GPQA Diamond", "gpqa/diamond.jsonl.gz", _GPQA_HUB,
+                    lambda ds: ds.load_dataset(_GPQA_HUB, "gpqa_diamond", split="train"))
+    mapping = {c: c.lower() for c in dataset.column_names
+               if c != c.lower() and c.lower() not in dataset.column_names}
+    return dataset.rename_columns(mapping) if mapping else dataset
 
 
 # --------------------------------------------------------------------------- GPQA choices
-
-
-def _stable_seed(text: str) -> int:
-    """A seed that is the same in every process; Python's hash() is salted per process."""
-    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
 def gpqa_multiple_choice(row: dict) -> dict:
@@ -240,7 +224,9 @@ def gpqa_multiple_choice(row: dict) -> dict:
         record_id = "gpqa-" + hashlib.sha256(question.encode("utf-8")).hexdigest()[:12]
     options = [low[k].strip() for k in _GPQA_TEXT_KEYS]
     order = list(range(4))
-    random.Random(_stable_seed("lm_eval_ponder/gpqa/" + record_id)).shuffle(order)
+    # sha256, not hash(): Python's hash() is salted per process
+    seed = hashlib.sha256(f"lm_eval_ponder/gpqa/{record_id}".encode("utf-8")).digest()[:8]
+    random.Random(int.from_bytes(seed, "big")).shuffle(order)
     return {
         "question": question,
         "choices": [options[i] for i in order],
@@ -394,11 +380,6 @@ _GENERATORS: dict[int, Callable[[random.Random], Problem]] = dict(
 )
 
 
-def _count_ops(expr: str) -> int:
-    """Operations in a generated expression: every binary operator sign."""
-    return sum(expr.count(sign) for sign in "+-*/")
-
-
 def _generate(split: str, level: int, count: int, exclude: set[str]) -> list[dict]:
     """Draw ``count`` distinct questions for one level; the prefix of a longer run is the same."""
     rng = random.Random(_SPLIT_SEEDS[split] * 10 + level)
@@ -417,7 +398,8 @@ def _generate(split: str, level: int, count: int, exclude: set[str]) -> list[dic
         misses = 0
         doc_id = f"arith-{split}-L{level}-{len(docs):04d}"
         docs.append({"id": doc_id, "level": level, "question": question, "answer": str(answer),
-                     "n_ops": _count_ops(expr), "expression": expr})  # fmt: skip
+                     "n_ops": sum(expr.count(sign) for sign in "+-*/"),  # binary operators
+                     "expression": expr})  # fmt: skip
     return docs
 
 

@@ -4,8 +4,7 @@ lm-eval's command line does not catch exceptions, so a wrong path would otherwis
 long traceback. ``PonderError`` carries a message written for the user; ``install_excepthook``
 makes an *uncaught* ``PonderError`` print one line, ``lm-eval-ponder error: <message>``,
 instead of a traceback; Python then exits with status 1 as for any uncaught exception. Library
-users who
-catch the exception are unaffected.
+users who catch the exception are unaffected.
 """
 
 from __future__ import annotations
@@ -62,10 +61,8 @@ def close_progress_bars() -> None:
     if tqdm is None:
         return
     for bar in list(getattr(tqdm.tqdm, "_instances", ())):
-        try:
+        with contextlib.suppress(Exception):  # a bar that cannot close must not hide the message
             bar.close()
-        except Exception:  # noqa: BLE001 - a bar that cannot close must not hide the message
-            pass
 
 
 def command(main: Callable[..., int]) -> Callable[..., int]:
@@ -123,6 +120,12 @@ def terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def stopped_line(exc: BaseException) -> str:
+    """The one line a stopped command prints: where it stopped, if an ``Interrupted`` says."""
+    where = str(exc) if isinstance(exc, Interrupted) else ""
+    return STOPPED + (f"; {where}" if where else "")
+
+
 def run_program(main: Callable[[], int]) -> NoReturn:
     """Run a command's ``main`` as the program (its ``if __name__ == "__main__"`` line) and exit
     with its status. Ctrl-C ends it with one line, ``lm-eval-ponder: stopped by Ctrl-C; <where
@@ -134,23 +137,9 @@ def run_program(main: Callable[[], int]) -> NoReturn:
             status = main()
     except KeyboardInterrupt as exc:
         close_progress_bars()
-        where = str(exc) if isinstance(exc, Interrupted) else ""
-        print(STOPPED + (f"; {where}" if where else ""), file=sys.stderr)
+        print(stopped_line(exc), file=sys.stderr)
         status = INTERRUPTED
     sys.exit(status)
-
-
-def _hook(
-    exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None, previous=None
-) -> None:
-    if isinstance(exc, PonderError):
-        print(f"{PREFIX}{exc}", file=sys.stderr)
-        return
-    if isinstance(exc, Interrupted):  # e.g. lm-eval's simple_evaluate in a user's script
-        close_progress_bars()
-        print(f"{STOPPED}; {exc}", file=sys.stderr)
-        return
-    (previous or sys.__excepthook__)(exc_type, exc, tb)
 
 
 def install_excepthook() -> None:
@@ -159,8 +148,14 @@ def install_excepthook() -> None:
     if getattr(current, "_lm_eval_ponder", False):
         return
 
-    def hook(exc_type, exc, tb):
-        _hook(exc_type, exc, tb, previous=current)
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        if isinstance(exc, PonderError):
+            print(f"{PREFIX}{exc}", file=sys.stderr)
+        elif isinstance(exc, Interrupted):  # e.g. lm-eval's simple_evaluate in a user's script
+            close_progress_bars()
+            print(stopped_line(exc), file=sys.stderr)
+        else:
+            (current or sys.__excepthook__)(exc_type, exc, tb)
 
     hook._lm_eval_ponder = True  # type: ignore[attr-defined]
     sys.excepthook = hook

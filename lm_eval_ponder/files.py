@@ -26,10 +26,8 @@ def atomic_write(target: str | os.PathLike, write: Callable[[str], None]) -> Non
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; artefacts are meant to be shared
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -86,15 +84,6 @@ def check_output(path: str | os.PathLike, flag: str = "--output",
     return path
 
 
-def _prune_empty(root: Path) -> None:
-    """Remove the empty folders under ``root`` (deepest first), then ``root`` if it is empty."""
-    for folder, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
-        try:
-            os.rmdir(folder)
-        except OSError:  # not empty: kept
-            pass
-
-
 @contextlib.contextmanager
 def output_folder(path: str | os.PathLike) -> Iterator[Path]:
     """A command's output folder, made (with its missing parents) for the block; if the block
@@ -110,8 +99,10 @@ def output_folder(path: str | os.PathLike) -> Iterator[Path]:
     try:
         yield path
     except BaseException:
-        if created:
-            _prune_empty(made)
+        if created:  # the empty folders under ``made``, deepest first, then ``made`` if empty
+            for folder, _, _ in sorted(os.walk(made), key=lambda w: -len(w[0])):
+                with contextlib.suppress(OSError):  # not empty: kept
+                    os.rmdir(folder)
         raise
 
 
@@ -136,10 +127,8 @@ class HeldLock:
         path afterwards creates a new file, and ``acquire_lock`` checks for that)."""
         if self.fd < 0:
             return
-        try:
+        with contextlib.suppress(OSError):
             self.path.unlink()
-        except OSError:
-            pass
         os.close(self.fd)
         self.fd = -1
 
@@ -160,13 +149,9 @@ def acquire_lock(path: str | os.PathLike, holder: dict) -> HeldLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            text = os.read(fd, 1 << 16).decode(errors="replace")
+            info = lock_holder(fd)
             os.close(fd)
-            try:
-                info = json.loads(text)
-            except json.JSONDecodeError:  # the holder is between opening and writing it
-                info = {}
-            raise LockHeld(path, info if isinstance(info, dict) else {}) from None
+            raise LockHeld(path, info or {}) from None
         except BaseException:
             os.close(fd)
             raise
@@ -177,17 +162,25 @@ def acquire_lock(path: str | os.PathLike, holder: dict) -> HeldLock:
         if not same:  # released and deleted between our open and our flock: try the new file
             os.close(fd)
             continue
-        text = os.read(fd, 1 << 16).decode(errors="replace")
-        try:
-            previous = json.loads(text) if text.strip() else None
-        except json.JSONDecodeError:
-            previous = {}
+        previous = lock_holder(fd)
         os.lseek(fd, 0, os.SEEK_SET)
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps(holder, sort_keys=True).encode())
         os.fsync(fd)
-        return HeldLock(path, fd, previous if isinstance(previous, dict) or previous is None
-                        else {})
+        return HeldLock(path, fd, previous)
+
+
+def lock_holder(fd: int) -> dict | None:
+    """What a lock file says of its holder: None when it is empty (or ``null``), ``{}`` when it
+    holds no JSON object (the holder is between opening and writing it)."""
+    text = os.read(fd, 1 << 16).decode(errors="replace")
+    if not text.strip():
+        return None
+    try:
+        info = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return info if isinstance(info, dict) or info is None else {}
 
 
 # ----------------------------------------------------------------------------- compact files

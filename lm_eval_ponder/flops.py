@@ -48,17 +48,18 @@ _GATED_TYPES = frozenset({
 })
 # Classic decoders: q/k/v/o projections and a two-matrix MLP (up, down).
 _UNGATED_TYPES = frozenset({"gpt2", "gpt_neox"})
+_TABULATED = _GATED_TYPES | _UNGATED_TYPES  # the families ``DecoderShape.from_config`` knows
 # Config fields that mark a mixture of experts: a token runs through only the routed experts,
 # which the stored weight shapes do not show, so the module-shape estimate would be wrong.
 _MOE_FIELDS = ("num_experts_per_tok", "num_local_experts", "num_experts", "n_routed_experts")
 
+# How every FLOPs figure is priced; results JSONs carry it (``PonderLM``'s model
+# info as ``ponder_flops_pricing``, a re-priced older log as its top-level ``flops_pricing``)
+FLOPS_PRICING = "prefill logits at the last position only (logits_to_keep=1; issue 52)"
 # Controller elementwise costs, per element. LayerNorm: mean (1), subtract (1), square and
 # accumulate (2), normalise (1); the affine scale and shift are folded into the 5 as well as
 # the rsqrt, which is per row. GELU (tanh form): x^3, two multiplies, add, tanh, add, two
 # multiplies, rounded to 8. Both are tiny next to the matmuls; they exist so the count is honest.
-# How every FLOPs figure is priced; results JSONs carry it (``PonderLM``'s model
-# info as ``ponder_flops_pricing``, a re-priced older log as its top-level ``flops_pricing``)
-FLOPS_PRICING = "prefill logits at the last position only (logits_to_keep=1; issue 52)"
 LAYERNORM_FLOPS_PER_ELEMENT = 5
 GELU_FLOPS_PER_ELEMENT = 8
 
@@ -87,27 +88,27 @@ class DecoderShape:
         config = text_config(config)
         model_type = getattr(config, "model_type", None)
         if model_type == "gpt2":
-            return _shape_from_fields(
-                config,
-                n_layers=config.n_layer,
-                hidden=config.n_embd,
-                n_heads=config.n_head,
-                intermediate=config.n_inner or 4 * config.n_embd,
-                gated_mlp=False,
+            n_layers, hidden, n_heads = config.n_layer, config.n_embd, config.n_head
+            intermediate = config.n_inner or 4 * config.n_embd
+        elif model_type in _TABULATED:
+            n_layers, hidden = config.num_hidden_layers, config.hidden_size
+            n_heads, intermediate = config.num_attention_heads, config.intermediate_size
+        else:
+            supported = ", ".join(sorted(_TABULATED))
+            raise PonderError(
+                f"FLOPs accounting does not support model_type {model_type!r}; "
+                f"supported model types: {supported}."
             )
-        if model_type in _GATED_TYPES or model_type in _UNGATED_TYPES:
-            return _shape_from_fields(
-                config,
-                n_layers=config.num_hidden_layers,
-                hidden=config.hidden_size,
-                n_heads=config.num_attention_heads,
-                intermediate=config.intermediate_size,
-                gated_mlp=model_type in _GATED_TYPES,
-            )
-        supported = ", ".join(sorted(_GATED_TYPES | _UNGATED_TYPES))
-        raise PonderError(
-            f"FLOPs accounting does not support model_type {model_type!r}; "
-            f"supported model types: {supported}."
+        return cls(
+            n_layers=int(n_layers),
+            hidden=int(hidden),
+            intermediate=int(intermediate),
+            n_heads=int(n_heads),
+            n_kv_heads=int(getattr(config, "num_key_value_heads", None) or n_heads),
+            head_dim=config_head_dim(config, hidden, n_heads),
+            vocab=int(config.vocab_size),
+            gated_mlp=model_type in _GATED_TYPES,
+            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         )
 
 
@@ -131,8 +132,16 @@ class FlopsSpec:
 
     @classmethod
     def from_config(cls, config: Any) -> FlopsSpec:
-        """The count for a family in the table; refuses others (the config alone cannot tell)."""
-        return spec_from_shape(DecoderShape.from_config(config))
+        """The count for a family in the table; refuses others (the config alone cannot tell).
+        Its decoder matmuls: q/o, k/v (grouped-query) and the MLP of every layer."""
+        shape = DecoderShape.from_config(config)
+        q_and_o = 2 * shape.hidden * shape.n_heads * shape.head_dim
+        k_and_v = 2 * shape.hidden * shape.n_kv_heads * shape.head_dim
+        mlp = (3 if shape.gated_mlp else 2) * shape.hidden * shape.intermediate
+        return cls(n_layers=shape.n_layers, n_heads=shape.n_heads, head_dim=shape.head_dim,
+                   hidden=shape.hidden, vocab=shape.vocab,
+                   decoder_params=shape.n_layers * (q_and_o + k_and_v + mlp),
+                   kv_dim=shape.n_kv_heads * shape.head_dim)
 
     @classmethod
     def from_model(cls, model: torch.nn.Module) -> FlopsSpec:
@@ -142,7 +151,7 @@ class FlopsSpec:
         one warning says the number is an estimate, since no tracer has checked that family.
         """
         config = model.config
-        if is_tabulated(config):
+        if getattr(text_config(config), "model_type", None) in _TABULATED:
             return cls.from_config(config)
         spec = spec_from_modules(model)
         LOGGER.warning(
@@ -153,54 +162,9 @@ class FlopsSpec:
         return spec
 
 
-def is_tabulated(config: Any) -> bool:
-    """Whether ``DecoderShape.from_config`` knows this config's family."""
-    model_type = getattr(text_config(config), "model_type", None)
-    return model_type in _GATED_TYPES or model_type in _UNGATED_TYPES
-
-
-def _shape_from_fields(
-    config: Any, *, n_layers: int, hidden: int, n_heads: int, intermediate: int, gated_mlp: bool
-) -> DecoderShape:
-    """Fill in the fields every family spells the same way (kv heads, head_dim, vocab, tying)."""
-    n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
-    return DecoderShape(
-        n_layers=int(n_layers),
-        hidden=int(hidden),
-        intermediate=int(intermediate),
-        n_heads=int(n_heads),
-        n_kv_heads=int(n_kv_heads),
-        head_dim=int(config_head_dim(config, hidden, n_heads)),
-        vocab=int(config.vocab_size),
-        gated_mlp=bool(gated_mlp),
-        tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-    )
-
-
 def config_head_dim(config: Any, hidden: int, n_heads: int) -> int:
     """An explicit ``head_dim`` (Gemma, Qwen 3) wins over ``hidden / n_heads``."""
     return int(getattr(config, "head_dim", None) or hidden // n_heads)
-
-
-def shape_matmul_params(shape: DecoderShape) -> int:
-    """Decoder matmul weights of a table family: q/o, k/v (grouped-query), and the MLP."""
-    q_and_o = 2 * shape.hidden * shape.n_heads * shape.head_dim
-    k_and_v = 2 * shape.hidden * shape.n_kv_heads * shape.head_dim
-    mlp = (3 if shape.gated_mlp else 2) * shape.hidden * shape.intermediate
-    return shape.n_layers * (q_and_o + k_and_v + mlp)
-
-
-def spec_from_shape(shape: DecoderShape) -> FlopsSpec:
-    """The cost inputs of a table family."""
-    return FlopsSpec(
-        n_layers=shape.n_layers,
-        n_heads=shape.n_heads,
-        head_dim=shape.head_dim,
-        hidden=shape.hidden,
-        vocab=shape.vocab,
-        decoder_params=shape_matmul_params(shape),
-        kv_dim=shape.n_kv_heads * shape.head_dim,
-    )
 
 
 def linear_weights(module: torch.nn.Module) -> int:
@@ -257,15 +221,9 @@ def spec_from_modules(model: torch.nn.Module) -> FlopsSpec:
         decoder_params -= linear_weights(head)
     head_dim = config_head_dim(config, getattr(config, "hidden_size", None) or hidden, n_heads)
     n_kv_heads = getattr(config, "num_key_value_heads", None) or n_heads
-    return FlopsSpec(
-        n_layers=int(n_layers),
-        n_heads=int(n_heads),
-        head_dim=head_dim,
-        hidden=int(hidden),
-        vocab=int(vocab),
-        decoder_params=decoder_params,
-        kv_dim=int(n_kv_heads) * head_dim,
-    )
+    return FlopsSpec(n_layers=int(n_layers), n_heads=int(n_heads), head_dim=head_dim,
+                     hidden=int(hidden), vocab=int(vocab), decoder_params=decoder_params,
+                     kv_dim=int(n_kv_heads) * head_dim)
 
 
 def _check_non_negative(**values: int) -> None:

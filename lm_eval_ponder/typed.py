@@ -2,10 +2,9 @@
 
 One type system, the dataclasses' annotations, as transformers' ``HfArgumentParser`` and TRL's
 ``TrlParser`` take theirs: a value from a YAML file, a JSON file or the command line (read as
-YAML) is checked and converted against its field's type here. A value of the wrong type is
-refused at the key that holds it (a string where a number belongs used to travel to the first
-comparison that used it, ``'>' not supported between 'str' and 'int'`` deep in the trainer),
-in one line that names the key, the value and the type the key takes.
+YAML) is checked and converted against its field's type here, and a wrong one is refused at
+its key (not at the first comparison deep in the trainer), in one line that names the key,
+the value and the type the key takes.
 """
 
 from __future__ import annotations
@@ -20,6 +19,7 @@ from typing import Any
 from lm_eval_ponder.errors import PonderError
 
 NONE = type(None)
+UNIONS = (typing.Union, types.UnionType)
 
 
 class WrongType(PonderError):
@@ -31,10 +31,29 @@ class WrongType(PonderError):
         super().__init__(f"config key {key!r} must be {describe(hint)}, got {value!r}")
 
 
+def option(default: Any, help: str) -> Any:
+    """A config field with its ``--help`` line (``field(metadata={"help": ...})``, as
+    ``HfArgumentParser`` reads it); a callable default (a class, a lambda) is its factory."""
+    if callable(default):
+        return dataclasses.field(default_factory=default, metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    """Refuse a value that is not one of a key's named choices, in one line."""
+    if value not in choices:
+        raise PonderError(f"{key} must be one of {choices}, got {value!r}")
+
+
+def alternatives(hint: Any) -> tuple:
+    """The types a ``Union`` (``X | None``) admits; any other hint alone."""
+    return typing.get_args(hint) if typing.get_origin(hint) in UNIONS else (hint,)
+
+
 def describe(hint: Any) -> str:
     """A field's type in words, for the error that names it."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
+    if origin in UNIONS:
         return " or ".join("null" if a is NONE else describe(a) for a in args)
     if origin is dict:
         return f"a mapping of {describe(args[0])} to {describe(args[1])}" if args else "a mapping"
@@ -68,7 +87,7 @@ def convert(value: Any, hint: Any, key: str) -> Any:
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is Any:
         return value
-    if origin in (typing.Union, types.UnionType):
+    if origin in UNIONS:
         if value is None and NONE in args:
             return None
         for option in (a for a in args if a is not NONE):

@@ -122,6 +122,20 @@ def test_the_embedded_weights_are_the_embedded_backbone_however_they_are_named(e
     assert by_folder.source_sha256 == by_file.source_sha256 == bb.EMBEDDED_SHA256
 
 
+@needs_embedded
+@pytest.mark.parametrize("gguf_file", [None, "embedded"])
+def test_a_gguf_is_hashed_once_per_load(embedded_dir, gguf_file, monkeypatch):
+    """A GGUF's SHA-256 names its converted folder and the run's weights: one read of the file
+    gives both (it was hashed twice, seconds a gigabyte)."""
+    hashed = []
+    real = bb.file_sha256
+    monkeypatch.setattr(bb, "file_sha256", lambda path: hashed.append(path) or real(path))
+    path = None if gguf_file is None else str(bb.embedded_gguf_path())
+    resolved = bb.resolve_backbone(None, path)
+    assert len(hashed) == 1 and resolved.source_sha256 == bb.EMBEDDED_SHA256
+    assert resolved.path == embedded_dir
+
+
 def test_a_folder_or_file_that_is_no_model_is_refused_in_one_line(tmp_path):
     """Issue 55: a controller's folder as ``pretrained=`` and a file that is no GGUF as
     ``gguf_file=`` were transformers' and gguf's tracebacks."""

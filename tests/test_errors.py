@@ -107,3 +107,21 @@ def test_sigterm_ends_a_command_with_the_ctrl_c_line(tmp_path):
         child.kill()
     assert child.returncode == INTERRUPTED
     assert err.strip().splitlines() == [STOPPED] and "Traceback" not in err
+
+
+@pytest.mark.parametrize("message", ["", "generation stopped after 3 of 10 answers"])
+def test_the_excepthook_prints_the_stopped_line_without_a_dangling_separator(message, capsys):
+    """An ``Interrupted`` that reaches the excepthook prints the same line as ``run_program``:
+    with its message after "; ", or the bare line (it printed "...Ctrl-C; " without one)."""
+    import sys
+
+    from lm_eval_ponder.errors import STOPPED, Interrupted, install_excepthook
+
+    previous = sys.excepthook
+    try:
+        install_excepthook()
+        sys.excepthook(Interrupted, Interrupted(message), None)
+    finally:
+        sys.excepthook = previous
+    expected = f"{STOPPED}; {message}" if message else STOPPED
+    assert capsys.readouterr().err.splitlines() == [expected]

@@ -1,9 +1,7 @@
 """The generation engine: a loop over rows in flight in which a finished row stops costing
-compute (``loop``), its rows in flight over a ``DynamicCache`` (``rows``, ``cache``), the
-next-token choice (``sampling``), how a row ends (``stops``: every stopping rule behind one
-interface), its batching settings (``config``)
-and what it tells its callers (``observers``). It imports no lm-eval: ``evaluation.lm`` adapts
-it to lm-eval's ``LM`` API and the trainer drives it through that adapter.
+compute (docs/design/generation.md, "The engine in one page", lists its modules). It imports no
+lm-eval: ``evaluation.lm`` adapts it to lm-eval's ``LM`` API and the trainer drives it through
+that adapter.
 
 This is its one door: code outside ``engine/`` imports these names from here, never a
 submodule (``tests/test_layout.py`` checks it), so the engine's files can move without

@@ -1,23 +1,15 @@
 """A key/value cache layer that appends a decode step's column in place.
 
-Why: transformers' ``DynamicLayer.update`` appends with ``torch.cat``, so every decode step
-copies each layer's whole cache into a new tensor: a read and a write of every row's keys and
-values, plus an allocation, on top of the attention's own read. On a 2-core AMX Xeon in bf16
-the loop without that copy ran 1.20x as fast on the embedded shape (256 arith questions, 500
-new tokens: long contexts, where a 135M model's cache outweighs its weights) and 1.02x on the
-Qwen2.5-0.5B shape (96 questions), end to end (``benchmarks/cache_append.py``). ``GrowingLayer``
-keeps its keys and values in buffers with ``SPARE_COLUMNS`` free columns at the end, writes each
-new column into them, and exposes the filled part as a view; it copies the cache only when the
-buffer is full (once every ``SPARE_COLUMNS`` steps) or when the loop replaces it.
-
-It is a ``DynamicLayer`` in every other respect: whatever assigns ``keys``/``values`` (the
-loop's compaction through ``batch_select_indices``, its column trim, its merge of a joining
-group) hands it a new tensor, which becomes the buffer with no spare column, and the next
-append grows it again. The values the attention reads are the same numbers ``torch.cat`` would
-give, so greedy outputs are unchanged (tests check them token for token against ``generate``
-in float32). Memory: at most ``SPARE_COLUMNS`` positions per row beyond what is cached, which the
-loop's cache budget (rows x (widest prompt + max_new_tokens)) does not count: 16 against the
-300-1,000 a row is budgeted on our tasks.
+Why: transformers' ``DynamicLayer.update`` appends with ``torch.cat``, copying each layer's whole
+cache every decode step. Without that copy the loop ran 1.20x as fast on the embedded shape (256
+arith questions, 500 new tokens; a 2-core AMX Xeon in bf16) and 1.02x on the Qwen2.5-0.5B shape
+(96 questions), end to end (``benchmarks/cache_append.py``). ``GrowingLayer`` keeps
+``SPARE_COLUMNS`` free columns at the end of its buffers, writes each new column there and
+exposes the filled part as a view; it copies only when the buffer is full or the loop assigns
+a new tensor (compaction, trim, merge), which becomes the buffer with no spare column. The
+attention reads the numbers ``torch.cat`` would give (tested token for token against
+``generate`` in float32). Memory: at most 16 positions a row beyond the loop's cache budget,
+against the 300-1,000 a row is budgeted on our tasks.
 """
 
 from __future__ import annotations

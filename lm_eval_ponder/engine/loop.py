@@ -1,51 +1,26 @@
 """A generation loop in which a finished row stops costing compute.
 
-Why: lm-eval's HFLM calls ``model.generate`` on a left-padded batch with a batch-wide stopping
-criterion, so every row keeps decoding until the longest row is done. On our arith workload
-(SmolLM2-135M, bf16, batch 64, 256 new tokens) only 46% of the decoded slots are real output
-(``docs/design/generation.md``). ``generate_rows`` runs the same model forward passes with the
-``DynamicCache`` that ``generate`` uses (its layers append in place: ``engine.cache``), but
+Why: lm-eval's HFLM calls ``model.generate`` with a batch-wide stopping criterion, so every row
+decodes until the longest is done: on arith (SmolLM2-135M, bf16, batch 64, 256 new tokens) only
+46% of the decoded slots were real output. ``generate_rows`` runs the same forwards over
+``generate``'s ``DynamicCache`` (appending in place: ``engine.cache``), but a row leaves the
+batch as soon as it emits an EOS id, completes one of its stop strings (``engine.stops``) or
+reaches ``max_new_tokens``; waiting rows are prefilled as groups (``prefill_parts``) and join as
+slots free up; with ``max_cache_tokens``, rows in flight times (the widest prompt +
+``max_new_tokens``) stay within that many positions, since one long prompt widens every row's
+cache (GPQA's 2,899-token question, against a median of 168, took a 128-row batch of a 135M
+model past 13 GiB and the kernel killed the run; ``cache_bytes_per_token`` turns a memory
+budget into positions). docs/design/generation.md describes the loop, its cache layout
+(``engine.rows``), its observers (``engine.observers``) and what it keeps exact.
 
-- a row leaves the running batch as soon as it emits an EOS id, completes one of its stop strings
-  (searched in its own decoded generated text, so a stop string split across tokens is caught;
-  ``engine.stops``) or reaches ``max_new_tokens``; its key/value rows are dropped from the
-  cache (``DynamicCache.batch_select_indices``) once an eighth of the batch has finished, and
-  cache columns that became padding for every remaining row are trimmed
-  (``engine.rows``);
-- with ``max_rows`` smaller than the batch, waiting rows are prefilled as a left-padded group
-  and join the running batch when enough slots are free (continuous batching): the two caches
-  are aligned by left-padding keys/values and the attention mask with zeros, then concatenated
-  along the batch;
-- a group whose prompts differ more than twofold is prefilled in parts (``prefill_parts``),
-  so short prompts are not padded to a long one's length in the prefill forward;
-- with ``max_cache_tokens``, rows in flight times the widest row's prompt plus
-  ``max_new_tokens`` stay within that many cache positions. Rows share one cache width, so one
-  long prompt widens every row's cache to its length: GPQA's longest question (2,899 tokens,
-  against a median of 168) took a 128-row batch past 13 GiB on a 135M model, and the kernel
-  killed the run. ``cache_bytes_per_token`` turns a memory budget into positions.
-
-Positions are explicit (``attention_mask.cumsum(-1) - 1`` as ``generate`` computes them, then
-"real tokens so far" per row), logits are processed with transformers' own processor/warper
-classes in ``generate``'s order, and settings are merged over ``model.generation_config`` the way
-``generate`` merges them (``engine.sampling``), so greedy outputs match ``generate`` token for
-token (tests check this in fp32). Anything the loop cannot reproduce exactly raises
-``UnsupportedGeneration`` before any forward pass; the caller then uses ``model.generate``.
-
-Host work per decode step does not grow with rows in Python: tokens and counts
-live in device tensors and are read back once per finished row; one ``StepFlags`` per step
-(each row's ends and count, one small tensor) is the one host sync; only rows whose new token
-can complete a stop string are decoded. ``benchmarks/step_cost.py`` splits a step's time.
-
-The call reads top to bottom in ``RowLoop.run``: admit waiting rows while slots are free (prefill
-them as groups and hand them to the cache layout), else decode one step for every row in
-flight, then read back which rows ended and retire them. The rows live in a ``CacheLayout``
-(``engine.rows``: ``DynamicRows``). What the code around the loop learns of it goes through
-``LoopObserver``s (``engine.observers``); how it batches is one ``LoopConfig``
-(``engine.config``). This package imports no lm-eval: the adapter
-(``evaluation.lm``) and the trainer call it the same way.
+Positions, logits processors and the merged generation config follow ``generate``
+(``engine.sampling``), so greedy outputs match it token for token (tested in fp32); anything the
+loop cannot reproduce exactly raises ``UnsupportedGeneration`` before any forward pass and the
+caller uses ``model.generate``. A decode step's one host sync is its ``StepFlags``; tokens and
+counts stay on the device until a row finishes (``benchmarks/step_cost.py`` splits a step).
 
 Pass ``decode=`` the tokenizer's decode with ``skip_special_tokens=True``: it is what HFLM cuts
-the final text with and what ``evaluation.accounting.count_generated_tokens`` counts with, so
+the final text with and what ``generation.accounting.count_generated_tokens`` counts with, so
 stop strings, the text after the cut and the token counts agree with the ``generate`` path.
 """
 
@@ -113,8 +88,7 @@ class GenerationResult:
     and including its EOS or the token completing a stop string. ``finish_reason``: the
     ``reason`` of the rule that ended each row ("eos", "stop", "length", or an answer stop's,
     e.g. "unsure"; a rule that does not keep its token leaves the row one forward more than it
-    kept tokens). The counters describe the
-    work done."""
+    kept tokens). The counters describe the work done."""
 
     sequences: torch.LongTensor
     gen_tokens: list[int]
@@ -127,15 +101,12 @@ class GenerationResult:
     compactions: int = 0
 
 
-# SDPA backends for the loop's forwards on CUDA: every one but cuDNN's. cuDNN attention builds
-# an execution plan per (batch, key length, strides) and caches it; the loop's batch changes
-# as rows finish and join, so nearly every decode step is a new combination. Measured on an
-# H200 (2026-11-26, benchmarks/profile_step.py): 1.1 ms of host time per attention call on
-# the embedded model (516 ms in 16 steps of 64 rows, 30 layers), against 49 us for a cached
-# plan, and a first pass at 256 rows of the tiny model 50 ms per step for a 3 ms forward. The
-# other kernels (flash, memory-efficient, math) have no plans to build.
-LOOP_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                      SDPBackend.MATH]
+# SDPA backends for the loop's forwards on CUDA: every one but cuDNN's, which builds and caches
+# an execution plan per (batch, key length, strides), and the loop's batch changes as rows finish
+# and join. Measured on an H200 (2026-11-26, benchmarks/profile_step.py): 1.1 ms of host time per
+# attention call on the embedded model (516 ms in 16 steps of 64 rows, 30 layers) against 49 us
+# for a cached plan; 50 ms per step for a 3 ms forward at 256 rows of the tiny model.
+LOOP_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attention_backends(device: torch.device):
@@ -147,10 +118,9 @@ def attention_backends(device: torch.device):
 
 def prefill_parts(rows: list[int], lengths: Sequence[int]) -> list[list[int]]:
     """Split a group of rows joining at once into prefill forwards in which no prompt is
-    shorter than half the longest. A prefill pads every row to its longest: GPQA's first group
-    holds its 2,899-token question beside rows of 300-800, and one forward of that group spent
-    most of its compute on padding. A group within a factor of 2 stays one forward, in its
-    order (arith and GSM8K groups: their batches are unchanged)."""
+    shorter than half the longest: a prefill pads every row to its longest, and GPQA's first
+    group holds its 2,899-token question beside rows of 300-800. A group within a factor of 2
+    stays one forward, in its order (arith and GSM8K groups: their batches are unchanged)."""
     lens = [int(lengths[r]) for r in rows]
     if not rows or max(lens) <= 2 * max(min(lens), 1):
         return [list(rows)]
@@ -167,11 +137,9 @@ class RowLoop:
     """One ``generate_rows`` call: the waiting rows, the layout in flight and the outputs."""
 
     def __init__(self, model, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None,
-                 *, max_new_tokens: int | Sequence[int], eos_token_ids: set[int],
-                 pad_token_id: int,
+                 *, max_new_tokens: int | Sequence[int], eos_token_ids: set[int], pad_token_id: int,
                  stop: list[str] | None, decode: Callable[[list[int]], str] | None,
-                 sampling: SamplingConfig | None, config: LoopConfig,
-                 observers: Observers) -> None:
+                 sampling: SamplingConfig | None, config: LoopConfig, observers: Observers) -> None:
         if pad_token_id is None:
             raise ValueError("pad_token_id is required")
         check_model_supported(model)
@@ -193,13 +161,13 @@ class RowLoop:
             self.max_new = max(limits, default=0)
             self.limits = torch.tensor(limits, dtype=torch.long, device=device)
         self.pad = int(pad_token_id)
-        self.max_rows = self.n_rows if config.max_rows is None else max(1, int(config.max_rows))
+        self.max_rows = self.n_rows if config.max_rows is None else int(config.max_rows)
         self.admit_at = max(1, math.ceil(config.admit_fraction * self.max_rows))
         self.phase = observers.phase
-        self.eos_t = torch.tensor(sorted({int(e) for e in eos_token_ids}), dtype=torch.long,
-                                  device=device)
-        self.chooser = TokenChooser(sampling or SamplingConfig(), device, self.eos_t.tolist(),
-                                    self.width)
+        eos_ids = sorted({int(e) for e in eos_token_ids})
+        self.eos_t = torch.tensor(eos_ids, dtype=torch.long, device=device)
+        self.chooser = TokenChooser(sampling or SamplingConfig(), device, eos_ids, self.width)
+        self.text_config = text_config(model.config)  # before vocab_size() reads it
         # every way a row ends, in the order that names it: the caller's answer stops first
         # (one that drops its token must win over the others), then the loop's own
         strings = StopStrings(stop, decode, self.vocab_size(), device)
@@ -207,7 +175,6 @@ class RowLoop:
                                       *([strings] if strings else []), LengthLimit()]
         self.keep_logits = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         self.cache_arg = cache_keyword(model)
-        self.text_config = text_config(model.config)
         # per original row: generated tokens (a last column that dead rows write to), counts
         self.tokens = torch.full((self.n_rows, self.max_new + 1), self.pad, dtype=torch.long,
                                  device=device)
@@ -361,14 +328,16 @@ class RowLoop:
         return None
 
     def retire(self, batch: StepRows, flags: StepFlags) -> None:
-        """Each row that ended, with why (its rule's ``reason``), to the result and the
-        observers."""
+        """Each row that ended, with why (its rule's ``reason``), to the result and the observers."""
         candidates = flags.ended
         if not candidates:
             return
         # rows a text rule flagged before any sure rule: their tokens, read back in one copy
         to_read = [i for i in candidates if self.text_first(i, flags)]
-        texts = dict(zip(to_read, self.read_tokens(batch, to_read))) if to_read else {}
+        texts = {}
+        if to_read:
+            index = torch.tensor([batch.rows[i] for i in to_read], dtype=torch.long, device=self.device)
+            texts = dict(zip(to_read, self.tokens.index_select(0, index).tolist()))
         ended: list[int] = []
         for i in candidates:
             rule = self.ending_rule(i, flags, texts)
@@ -391,22 +360,14 @@ class RowLoop:
         return next((rule.needs_text for rule, fired in zip(self.rules, flags.fired) if fired[i]),
                     False)
 
-    def read_tokens(self, batch: StepRows, positions: list[int]) -> list[list[int]]:
-        """These batch positions' generated tokens so far (one device-to-host copy)."""
-        rows = torch.tensor([batch.rows[i] for i in positions], dtype=torch.long,
-                            device=self.device)
-        return self.tokens.index_select(0, rows).tolist()
-
     def outputs(self) -> GenerationResult:
         steps = max(self.result.gen_tokens, default=0)
-        out = torch.cat([self.input_ids, self.tokens[:, :steps]], dim=1)
-        self.result.sequences = out
+        self.result.sequences = torch.cat([self.input_ids, self.tokens[:, :steps]], dim=1)
         return self.result
 
 
 def generate_rows(model, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, *,
-                  max_new_tokens: int | Sequence[int], eos_token_ids: set[int],
-                  pad_token_id: int,
+                  max_new_tokens: int | Sequence[int], eos_token_ids: set[int], pad_token_id: int,
                   stop: list[str] | None = None, decode: Callable[[list[int]], str] | None = None,
                   sampling: SamplingConfig | None = None, config: LoopConfig | None = None,
                   observers: Sequence[LoopObserver] = ()) -> GenerationResult:
@@ -418,8 +379,7 @@ def generate_rows(model, input_ids: torch.LongTensor, attention_mask: torch.Tens
     ``config``: how the rows are batched (``LoopConfig``: rows in flight, cache budget,
     admission, the answer-truncation threshold). ``observers`` are told which rows each forward
     holds, each row as it ends (with its tokens if one asks), and the time of each phase
-    (``engine.observers``). Settings the loop cannot reproduce exactly raise
-    ``UnsupportedGeneration`` before any forward.
+    (``engine.observers``).
     """
     return RowLoop(model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
                    eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, stop=stop,

@@ -92,7 +92,7 @@ class Observers:
         self.finishers = [o for o in self.all if defines(o, "row_finished")]
         self.wants_tokens = any(getattr(o, "wants_tokens", False) for o in self.all)
         timers = [o for o in self.all if defines(o, "phase")]
-        self.phase = timers[0].phase if timers else no_phase
+        self.phase = timers[0].phase if timers else LoopObserver().phase
         self.timers = [o for o in timers if isinstance(o, StepTimer)]
 
     def begin_forward(self, rows: torch.LongTensor, prefill: bool) -> None:
@@ -113,8 +113,3 @@ def defines(observer: Any, event: str) -> bool:
     """Whether ``observer`` does something on ``event`` (not ``LoopObserver``'s no-op)."""
     method = getattr(type(observer), event, None)
     return method is not None and method is not getattr(LoopObserver, event)
-
-
-@contextmanager
-def no_phase(name: str, device: torch.device) -> Iterator[None]:
-    yield

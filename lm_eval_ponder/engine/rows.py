@@ -1,17 +1,13 @@
 """The rows in flight of the generation loop, and the dynamic cache layout.
 
-Everything here is bookkeeping whose cost must follow what changes, not the batch: a decode
-step touches no per-row Python state; a row that finishes is only marked dead (its slot keeps
-decoding a pad token, masked out of every choice) until the batch is compacted, which copies
-the cache once for many finished rows instead of once per step in which any row finished
-(``DynamicRows.needs_compaction``); a group of waiting rows joins in one merge.
-
-``pad_cols`` counts each row's leading padding columns in the cache (all of a row's keys sit at
-its right end), ``rows`` its original index in the call. Host lists are mirrored on the device
-(``*_t``) and refreshed only when the batch changes, so a decode step copies nothing from the
-host. ``Rows`` owns the lists and their mirrors; ``DynamicRows`` adds a ``DynamicCache`` whose
-batch and columns follow the live rows, and implements ``CacheLayout``, the one protocol the
-loop drives.
+Bookkeeping whose cost follows what changes, not the batch: a decode step touches no per-row
+Python state; a finished row is only marked dead (its slot decodes a pad token, masked out of
+every choice) until one compaction copies the cache for many finished rows
+(``DynamicRows.needs_compaction``); a group of waiting rows joins in one merge. ``pad_cols``
+counts a row's leading padding columns in the cache (its keys sit at the right end). Host
+lists are mirrored on the device (``*_t``), refreshed only when the batch changes. ``Rows``
+owns the lists and mirrors; ``DynamicRows`` adds a ``DynamicCache`` that follows the live rows
+and implements ``CacheLayout``, the one protocol the loop drives (docs/design/generation.md).
 """
 
 from __future__ import annotations
@@ -137,10 +133,9 @@ class CacheLayout(StepRows, Protocol):
     (``n_alive``, ``n_dead``, ``live_rows``), prefilled groups ``admit``, finished rows
     ``retire`` (masked until the layout drops them), each decode step takes its ``inputs`` and
     then ``advance``s one column. The layout's own upkeep runs at two points: ``make_room``
-    before a group is prefilled and ``compact_after`` after a decode step (the compaction).
-    Counters of that upkeep go to ``work``
-    (``GenerationResult``'s fields). ``tests/engine/test_loop_protocol.py`` checks that the
-    loop touches nothing of a layout that these two protocols do not name."""
+    before a group is prefilled and ``compact_after`` after a decode step; its counters go to
+    ``work`` (``GenerationResult``'s fields). ``tests/engine/test_loop_protocol.py`` checks that
+    the loop touches nothing of a layout that these two protocols do not name."""
 
     @property
     def n_alive(self) -> int: ...

@@ -1,27 +1,23 @@
 """How the generation loop chooses the next token: ``generate``'s settings, merged as
 ``generate`` merges them, and applied to the rows in flight only.
 
-Kept apart from the loop (``engine.loop``) because it is the one place that must
-agree with transformers token for token: the same processor and warper classes in the same
-order, the repetition penalty over each row's own history, EOS blocked until
-``min_new_tokens``. Anything else raises ``UnsupportedGeneration`` and the caller uses
-``generate`` instead.
+Kept apart from the loop because it is the one place that must agree with transformers token
+for token: the same processor and warper classes in the same order, the repetition penalty over
+each row's own history, EOS blocked until ``min_new_tokens``. Anything else raises
+``UnsupportedGeneration`` and the caller uses ``generate`` instead.
 
-Greedy decoding without processors (the common case: every greedy lm-eval task on a model
-whose generation config adds nothing) takes the maximum straight from the model's logits in
-their own dtype: casting bf16 to float32 keeps every value and their order, so the choice is
-``generate``'s, without a [rows, vocab] float32 copy per step. ``first_max_index`` is the
-exact reduction used: the first index of a tie, a NaN as the maximum, as ``argmax`` does
-(tested). On a CPU, torch's index-returning reductions are not vectorised (at 256 rows of a
-49,152-token vocabulary: ``argmax`` 11 ms in float32 and 45 ms in bf16, ``max(dim=-1)`` 11 ms
-in both; one AMD EPYC core) while value reductions are: numpy's ``argmax`` takes 1.5 ms in
-float32. In bf16 and fp16 a non-negative float orders as its bit pattern read as a signed
-16-bit integer, and every negative float reads as a negative integer, so numpy's integer
+Greedy decoding without processors (every greedy lm-eval task on a model whose generation config
+adds nothing) takes the maximum of the logits in their own dtype (casting bf16 to float32 keeps
+values and order), with no [rows, vocab] float32 copy per step, by ``first_max_index``: exactly
+``argmax`` (the first index of a tie, a NaN as the maximum; tested). On a CPU torch's
+index-returning reductions are not vectorised (256 rows of a 49,152-token vocabulary, one AMD
+EPYC core: ``argmax`` 11 ms in float32 and 45 ms in bf16, ``max(dim=-1)`` 11 ms in both) while
+numpy's ``argmax`` is (1.5 ms in float32). A non-negative bf16/fp16 float orders as its bits
+read as a signed 16-bit integer and every negative float reads as negative, so numpy's integer
 ``argmax`` over the bits is the float ``argmax`` of every row whose maximum is positive and
-finite; with the pass that finds negative NaNs (their bits hide below every positive value)
-the choice takes about 2 ms at 256 rows in the loop, against 5.3 ms for ``amax`` then the
-first bit-equal element, and 45 ms for torch's bf16 ``argmax`` (``benchmarks/step_cost.py``).
-Elsewhere (CUDA) ``max(dim=-1).indices`` is one kernel.
+finite; with the pass that finds negative NaNs the choice takes about 2 ms at 256 rows in the
+loop, against 5.3 ms for ``amax`` then the first bit-equal element and 45 ms for torch's bf16
+``argmax`` (``benchmarks/step_cost.py``). Elsewhere (CUDA) ``max(dim=-1).indices`` is one kernel.
 """
 
 from __future__ import annotations
@@ -211,9 +207,7 @@ def check_supported(merged: GenerationConfig) -> None:
     if mode not in ("greedy_search", "sample", "GenerationMode.GREEDY_SEARCH",
                     "GenerationMode.SAMPLE"):
         raise UnsupportedGeneration(f"generation mode {mode}")
-    baseline = GenerationConfig()
-    baseline.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
-    reference = baseline.to_dict()
+    reference = merged_config(None, {}).to_dict()  # transformers' defaults alone
     for key, value in merged.to_dict().items():
         if key not in reference or key in _IGNORED_FIELDS or key in _HANDLED_FIELDS:
             continue  # custom entries (not GenerationConfig fields) are ignored by generate
@@ -299,14 +293,12 @@ def draw_tokens(probs: torch.Tensor, generator: torch.Generator | None = None,
 
     Why not ``torch.multinomial(probs, 1)`` alone: on CPU it draws one random number per
     vocabulary entry, 190 ms per step for 128 rows of SmolLM2's 49k vocabulary, a sixth of a
-    sampled rollout build's time. After top-k (on by default in most generation configs: 50)
-    nearly every entry is exactly 0, and a draw among the positive entries has the same
-    distribution. ``expected_support`` (the top-k) is a hint, checked rather than trusted: bf16
-    logits tie often, and top-k keeps every tie at the k-th value (SmolLM2: 51-65 entries at
-    k = 50). So the 2k+1 largest entries are taken, and only if the last is 0 in every row is
-    the draw made among the first 2k; otherwise it is the full draw.
-    A retired benchmark measured it (``docs/results/history.md``). The random stream differs from a
-    full-vocabulary draw: a seed reproduces this function's samples, not ``generate``'s.
+    sampled rollout build's time (a retired benchmark, ``docs/results/history.md``). After top-k
+    (50 by default in most generation configs) nearly every entry is 0, and a draw among the
+    positive ones has the same distribution. ``expected_support`` (the top-k) is checked, not
+    trusted: bf16 logits tie often and top-k keeps every tie (SmolLM2: 51-65 entries at k = 50),
+    so the draw is among the first 2k of the 2k+1 largest entries only where the last is 0 in
+    every row. A seed reproduces this function's samples, not ``generate``'s.
     """
     vocab = probs.shape[-1]
     if expected_support is not None and 0 < 2 * expected_support < vocab:
@@ -384,11 +376,10 @@ class TokenChooser:
         """Temperature then top-k then a draw, as ``generate`` does them, from each row's 2k+1
         largest logits instead of the whole vocabulary (a float32 copy, four passes over it
         and two ``topk`` calls: 58 against 13.5 ms per step at 128 rows of bf16 logits on one
-        CPU core; a retired benchmark, ``docs/results/history.md``). Exact in distribution: dividing by
-        the temperature keeps the order, so the k-th largest scaled score is the k-th
-        largest logit scaled, and every entry ``TopKLogitsWarper`` keeps (score >= that
-        value, ties included) is among the candidates unless the (2k+1)-th ties with it, or
-        a NaN is there: then None, and the caller takes the full path."""
+        CPU core; a retired benchmark, ``docs/results/history.md``). Exact in distribution:
+        dividing by the temperature keeps the order, so every entry ``TopKLogitsWarper`` keeps
+        (score >= the k-th largest, ties included) is among the candidates unless the (2k+1)-th
+        ties with it, or a NaN is there: then None, and the caller takes the full path."""
         k, vocab = self.sampling.top_k, logits.shape[-1]
         if 2 * k + 1 >= vocab:
             return None

@@ -1,30 +1,25 @@
 """How a row ends: every stopping rule behind one interface (``StopRule``), and the stop
 strings, checked only where a new token can complete one.
 
-A rule looks at one decode step on the device (``StepView``: the tokens just chosen, the raw
-logits they were chosen from, each row's count and limit) and flags the rows it ends; the loop
-reads every rule's flags back in the step's one host sync, and the first rule in order that
+A rule looks at one decode step on the device (``StepView``) and flags the rows it ends; the
+loop reads every rule's flags back in the step's one host sync, and the first rule in order that
 fires names the row's ``finish_reason``. A rule whose flags are only candidates (stop strings)
-confirms each on the row's decoded text; a rule that does not keep the token it stopped at
-(``keeps_token=False``: the answer stop of ``min_top_prob``) has it dropped, its forward still
-priced by the caller. The loop always runs ``EndOfText``, ``StopStrings`` and ``LengthLimit``;
-a caller adds answer stops through ``LoopConfig.stops``, so a new rule is one class here and
-one entry in ``generation.settings.ANSWER_STOPS`` (its model arg).
+confirms each on the row's decoded text; one that does not keep the token it stopped at
+(``keeps_token=False``: ``min_top_prob``'s) has it dropped, its forward still priced by the
+caller. The loop always runs ``EndOfText``, ``StopStrings`` and ``LengthLimit``; a caller adds
+answer stops through ``LoopConfig.stops``, so a new rule is one class here and one entry in
+``generation.settings.ANSWER_STOPS`` (its model arg).
 
 Stop strings: lm-eval ends a generation at the first occurrence of any ``until`` string in the
-decoded text (EOS's own text is always among them). Decoding every row's text at every step to
-look for them cost as much host time per step as a small model's forward on a GPU (4,353
-decodes, 0.13 s, in a 32-step profile of 128 rows). But an occurrence that the newest token
-completes must end inside that token's text: the text before it held no occurrence. So only a
-token whose text holds the last character of some stop string can complete one, and only rows
-that just emitted such a token are decoded.
-
-Decoding is not additive (a byte-fallback piece decodes to nothing or to U+FFFD alone, a
-SentencePiece word-start drops its space at the start of a text, special tokens decode to
-nothing), so a token is a candidate when its text alone, or its text after a plain prefix
-token, contains one of those last characters, or either is empty or holds U+FFFD. The table
-is built once per (decoder, stop strings, vocabulary) and kept. A candidate row is confirmed
-on its own decoded text, as before: a row never stops before a stop string is complete.
+decoded text. Decoding every row at every step cost as much host time per step as a small
+model's forward on a GPU (4,353 decodes, 0.13 s, in a 32-step profile of 128 rows). But an
+occurrence the newest token completes ends inside that token's text, so only rows whose new
+token's text holds the last character of some stop string are decoded. Decoding is not additive
+(byte-fallback pieces decode to nothing or U+FFFD, a SentencePiece word-start drops its space
+at the start of a text, special tokens decode to nothing), so a token is a candidate when its
+text alone, or after a plain prefix token, holds one of those characters, or either is empty
+or holds U+FFFD. The table is built once per (decoder, stop strings, vocabulary); a candidate
+is confirmed on its row's decoded text, so a row never stops before a stop string is complete.
 """
 
 from __future__ import annotations
@@ -171,7 +166,7 @@ class StopStrings:
     """Per-row stop-string checks for the generation loop (a ``StopRule``).
 
     ``candidates(tokens)`` marks, on the device, the rows whose newest token can complete a stop
-    string; ``hit(generated)`` confirms one row on its decoded text (a window of its last
+    string; ``confirm(generated)`` checks one row on its decoded text (a window of its last
     tokens first: 4 tokens per stop character plus 4, then the whole text if the window hits).
     """
 
@@ -207,9 +202,6 @@ class StopStrings:
         return self.candidates(step.tokens)
 
     def confirm(self, generated: list[int]) -> bool:
-        return self.hit(generated)
-
-    def hit(self, generated: list[int]) -> bool:
         assert self.decode is not None
         tail = self.decode(generated[-self.window:])
         if not any(s in tail for s in self.stops):

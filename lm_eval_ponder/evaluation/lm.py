@@ -57,7 +57,7 @@ from lm_eval_ponder.generation.settings import (
     unknown_model_arg,
 )
 from lm_eval_ponder.pondering.dynamics import PonderConfig
-from lm_eval_ponder.pondering.hook import UNSTEERED, CallSteering
+from lm_eval_ponder.pondering.hook import UNSTEERED
 from lm_eval_ponder.pondering.steered import Pondering
 from lm_eval_ponder.portable import backbone_record
 
@@ -250,12 +250,6 @@ class PonderLM(HFLM):
         return self.ponder.controller if self.ponder else None
 
     @property
-    def call_steering(self) -> CallSteering:
-        """How ``generate_until``'s calls are steered: this model's pondering, else its early
-        exit, else not at all."""
-        return self.ponder or self.early_exit or UNSTEERED
-
-    @property
     def ponder_config(self) -> PonderConfig:
         return self.ponder.config if self.ponder else self.ponder_args.config({}).validate()
 
@@ -327,7 +321,7 @@ class PonderLM(HFLM):
                     for chunk in self.chunks(group):
                         contexts = [requests[i].args[0] for i in chunk]
                         answers.add(chunk, self.generator.generate_texts(
-                            contexts, gen_kwargs, steer=self.call_steering,
+                            contexts, gen_kwargs, steer=self.ponder or self.early_exit or UNSTEERED,
                             on_text=answers.keeper(contexts), observers=[progress.observer()]))
             except KeyboardInterrupt:  # where it stopped; lmeval_cli adds what was kept
                 raise Interrupted(f"generation stopped after {answers.kept + progress.finished} "

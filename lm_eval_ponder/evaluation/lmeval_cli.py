@@ -1,43 +1,33 @@
 """Our seams in lm-eval's command line (``lm_eval``, ``lm_eval run``, ``python -m lm_eval``),
 for ``--model ponder`` runs: what is checked before anything loads, and how a run ends.
 
-lm-eval 0.4.13 reads its command line and ``--config`` file into an ``EvaluatorConfig``
-(``EvaluatorConfig.from_cli``) and runs it in ``Run._execute``. It writes results only after
-the whole evaluation, and a folder it cannot write then costs the run: one INFO line, exit
-status 0, results lost. Ctrl-C ends in a traceback of whatever frame it landed in. So, for a
-``ponder`` run:
-
-- ``check_config`` checks what lm-eval read before the model loads: ``--output_path`` can
-  be written (``files.check_output``), ``--num_fewshot`` is not negative, ``--batch_size`` is
-  a positive size or ``auto``;
-- the wrapped ``Run._execute`` ends the run as our commands end: a ``PonderError`` in one line (status 1,
-  as lm-eval's own exit for an uncaught error), Ctrl-C in one line saying where generation
-  stopped (``PonderLM.generate_until``'s ``Interrupted``), what ``--use_cache`` kept and the
-  command that resumes the run, status 130.
-
-The wrappers that put these in lm-eval's path are ``evaluation.lmeval_patches``' (installed by
-``lm_eval_ponder_autoload`` when ``lm_eval._cli.run`` is imported); other models' runs are
-left as lm-eval runs them.
+Why (docs/design/lm-eval.md, "lm-eval's command line"): lm-eval 0.4.13 writes results only
+after the whole evaluation, and a folder it cannot write then costs the run (one INFO line,
+exit status 0); Ctrl-C ends in a traceback of whatever frame it landed in. So ``check_config``
+checks what lm-eval read (``EvaluatorConfig.from_cli``) before the model loads, and the wrapped
+``Run._execute`` ends a run as our commands end: a ``PonderError`` in one line (status 1),
+Ctrl-C in one line saying where generation stopped, what ``--use_cache`` kept and the command
+that resumes the run (status 130), written results checked (``check_written``). The wrappers
+are ``evaluation.lmeval_patches``' (installed by ``lm_eval_ponder_autoload`` when
+``lm_eval._cli.run`` is imported); other models' runs are left as lm-eval runs them.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from lm_eval_ponder.errors import (
-    STOPPED,
-    Interrupted,
-    PonderError,
-)
+from lm_eval_ponder.errors import STOPPED, Interrupted, PonderError
 from lm_eval_ponder.files import check_output
 
 MODEL = "ponder"
 # sampling settings of --gen_kwargs that must be numbers (temperature=abc failed in a traceback)
 NUMERIC_GEN_KWARGS = ("temperature", "top_p", "top_k", "min_p")
 CONFIG_ATTR = "_lm_eval_ponder_config"  # the EvaluatorConfig, kept on lm-eval's namespace
+MIN_FREE_MIB = 64  # what a run's results and samples logs may take, refused below it
 
 
 def check_batch_size(value: Any) -> None:
@@ -186,17 +176,12 @@ def stopped_line(exc: KeyboardInterrupt, cfg: Any) -> str:
     return "; ".join(part for part in (STOPPED, where, resume_text(cfg)) if part)
 
 
-MIN_FREE_MIB = 64  # what a run's results and samples logs may take, refused below it
-
-
 def check_written(output: Path, since: float, samples: bool) -> None:
     """lm-eval writes its results and samples after the whole run and only logs a failure to
     write them (an ``OSError`` at INFO: a full disk left 0-byte files and exit status 0). Each
     file this run wrote under ``output`` must be whole: the results JSON parses and names its
     tasks, every samples line parses. One line names the first that is not, and the run ends
     with status 1."""
-    import json
-
     folder = output.parent if output.suffix == ".json" else output
     results = [p for p in folder.rglob("results_*.json") if p.stat().st_mtime >= since - 1] \
         if folder.is_dir() else []
@@ -206,7 +191,7 @@ def check_written(output: Path, since: float, samples: bool) -> None:
         raise PonderError(f"lm-eval wrote no results file under {folder}: a full disk or a "
                           "failed write (lm-eval only logs it); free space and run again")
     for path in results:
-        problem = _json_problem(path, json.loads)
+        problem = _json_problem(path)
         if problem:
             raise PonderError(f"{path} is {problem}: lm-eval could not write it whole (a "
                               "full disk?); free space and run again")
@@ -215,23 +200,16 @@ def check_written(output: Path, since: float, samples: bool) -> None:
         stamp = path.stem[len("results_"):]
         for log in path.parent.glob(f"samples_*_{stamp}.jsonl"):
             # JSON Lines end at "\n" only: str.splitlines() also splits at U+2028, U+0085 and
-            # the like, which json.dumps leaves raw inside strings (lm-eval's GPQA has them)
-            for number, line in enumerate(jsonl_lines(log.read_text(errors="replace")), 1):
-                if _json_problem(None, json.loads, line):
+            # the like, which json.dumps leaves raw inside strings (lm-eval's GPQA has them).
+            # An empty file is one empty line, which is reported.
+            lines = log.read_text(errors="replace").removesuffix("\n").split("\n")
+            for number, line in enumerate(lines, 1):
+                if _json_problem(None, line):
                     raise PonderError(f"{log} line {number} is not whole JSON: lm-eval could not "
                                       "write its samples (a full disk?); free space and run again")
 
 
-def jsonl_lines(text: str) -> list[str]:
-    """The lines of a JSON Lines text (split at "\n" alone; one empty line for an empty
-    file, which the check reports)."""
-    lines = text.split("\n")
-    if len(lines) > 1 and lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-def _json_problem(path: Path | None, loads, text: str | None = None) -> str | None:
+def _json_problem(path: Path | None, text: str | None = None) -> str | None:
     """What is wrong with a JSON document (a file's, or ``text``), or None."""
     try:
         text = path.read_text() if path is not None else text
@@ -240,7 +218,7 @@ def _json_problem(path: Path | None, loads, text: str | None = None) -> str | No
     if not text or not text.strip():
         return "empty"
     try:
-        loads(text)
+        json.loads(text)
     except ValueError:
         return "cut short (not whole JSON)"
     return None

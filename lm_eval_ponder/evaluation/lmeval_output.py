@@ -1,24 +1,18 @@
 """What lm-eval itself writes for a ``--model ponder`` run: the folder its results land in and
-the FLOPs in its results table.
+the FLOPs in its results table (docs/design/lm-eval.md, "Result folders and the table").
 
-- **Result folder and ``model_name``.** lm-eval 0.4.13 names both after the ``pretrained=``
-  model arg (``GeneralConfigTracker.log_experiment_args``, sanitised by
-  ``lm_eval.utils.sanitize_model_name``), and without one, a random 8-letter id: every run of
-  the embedded default landed in ``<output_path>/qdpv68r5/``-like folders, and a local
-  directory gave ``__root__.cache__...``: this machine's home in a committed folder name. For
-  ``ponder`` runs we name them after the backbone instead (``SmolLM2-135M-Instruct``, a GGUF
-  file's stem, a Hub id as given, a local directory by its name and, where it records one, the
-  first 12 hex digits of its weights' SHA-256), sanitised the same way. The report and the
-  suite find results by ``rglob`` and read every layout.
-- **FLOPs in the table.** lm-eval prints every metric as ``f"{value:.4f}"``. Our tasks report
-  per-document FLOPs as ``flops.FlopCount`` (the same float, formatted readably); lm-eval's
-  ``mean`` keeps the type, and its standard error (``lm_eval.api.metrics.mean_stderr``) is
-  given the type back when its inputs have it. Nothing else reads the type: the numbers in
-  results files are unchanged.
+- **Result folder and ``model_name``.** lm-eval 0.4.13 names both after ``pretrained=``
+  (sanitised by ``lm_eval.utils.sanitize_model_name``), else a random 8-letter id: the embedded
+  default landed in ``qdpv68r5/``-like folders, and a local directory gave
+  ``__root__.cache__...``, this machine's home in a committed folder name. A ``ponder`` run is
+  named after its backbone instead (``ponder_model_name``), sanitised the same way. The report
+  and the suite find results by ``rglob`` and read every layout.
+- **FLOPs in the table.** lm-eval prints every metric as ``f"{value:.4f}"``; per-document FLOPs
+  are ``flops.FlopCount`` (the same float, formatted readably), whose type lm-eval's ``mean``
+  keeps and ``mean_stderr`` is given back. Results files hold the same numbers.
 
-Both are wrappers around lm-eval functions (``evaluation.lmeval_patches``), installed once when
-``evaluation.lm`` is imported (lm-eval imports it to build ``--model ponder``, before it logs
-the run's arguments).
+Both are wrappers in ``evaluation.lmeval_patches``, installed when ``evaluation.lm`` is imported
+(lm-eval imports it to build ``--model ponder``, before it logs the run's arguments).
 """
 
 from __future__ import annotations

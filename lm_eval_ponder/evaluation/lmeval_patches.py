@@ -57,13 +57,11 @@ def marked(function: Any) -> Any:
 # ----------------------------------------------------------------------------- tasks
 
 def cache_builtin_index(module) -> None:
-    """Build the index of lm-eval's own task folder once per process. lm-eval parses its
-    ~15,000 built-in YAML files on every ``TaskManager`` (about 10 s on a 2-core CPU), and
-    ``simple_evaluate`` makes one per call: a notebook or a test session that evaluates ten
-    times paid that ten times for files that cannot change while it runs. Other folders (ours,
-    ``--include_path``) are read afresh each time; the merge keeps lm-eval's order (later
-    folders override). The factory deep-copies an entry's config before use, so sharing the
-    cached entries is safe; each caller gets its own dict of copied entries all the same."""
+    """Build the index of lm-eval's own task folder once per process (module docstring: a
+    notebook that evaluates ten times paid the 10 s ten times for files that cannot change).
+    Other folders (ours, ``--include_path``) are read afresh each time; the merge keeps
+    lm-eval's order (later folders override). The factory deep-copies an entry's config before
+    use, so sharing the cached entries is safe; each caller gets its own dict of copies."""
     import copy
     from pathlib import Path
 

@@ -1,17 +1,14 @@
 """Sampled answers kept as they come, so an interrupted sampled run resumes mid-dataset.
 
-lm-eval's ``--use_cache`` keeps greedy answers only: it refuses every request with
-``do_sample`` because its key (prompt and generation kwargs) is the same for the N repeats of a
-Best-of-N question, so a cache would hand all N the same sample. Best-of-5 on GSM8K is 6,595
-sampled requests, hours of a CPU: without a cache a run that is stopped starts again from zero.
-
-Here each sampled answer gets its own key: the request's lm-eval key plus its occurrence
-``k`` among identical requests (0..N-1 for the repeats of one question). A resumed run takes the
-answers it has and draws only the missing ones. Samples of one request are exchangeable, so the
-merged answers are a valid sample at the run's settings, but not the sample an uninterrupted run
-with the same seed draws (the random stream and the batches differ): the model logs how many
-answers were kept. The store is lm-eval's own cache file, whose fingerprint stamp
-(``PonderLM.set_cache_hook``) already ties it to the model's settings.
+lm-eval's ``--use_cache`` refuses every request with ``do_sample``: its key (prompt and
+generation kwargs) is the same for the N repeats of a Best-of-N question. Best-of-5 on GSM8K is
+6,595 sampled requests, hours of a CPU, and without a cache a stopped run started from zero.
+Here each sampled answer is keyed by the request's lm-eval key plus its occurrence ``k`` among
+identical requests (0..N-1), in lm-eval's own cache file (stamped with the model's fingerprint,
+``PonderLM.set_cache_hook``). Samples of one request are exchangeable, so kept and new answers
+together are a valid sample, though not the one an uninterrupted run with the same seed draws
+(the random stream and the batches differ); the model logs how many were kept
+(docs/design/lm-eval.md, ``--use_cache``).
 """
 
 from __future__ import annotations
@@ -316,10 +313,8 @@ class CallAnswers:
     def keeper(self, contexts: Sequence[str]) -> Callable[[int, Any], Any] | None:
         """``on_text(row, text)`` for a call over ``contexts``: keeps each answer as its row
         ends (None without a store)."""
-        if self.store is None:
-            return None
         store = self.store
-        return lambda row, text: store.keep_early(contexts[row], text)
+        return None if store is None else lambda row, text: store.keep_early(contexts[row], text)
 
     def add(self, indices: Sequence[int], texts: Sequence[Any]) -> None:
         for i, text in zip(indices, texts):

@@ -17,6 +17,7 @@ metrics as estimated (``reporting.estimate``).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -54,12 +55,8 @@ def count_generated_tokens(
     prefix never removes a stop string that a shorter one contained), so it costs
     O(log n) decodes.
     """
-    limit = len(tokens)
     eos = set(eos_ids)
-    for i, token in enumerate(tokens):
-        if token in eos:
-            limit = i + 1
-            break
+    limit = next((i + 1 for i, token in enumerate(tokens) if token in eos), len(tokens))
     stops = [s for s in stops if s]
     if not stops or limit == 0:
         return limit
@@ -70,14 +67,8 @@ def count_generated_tokens(
 
     if not has_stop(limit):
         return limit
-    lo, hi = 1, limit  # has_stop(hi) is True
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if has_stop(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    # the shortest prefix of 1..limit with a stop (has_stop(limit) is True)
+    return 1 + bisect.bisect_left(range(1, limit), True, key=has_stop)
 
 
 def count_text_tokens(tokenizer, text: str, max_gen_toks: int | None = None) -> int:

@@ -86,9 +86,8 @@ def default_cache_gib(device: str, weight_bytes: int) -> float | None:
     model peak at 2.5-2.7 GiB resident for 0.25 GiB of bf16 weights; at 0.75 GiB (three
     times the weights) it peaked at 1.73-1.82 GiB and took 1.11-1.13x as long (one thread,
     AMD EPYC, two pairs run side by side; ``benchmarks/memory.py``, docs/results/speed.md):
-    on a CPU the rows a larger cache admits buy little. From
-    the total and the weights, not the free memory, so the batches, and with them bf16
-    outputs, do not depend on other jobs."""
+    on a CPU the rows a larger cache admits buy little. From the total and the weights, not
+    the free memory, so the batches, and with them bf16 outputs, do not depend on other jobs."""
     total = total_memory_bytes(device)
     if total is None:
         return None

@@ -1,39 +1,21 @@
 """Confidence-based early exit on the frozen backbone: CALM's softmax test, with no retraining.
 
 The paper's abstract says FR-Ponder compares favourably to early-exit baselines; this is ours,
-in the style of CALM (Schuster et al., 2022, "Confident Adaptive Language
-Modeling"), on the backbone exactly as it is shipped:
+in the style of CALM (Schuster et al., 2022, "Confident Adaptive Language Modeling"), on the
+backbone as shipped. docs/design/early-exit.md says what exits (decode steps only: the prompt
+runs every layer, so its cache is complete), the test (after each candidate layer the state
+goes through the final norm and LM head; the first candidate whose top-1 probability reaches
+``threshold`` exits, and its logits choose the token), the skipped layers' cache (CALM's state
+propagation: computed from the exit state) and the FLOPs (``flops.early_exit_step_flops``).
 
-- **Prefill.** The prompt runs every layer: later tokens attend to its keys and values in
-  every layer, so its cache must be complete, and its last position gives the first token
-  from the full model. Only decode steps exit.
-- **The test.** After each candidate layer (``ExitSettings.candidates``: every layer by
-  default, ``exit_layers=`` narrows it) the new token's state is read the way the model reads
-  its last layer's: the final norm, the LM head (and Gemma's logit soft-cap). The token exits
-  at the first candidate whose top-1 probability reaches ``threshold``, and that test's logits
-  choose it (greedy or sampled, as any token is chosen). The last layer is not a candidate:
-  there the full model answers anyway.
-- **Skipped layers' cache.** CALM's state propagation: the exit state is the input of every
-  layer after the exit, so their keys and values, which later tokens attend to, are computed
-  from it. (The alternatives, leaving the cache empty or recomputing it later, either changes
-  the attention of every later token or needs another pass.)
-
-Batched rows exit at different layers, so one forward cannot stop early for all of them.
-Rows that exited keep riding through the remaining layers with their output reset to the exit
-state after each layer: each skipped layer's attention then writes keys and values computed
-from the exit state (its input), and the final norm and LM head turn the exit state into the
-exit layer's logits. Wall time therefore does not shrink; FLOPs are charged as an early-exit
-implementation runs them (``flops.early_exit_step_flops``): the layers up to the exit, the key
-and value projections of the layers after it, and the tests a token went through. On an
-accelerator a test is computed for every row and masked for rows that exited already
-(selecting the others would read the mask back to the host at every layer); on the CPU only
-the running rows are tested (``ExitHook.running_probability``).
-
-The hook follows rows through the generation loop (``begin_forward``, as the steering hook
-does) and through ``model.generate`` (the same rows every forward, the prefill first). It
-records, per decode forward, each row's exit layer on the model's device; ``per_row`` reads
-them back once, after generation, and ``exit_accounting`` cuts each row's record to its own
-tokens (a finished row can ride in a few forwards after its last token).
+Batched rows exit at different layers, so one forward cannot stop early: a row that exited
+rides through the remaining layers with its output reset to the exit state after each layer,
+so each skipped layer's keys and values come from it and the final norm and LM head give the
+exit layer's logits. On an accelerator a test is computed for every row and masked for rows
+that exited (selecting them would read the mask back at every layer); on the CPU only the
+running rows are tested (``ExitHook.running_probability``). The hook follows rows through the
+generation loop (``begin_forward``) and ``model.generate``, records each decode forward's exit
+layers on the device, and ``exit_accounting`` cuts each row's record to its own tokens.
 """
 
 from __future__ import annotations
@@ -129,15 +111,13 @@ def parse_layers(spec: Any) -> tuple[int, int | None, int]:
         return 1, None, 1
     parts = str(spec).strip().split(":")
     try:
-        if len(parts) > 3:
-            raise ValueError
-        numbers = [None if p.strip() == "" else int(p) for p in parts] + [None] * (3 - len(parts))
+        numbers = [None if p.strip() == "" else int(p) for p in parts]
     except ValueError:
         numbers = []
-    if not numbers:
+    if not numbers or len(parts) > 3:
         raise PonderError(f"exit_layers must be start[:stop[:step]] in layers run (e.g. 16:30:2), "
                           f"got {spec!r}")
-    start, stop, step = numbers
+    start, stop, step = numbers + [None] * (3 - len(numbers))
     start = 1 if start is None else start
     step = 1 if step is None else step
     if start < 1 or step < 1 or (stop is not None and stop <= start):
@@ -164,8 +144,8 @@ def exit_accounting(spec: FlopsSpec, settings: ExitSettings, exits: torch.Tensor
     """A row's ``exit_layer`` (the mean number of layers that produced its generated tokens,
     the first, from the prefill, at the full depth) and ``flops`` (``flops.
     early_exit_generation_flops``, the prefill's logits kept as ``logits_to_keep`` says), from
-    the exit layers of its decode steps in order. Records
-    after its last token (a finished row waiting for the batch) are cut off."""
+    the exit layers of its decode steps in order. Records after its last token (a finished row
+    waiting for the batch) are cut off."""
     steps = [int(e) for e in exits[: max(gen_tokens - 1, 0)].tolist()]
     if len(steps) < gen_tokens - 1:
         raise RuntimeError(f"internal: {len(steps)} exit records for {gen_tokens} tokens")

@@ -2,11 +2,10 @@
 the backbone) and held by both callers: lm-eval's ``generate_until`` and the trainer.
 
 Why: the trainer needs of a model what a generation call needs (backbone, tokenizer, device,
-steering vector, batching, pricing), not lm-eval's ``LM``; every training function used to
-take ``PonderLM`` untyped and read some sixteen of its attributes. What must stay lm-eval's
-for both callers to generate as lm-eval does (HFLM's left-padded, left-truncated encoding,
-chat template and ``generate``, lm-eval's reading of generation kwargs) is handed over as
-callables, so nothing here imports lm-eval.
+steering vector, batching, pricing), not lm-eval's ``LM``. What must stay lm-eval's for both
+callers to generate as lm-eval does (HFLM's left-padded, left-truncated encoding, chat template
+and ``generate``, lm-eval's reading of generation kwargs) is handed over as callables, so
+nothing here imports lm-eval.
 """
 
 from __future__ import annotations

@@ -1,32 +1,23 @@
 """Progress of a generation call that keeps many rows in flight: a bar that moves per finished
 row with a rate that means something, and a status line while nothing finishes.
 
-Why: the loop (``engine.loop``) decodes up to ``max_rows`` rows at once, so the first
-row finishes only after most of the work of the first wave is done. A bar that extrapolates
-from finished rows then shows ``1/300 [01:33<7:44:00]`` while the run is on course for under an
-hour, and at the end the last long answers decode alone for minutes with the bar frozen at
-``45/50``. Both generation paths must be counted, our loop and transformers' ``generate``
-(``generation=hf``), and only the first tells its ``LoopObserver``s anything, so this module
-reads two things it can see from outside either:
+Why: the loop (``engine.loop``) decodes up to ``max_rows`` rows at once, so the first row
+finishes only after most of the first wave's work. A bar that extrapolates from finished rows
+then shows ``1/300 [01:33<7:44:00]`` for a run on course for under an hour, and at the end stays
+frozen at ``45/50`` while the last long answers decode for minutes. Both generation paths are
+counted (the loop and ``generate``, of which only the first tells ``LoopObserver``s anything)
+from two things visible outside either: finished rows (``finish``, the ``on_finish`` callback)
+and forward passes (``watch``: a pre-hook on the model). A pass over an empty cache is a
+prefill (its rows start, each yields a token); any other is a decode step, one token per row in
+flight (started minus finished). Under ``generate`` rows finish only with the batch, so its
+tokens include what finished rows keep decoding.
 
-- finished rows: ``finish`` is the ``on_finish`` callback;
-- forward passes: a forward pre-hook on the model (``watch``) sees each pass's batch. A pass
-  over an empty cache is a prefill (its rows have started, and each yields its first token);
-  any other pass is a decode step, which yields one token per row in flight (started minus
-  finished). So "tokens so far" counts the tokens of live rows only, in the loop as in
-  transformers' ``generate``; under ``generate`` (``generation=hf``) rows finish only when the
-  whole batch does, so there its rows in flight are the batch and its tokens include what
-  finished rows keep decoding.
-
-The bar shows finished/total requests, then rows in flight, tokens and tokens per second, and
-an estimate of the time left only once as many rows have finished as were ever in flight at
-once (before that, every finished row is one of the shortest, and extrapolating from them is
-the dishonest rate above). During a long tail (no row finished for ``STATUS_EVERY_S``), one
-status line at most every ``STATUS_EVERY_S`` gives rows finished, rows in flight, tokens so far
-and the token rate. Bar and line read the same counters at the same moment (``figures``; the
-bar is redrawn with them every few seconds, not only when a row finishes, and when a line is
-written): once they showed different token counts and rates side by side. It
-cannot say how far along each row in flight is, nor how many tokens a row will need.
+The bar shows finished/total requests, rows in flight, tokens and tokens per second, and a time
+left only once as many rows have finished as were ever in flight at once (before that, each
+finished row is one of the shortest). With no row finished for ``STATUS_EVERY_S``, a status
+line at most every ``STATUS_EVERY_S`` says the same. Bar and line read the same counters at the
+same moment (``figures``): once they showed different token counts side by side. It cannot say
+how far along each row in flight is, nor how many tokens a row will need.
 """
 
 from __future__ import annotations

@@ -22,9 +22,7 @@ import torch
 
 from lm_eval_ponder.engine import StopRule, TopProbBelow
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.pondering.dynamics import (
-    PonderConfig,
-)
+from lm_eval_ponder.pondering.dynamics import PonderConfig
 from lm_eval_ponder.pondering.steered import Pondering, Steering, short_sha
 from lm_eval_ponder.resources import shipped_controller_dir
 
@@ -168,10 +166,8 @@ def check_controller_backbone(directory: Path, recorded: dict, backbone_name: st
     name, sha = recorded.get("backbone_name"), recorded.get("backbone_sha256")
     if sha and backbone_sha256:
         same = sha == backbone_sha256
-    elif name:
-        same = str(name).lower() == str(backbone_name).lower()
-    else:
-        return
+    else:  # a controller that records no backbone is not checked
+        same = not name or str(name).lower() == str(backbone_name).lower()
     if same:
         return
 

@@ -8,22 +8,17 @@ controller_hidden, controller_output):
     g2 = GELU(W2 g1 + b2)                   512 -> 512
     p  = sigmoid((w . g2 + b) / temperature)
 
-Two widths, two names: ``d_model`` is the backbone's width d (the hidden state the controller
-reads), ``width`` the controller's own hidden width (512 in the paper).
-
-The paper promises at most 1M parameters. With 512 hidden units that holds for d <= 1024
-(0.79M at d=1024, 0.72M at d=896 for Qwen2.5-0.5B, 0.56M at d=576 for SmolLM2-135M) but not for
-the paper's own larger backbones (d=2048..4096 would need 1.3M..2.4M). Our choice: for
-d > 1024 a *fixed* (never trained) seeded Gaussian projection d -> 1024 sits between the
-LayerNorm and W1, so the learned parameters stay under 1M and the 512-unit layers stay as
-written. The projection is a buffer, saved with the weights, and counted separately
-(``n_fixed``). Any other configuration that would exceed ``MAX_PARAMS`` is refused.
+The paper's at most 1M parameters hold for d <= 1024 (0.79M at d=1024, 0.72M at d=896 for
+Qwen2.5-0.5B, 0.56M at d=576 for SmolLM2-135M), not for its larger backbones (d=2048..4096 would
+need 1.3M..2.4M). For d > 1024 a *fixed* (never trained) seeded Gaussian projection d -> 1024
+sits between the LayerNorm and W1: a buffer saved with the weights and counted separately
+(``n_fixed``). Any other configuration over ``MAX_PARAMS`` is refused (docs/design/paper-gaps.md,
+"Controller size").
 
 Checkpoints are a directory with ``controller.safetensors`` (weights, never pickle) and
-``config.json`` (sizes and metadata), each written atomically. ``config.json`` names the sizes
-``d_model`` and ``width``; it once named them ``hidden_size`` and ``hidden``, which it
-still writes beside the new keys (so code from before can load a new controller) and which the
-loader reads where the new keys are absent (the shipped controllers have only those).
+``config.json`` (sizes and metadata), each written atomically. Its sizes ``d_model`` and
+``width`` are also written under their old names ``hidden_size`` and ``hidden`` (for older
+code), which the loader reads where the new keys are absent (the shipped controllers).
 """
 
 from __future__ import annotations
@@ -75,11 +70,9 @@ class PonderController(nn.Module):
             raise PonderError(f"controller temperature must be > 0 (got {temperature})")
         n = count_params(d_model, width)
         if n > MAX_PARAMS:
-            raise PonderError(
-                f"a controller with d_model={d_model} and width={width} would have "
-                f"{n:,} learned parameters, over the paper's budget of {MAX_PARAMS:,}; "
-                "use a smaller `width`"
-            )
+            raise PonderError(f"a controller with d_model={d_model} and width={width} would have "
+                              f"{n:,} learned parameters, over the paper's budget of {MAX_PARAMS:,}; "
+                              "use a smaller `width`")
         self.d_model = d_model
         self.width = width
         self.temperature = float(temperature)
@@ -260,10 +253,8 @@ def load_controller(
         raise PonderError(
             f"unreadable controller config {directory / CONFIG_FILE}: {error}") from None
     if expected_d_model is not None and d_model != expected_d_model:
-        raise PonderError(
-            f"controller {directory} was trained for a backbone of width {d_model}, but the "
-            f"backbone has width {expected_d_model}: train a controller for this backbone"
-        )
+        raise PonderError(f"controller {directory} was trained for a backbone of width {d_model}, but the "
+                          f"backbone has width {expected_d_model}: train a controller for this backbone")
     # The checkpoint overwrites the layers' random initialisation; drawing that from the global
     # generator would shift a seeded run's sampling stream, so that FP-Direct with a controller
     # that halts at once would not sample the tokens FR samples at the same offset and seed.
@@ -277,9 +268,7 @@ def load_controller(
     wanted = {k: tuple(v.shape) for k, v in controller.state_dict().items()}
     found = {k: tuple(v.shape) for k, v in tensors.items()}
     if wanted != found:
-        raise PonderError(
-            f"controller weights in {directory} do not match its config.json "
-            f"(expected {wanted}, found {found})"
-        )
+        raise PonderError(f"controller weights in {directory} do not match its config.json "
+                          f"(expected {wanted}, found {found})")
     controller.load_state_dict(tensors, strict=True)
     return controller.eval(), config

@@ -1,25 +1,20 @@
 """Latent pondering: evolve a hidden state along a steering vector until the controller halts.
 
 Paper (Methodology, "State Evolution"): z_{k+1} = z_k + alpha_k h with alpha_k = alpha0 e^{-beta k}
-(eq. evolution), and the controller halts at the first k with phi(z_k) <= tau. Because every
-step moves along the same h, z_k = z_0 + c_k h with c_k a known scalar, so all K_max+1
-candidate states are known up front: one batched controller call scores them all and the
-halting depth is the first index under tau. No Python loop over k, ever.
+(eq. evolution); the controller halts at the first k with phi(z_k) <= tau. Every step moves along
+the same h, so z_k = z_0 + c_k h with known scalars c_k: one batched controller call scores all
+K_max+1 candidate states, and the halting depth is the first index under tau. No Python loop
+over k, ever.
 
-Units. ``PonderConfig.alpha0`` and ``alpha_start`` are *fractions of a reference
-residual-stream norm* (e.g. the mean norm of the steering layer's output at the last prompt
-token), not absolute sizes: the caller multiplies by that norm (``SteeringHook(scale=...)``,
-``ponder(h=scale * vector)``). Measured on SmolLM2-135M (``docs/design/paper-gaps.md``), useful offsets
-are ~15% of a norm of ~163, so a fraction transfers across backbones where a raw alpha would not.
-
-``alpha_start`` is a signed offset applied before any pondering (depth 0). The paper's steps
-only push along h ("deliberate"); starting at, say, -0.15 (concise) lets a controller that
-ponders land on either side of the unsteered model.
-
-Granularity (the paper disagrees with itself, ``docs/design/paper-gaps.md``): ``"prompt"``
-ponders once on the last prompt token and keeps that offset for the whole answer (appendix
-algorithm); ``"token"`` ponders afresh at every decoding step (introduction).
-``pondering.hook.SteeringHook`` implements both.
+Units: ``alpha0`` and ``alpha_start`` are fractions of a reference residual-stream norm, which
+the caller multiplies in (``SteeringHook(scale=...)``, ``ponder(h=scale * vector)``): on
+SmolLM2-135M useful offsets are ~15% of a norm of ~163, so a fraction transfers across backbones
+where a raw alpha would not. ``alpha_start`` is a signed offset before any pondering (depth 0):
+the paper's steps only push toward "deliberate", and a concise start lets a controller land on
+either side of the unsteered model. Granularity: ``"prompt"`` ponders once on the last prompt
+token (appendix algorithm), ``"token"`` at every decoding step (introduction);
+``pondering.hook.SteeringHook`` implements both. docs/design/paper-gaps.md says where the paper
+disagrees with itself and what we chose.
 """
 
 from __future__ import annotations
@@ -246,12 +241,11 @@ class TokenPolicy:
     sampled halting depth per row at every decoded token, recorded with the state it was
     sampled on (``training.grpo.GRPOTrainer.token_policy`` makes one per rollout).
 
-    Rows marked ``teacher`` ponder their fixed teacher depth at every token instead. Every
-    decision stays on the backbone's device, with no host sync per token: on first sight of
-    that device the policy takes a read-only copy of the controller, the steering step, the
-    teacher flags and a sampler seeded from ``generator`` there (on the CPU: the controller
-    itself and ``generator`` itself). States are recorded there and moved to the CPU once, in
-    ``trajectories``, for the update. ``greedy``: halt as inference does (``halting_depth``);
+    Rows marked ``teacher`` ponder their fixed teacher depth at every token instead. No host
+    sync per token: on first sight of the backbone's device (``to``) the policy takes a
+    read-only copy there of what every decision reads, and a sampler seeded from ``generator``
+    (docs/design/generation.md, "No host sync per token"); states recorded there move to the
+    CPU once, in ``trajectories``. ``greedy``: halt as inference does (``halting_depth``);
     ``train_tau``: the threshold sampled halts, and the teacher's, also obey (None: none).
     """
 

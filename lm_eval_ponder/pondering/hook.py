@@ -57,8 +57,7 @@ class NoRowStatistics:
 class SteeredCall:
     """One generation call's steering once set up (``CallSteering.set_up``): its forward
     ``hook`` (a context manager and loop observer; None: nothing is added) and the statistics
-    it keeps per row (``rows``), from which ``generation.pricing`` prices each row. One typed
-    result: the pricing reads ``rows`` and no longer sorts hooks, deciders and exits itself."""
+    it keeps per row (``rows``), from which ``generation.pricing`` prices each row."""
 
     hook: LoopObserver | None = None
     rows: RowStatistics = field(default_factory=NoRowStatistics)
@@ -94,18 +93,17 @@ class SteeringHook(LoopObserver):
       those offsets are reused at every later step.
     - ``mode="token"``: ``decide`` is called at every forward pass on that pass's last state.
 
-    Rows that leave or join. Under ``model.generate`` every forward holds the same rows and the
-    first forward is the prefill. Our generation loop (``engine.loop``) drops finished rows and
-    prefills waiting ones into the running batch; as a ``LoopObserver`` the hook is told
-    (``begin_forward(rows, prefill)``) the original row indices in each forward, so a row's
-    prompt-mode offset (decided at its own prefill) and its decisions stay attached to it.
+    Rows that leave or join: under ``model.generate`` every forward holds the same rows, the
+    first being the prefill; the generation loop tells the hook (``begin_forward``) the original
+    rows of each forward, so a row's prompt-mode offset (decided at its own prefill) and its
+    decisions stay attached to it (docs/design/generation.md, "Steering follows its rows").
     ``expect_rows(n)`` sizes the per-row offset table once, so no host sync is needed.
 
-    ``z_last`` is the unsteered layer output in the model's dtype. ``self.decisions`` holds the
-    offsets each call returned and ``self.decision_rows`` the rows each call covered (None: all
-    rows), both on the model's device: no host sync in the hot path. Depths, if wanted, are
-    recorded by ``decide`` itself (see ``ControllerDecide``); ``per_row`` regroups any such
-    per-call record by row. The hook is removed on exit, also when the body raises.
+    ``z_last`` is the unsteered layer output in the model's dtype. ``decisions`` holds the
+    offsets each call returned and ``decision_rows`` the rows it covered (None: all rows), on
+    the model's device; depths, if wanted, are recorded by ``decide`` itself
+    (``ControllerDecide``), and ``per_row`` regroups any per-call record by row. The hook is
+    removed on exit, also when the body raises.
     """
 
     def __init__(self, model: nn.Module, layer: int, vector: torch.Tensor, scale: float,

@@ -12,13 +12,11 @@ they are typical (the arith ladder interleaves its levels; GSM8K is in no partic
 and a pilot's batches are smaller than a full run's (10 questions against ``--batch_size``), so
 its seconds per token, and the estimate, err long.
 
-For another backbone or device ("an estimate a user can trust before starting") the
-cost per token comes from ``benchmarks/scale.py --out FILE`` instead (``ScaleCost``: the loop's
-useful tokens per second on a random-weight model of that shape, replaying recorded answer
-lengths, plus the time to load it), and the tokens per question from a finished suite's logs
-(``read_lengths``: the committed ``results/suite``, compact logs included). The answer lengths
-are then the embedded backbone's; a larger model answers differently, which the estimate says.
-The paper-scale training is priced the same way (``training_tokens``).
+For another backbone or device the cost per token comes from ``benchmarks/scale.py --out FILE``
+instead (``ScaleCost``) and the tokens per question from a finished suite's logs
+(``read_lengths``: the committed ``results/suite``, compact logs included), so the answer
+lengths are the embedded backbone's, which the estimate says. The paper-scale training is
+priced the same way (``training_tokens``). How far either estimate held: docs/usage.md.
 """
 
 from __future__ import annotations

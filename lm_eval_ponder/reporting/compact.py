@@ -1,32 +1,21 @@
 """Per-sample logs in the form the repository keeps: one small xz file per run, holding what
 the reports read and no benchmark text, so finished runs can be committed and a leaderboard
-can span sessions and machines while the tracked tree stays small.
+can span sessions and machines while the tracked tree stays small (the measurements:
+docs/design/repository.md, "Samples logs").
 
-lm-eval's ``--log_samples`` file holds per question the document, the prompt, the answers
-(twice: ``resps`` and ``filtered_resps``) and three SHA-256 hashes: 1-3 MB per 500 questions.
-GPQA text must never enter the repository, and GSM8K/MATH500 text has no business there
-either. The reports need little of it: per question the scores, the accounting, the level,
-and (to refuse pooling two runs that disagree, and for ``testset.py verify``) whether two
-answers are the same. The compact log (``COMPACT``) keeps, per line of the full log:
+The compact log (``COMPACT``) keeps, per line of lm-eval's ``--log_samples`` file, ``doc_id``,
+the document's labels (``DOC_KEEP``), ``filter``, every numeric metric and ``resps_sha256``
+(pooling and ``testset.py verify`` compare answers only for equality: the first 16 hex digits
+of their SHA-256, a chance collision out of reach; the full hash cost 32 incompressible bytes
+per question); for our own synthetic data (``TEXT_KEPT``) also the document, target and prompt
+(case studies quote them, ``testset.py`` computes z_0 from the prompts), and the answers in a
+second file (``ANSWERS``), which ``read_samples`` merges back when present. Dropped, since no
+reader uses them: lm-eval's doc/prompt/target hashes, ``metrics``, and ``filtered_resps``
+where it is what the "none" filter makes of ``resps``.
 
-- ``doc_id``, the document's labels (``DOC_KEEP``: level, subject, identifiers), ``filter``
-  and every numeric metric (exact_match, gen_tokens, flops, ponder_steps, ...);
-- ``resps_sha256``: the first 16 hex digits of the SHA-256 of the answers (64 bits: a chance
-  collision between two different answers is out of reach; the full hash cost 32
-  incompressible bytes per question);
-- for our own synthetic data (``TEXT_KEPT``: the arith ladder) also the whole document, the
-  target and the prompt (``arguments``): the case studies quote the question and target, and
-  ``testset.py`` computes z_0 from the prompts.
-
-The answers of a ``TEXT_KEPT`` run go to a second file beside it (``ANSWERS``); the repository
-keeps only those a report quotes (see ``.gitignore``), and ``read_samples`` merges them back
-when present. Dropped: lm-eval's doc/prompt/target hashes (no reader uses them; ``doc_id``
-identifies a question within a task), ``metrics`` (the names of the numeric keys) and
-``filtered_resps`` where it is what lm-eval's "none" filter makes of ``resps``.
-
-The readers take every form a run may have: the full log (preferred: it has everything), the
-compact log, and the older text-free twin (``STRIPPED``, full hash), which the first committed
-runs had. Case studies, which quote text, skip runs whose answers are not at hand.
+The readers take every form a run may have: the full log (preferred), the compact log, and the
+older text-free twin (``STRIPPED``, full hash). Case studies skip runs whose answers are not at
+hand.
 """
 
 from __future__ import annotations
@@ -70,15 +59,10 @@ def default_filtered(resps: list) -> list:
 
 def compact_sample(sample: dict, keep_text: bool) -> tuple[dict, dict | None]:
     """A sample as the reports need it, and (``keep_text``, when it has answers) its answers."""
-    out: dict = {"doc_id": sample["doc_id"]}
     doc = sample.get("doc") or {}
-    out["doc"] = dict(doc) if keep_text else doc_labels(doc)
-    if keep_text:
-        for key in ("target", "arguments"):
-            if key in sample:
-                out[key] = sample[key]
-    if "filter" in sample:
-        out["filter"] = sample["filter"]
+    out: dict = {"doc_id": sample["doc_id"], "doc": dict(doc) if keep_text else doc_labels(doc)}
+    kept = ("target", "arguments", "filter") if keep_text else ("filter",)
+    out.update({key: sample[key] for key in kept if key in sample})
     for key, value in sample.items():  # the metrics: numbers only
         if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "doc_id":
             out[key] = value if math.isfinite(value) else None
@@ -97,28 +81,20 @@ def doc_labels(doc: dict) -> dict:
             and isinstance(doc[k], (int, float, str)) and len(str(doc[k])) <= 64}
 
 
-def drop_text(log: Path) -> bool:
-    """Rewrite a compact log without the texts a ``TEXT_KEPT`` dataset keeps (document, target,
-    prompt), for runs whose readers need only labels, metrics and answer digests: the model
-    organism's, whose 150 runs kept 20 KB of prompts each, a fifth of the tree's
-    limit. Whether it changed the file."""
-    rows = read_jsonl(log)
-    out = [{**{k: v for k, v in r.items() if k not in ("target", "arguments")},
-            "doc": doc_labels(r.get("doc") or {})} for r in rows]
-    if out == rows:
-        return False
-    write_jsonl_xz(log, out)
-    return True
-
-
 def drop_text_tree(root: Path) -> int:
-    """``drop_text`` on every compact log under ``root``; how many it rewrote."""
-    return sum(drop_text(log) for log in sorted(Path(root).rglob(f"samples_*{COMPACT}")))
-
-
-def dataset_of(log: Path) -> str:
-    """The dataset of a samples log from its name: samples_arith_ponder_cot_<stamp>... -> arith."""
-    return registry.dataset_of(log.name[len("samples_"):])
+    """Rewrite every compact log under ``root`` without the texts a ``TEXT_KEPT`` dataset keeps
+    (document, target, prompt), for runs whose readers need only labels, metrics and answer
+    digests: the model organism's, whose 150 runs kept 20 KB of prompts each, a fifth of the
+    tree's limit. How many logs it rewrote."""
+    changed = 0
+    for log in sorted(Path(root).rglob(f"samples_*{COMPACT}")):
+        rows = read_jsonl(log)
+        out = [{**{k: v for k, v in r.items() if k not in ("target", "arguments")},
+                "doc": doc_labels(r.get("doc") or {})} for r in rows]
+        if out != rows:
+            write_jsonl_xz(log, out)
+            changed += 1
+    return changed
 
 
 def form_of(log: Path) -> str | None:
@@ -150,7 +126,7 @@ def compact_file(log: Path) -> Path:
     with its answers file for a ``TEXT_KEPT`` dataset, and return the compact log's path."""
     if form_of(log) not in (FULL, STRIPPED):
         raise PonderError(f"not an lm-eval samples log: {log}")
-    keep_text = dataset_of(log) in TEXT_KEPT
+    keep_text = registry.dataset_of(log.name[len("samples_"):]) in TEXT_KEPT  # samples_<task>_...
     pairs = [compact_sample(s, keep_text) for s in read_jsonl(log)]
     answers = [a for _, a in pairs if a is not None]
     # the answers first: a compact log never names answers that are not beside it yet. Each

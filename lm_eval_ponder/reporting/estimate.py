@@ -15,6 +15,7 @@ the report says why: never a guessed number.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from lm_eval_ponder.errors import PonderError
@@ -34,13 +35,13 @@ def needs_estimate(samples: list[dict]) -> bool:
     return any(missing(s.get("gen_tokens")) for s in samples)
 
 
+@dataclass
 class Estimator:
     """A run's tokenizer and FLOPs shape (None: the architecture has no checked FLOPs count)."""
 
-    def __init__(self, tokenizer, spec: FlopsSpec | None, note: str | None = None) -> None:
-        self.tokenizer = tokenizer
-        self.spec = spec
-        self.note = note
+    tokenizer: Any
+    spec: FlopsSpec | None
+    note: str | None = None
 
     @classmethod
     def load(cls, model: str, args: dict[str, Any]) -> Estimator:
@@ -100,18 +101,6 @@ def request_arguments(sample: dict) -> tuple[str | None, dict]:
     return context, kwargs
 
 
-def fill_estimates(samples: list[dict], estimator: Estimator, pondering: bool) -> None:
-    """Fill the missing accounting of ``samples`` in place and mark them ``estimated``. A model
-    other than ponder did not ponder: its ``ponder_steps`` is 0, not unknown."""
-    for s in samples:
-        if not missing(s.get("gen_tokens")):
-            continue
-        s.update(estimator.sample_stats(s))
-        if not pondering and missing(s.get("ponder_steps")):
-            s["ponder_steps"] = 0.0
-        s["estimated"] = True
-
-
 class Estimators:
     """One ``Estimator`` per (model, args) for a whole report; a model that cannot be loaded is
     tried once and its reason kept."""
@@ -131,12 +120,18 @@ class Estimators:
         return self.loaded[key]
 
     def fill(self, samples: list[dict], model: str, args: dict[str, Any]) -> str | None:
-        """Estimate what ``samples`` lack; a note for the report when something stays NaN."""
+        """Fill what ``samples`` lack in place, marked ``estimated``; a note for the report when
+        something stays NaN. A model other than ponder did not ponder: its ``ponder_steps`` is
+        0, not unknown."""
         if not needs_estimate(samples):
             return None
         estimator = self.get(model, args)
         if isinstance(estimator, str):
             return f"tokens and FLOPs not estimated: {estimator}"
-        fill_estimates(samples, estimator, pondering=model == "ponder")
+        for s in samples:
+            if missing(s.get("gen_tokens")):
+                s.update(estimator.sample_stats(s))
+                if model != "ponder" and missing(s.get("ponder_steps")):
+                    s["ponder_steps"] = 0.0
+                s["estimated"] = True
         return estimator.note
-

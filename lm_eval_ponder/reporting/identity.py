@@ -117,21 +117,18 @@ def differing_keys(dicts: list[dict[str, Any]]) -> list[str]:
 CONVERTED_SUFFIX = re.compile(r"-[0-9a-f]{16}$")
 
 
-def path_label(text: str) -> str:
-    """A local path as the name of what it holds: the last part, less the converted-GGUF
-    cache's hash suffix (``~/.cache/.../SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f`` ->
-    ``SmolLM2-135M-Instruct.Q4_1``). A published page names no directory of the machine that
-    made it; the SHA-256 beside it identifies the weights."""
+def render(value: Any) -> str:
+    """A value as a page shows it: dtypes without "torch.", and a local path as the name of what
+    it holds, the last part less the converted-GGUF cache's hash suffix
+    (``~/.cache/.../SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f`` -> ``SmolLM2-135M-Instruct.Q4_1``):
+    a published page names no directory of the machine that made it; the SHA-256 beside it
+    identifies the weights. Display only: identities and their digests keep the values as
+    recorded."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = text.removeprefix("torch.")  # dtypes: "torch.bfloat16" -> "bfloat16"
     if not text.startswith(("/", "~")) or text.rstrip("/") in ("", "~"):
         return text
     return CONVERTED_SUFFIX.sub("", PurePath(text.rstrip("/")).name)
-
-
-def render(value: Any) -> str:
-    """A value as a page shows it: dtypes without "torch.", local paths as names. Display
-    only: identities and their digests keep the values as recorded."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return path_label(text.removeprefix("torch."))  # dtypes: "torch.bfloat16" -> "bfloat16"
 
 
 def shown(values: dict[str, Any], keys: list[str]) -> str:

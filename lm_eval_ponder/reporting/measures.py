@@ -33,8 +33,6 @@ def metrics(samples: list[dict]) -> dict[str, float]:
     """A run's cell of the leaderboard: accuracy, its 95% interval, n and mean costs. One seed:
     the Wilson interval of k/n; several (``n_seeds`` on the merged samples): a bootstrap over
     questions of the per-question means (``reporting.seeds``)."""
-    from lm_eval_ponder.reporting.seeds import bootstrap_interval
-
     n = len(samples)
     k = sum(float(s["exact_match"]) for s in samples)
     seeds = max((int(s.get("n_seeds", 1)) for s in samples), default=1)
@@ -52,10 +50,8 @@ def metrics(samples: list[dict]) -> dict[str, float]:
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     """Indices of points not dominated (lower cost and higher-or-equal accuracy)."""
-    front = []
-    for i, (c, a) in enumerate(points):
-        if not any((c2 <= c and a2 >= a) and (c2, a2) != (c, a) for c2, a2 in points):
-            front.append(i)
+    front = [i for i, (c, a) in enumerate(points)
+             if not any(c2 <= c and a2 >= a and (c2, a2) != (c, a) for c2, a2 in points)]
     return sorted(front, key=lambda i: points[i][0])
 
 
@@ -85,12 +81,8 @@ def strong_wins(fp: list[dict], base: list[dict]) -> tuple[int, int]:
 def strong_win_rate(fp: list[dict], base: list[dict]) -> dict[int, float]:
     """Per level, the fraction of questions that are strong wins (``strong_wins``); empty for
     a dataset without levels (GSM8K, GPQA), whose one rate ``strong_wins`` gives."""
-    out = {}
-    for level, ss in by_level(fp).items():
-        wins, n = strong_wins(ss, base)
-        if n:
-            out[level] = wins / n
-    return out
+    counts = {level: strong_wins(ss, base) for level, ss in by_level(fp).items()}
+    return {level: wins / n for level, (wins, n) in counts.items() if n}
 
 
 def paired_difference(samples: list[dict], base: list[dict]) -> dict[str, float] | None:

@@ -1,19 +1,13 @@
 """The report's figures, drawn so that a reader can compare methods at a glance and across
-figures.
-
-- A method keeps one colour in every figure: its family (Direct, CoT, BoN, FR, FP-Direct,
-  FP-CoT, FP-BoN) picks it, whatever else its label says, and the decoding policy of
-  ``suite --decoding`` picks the marker. Labels the table split for another reason (e.g.
-  ``[dtype=bfloat16]``) get hollow markers.
-- Accuracy is drawn with its 95% interval (Wilson's for one seed, a bootstrap over questions
-  for a mean over seeds; every caption says which), on a 0..1 axis that every panel shares, so
-  levels and datasets read on the same scale.
-- Fixed-alpha runs (FR at several alphas) are one curve through their points in order of cost:
-  a controller helps only where it lies above that curve beyond its interval. Early-exit runs
-  (EE at several thresholds) are one curve the same way.
-- Every figure comes with a caption that says which differences its intervals resolve and which
-  they do not. Overlapping unpaired 95% intervals are read as "not distinguishable": a
-  conservative reading (a paired test on the same questions can separate more).
+figures: a method keeps one colour in every figure (its family picks it, the decoding policy of
+``suite --decoding`` the marker; labels the table split for another reason, e.g.
+``[dtype=bfloat16]``, get hollow markers); accuracy is drawn with its 95% interval (Wilson's for
+one seed, a bootstrap over questions for a mean over seeds; every caption says which) on a 0..1
+axis that every panel shares, so levels and datasets read on one scale; FR runs at several
+alphas, and EE runs at several thresholds, are one curve through their points in order of cost
+(a controller helps only where it lies above that curve beyond its interval); every caption
+says which differences its intervals resolve. Overlapping unpaired 95% intervals are read as
+"not distinguishable": conservative, since a paired test on the same questions can separate more.
 """
 
 from __future__ import annotations
@@ -48,8 +42,6 @@ SPARE_COLOURS = ("#17becf", "#bcbd22", "#e377c2", "#000000", "#aec7e8", "#98df8a
 # families drawn as one curve through their points: the parameter the points differ in
 CURVES = {"FR": ("alpha", "="), "EE": ("p", ">=")}
 DECODING_MARKERS = {"greedy": "o", "t0.7": "s", "top_p0.95": "^", "top_k40": "D"}
-CI_READING = ("Overlapping intervals are read as not distinguishable (conservative for "
-              "unpaired intervals).")
 
 
 def interval_kind(stats) -> str:
@@ -66,7 +58,8 @@ def interval_kind(stats) -> str:
 
 
 def ci_note(stats) -> str:
-    return f"Error bars: {interval_kind(stats)}. {CI_READING}"
+    return (f"Error bars: {interval_kind(stats)}. Overlapping intervals are read as not "
+            "distinguishable (conservative for unpaired intervals).")
 
 
 class LabelledRun(Protocol):
@@ -112,8 +105,8 @@ def style(label: str) -> Style:
 def table_rank(label: str) -> tuple[int, str]:
     """Where a label's row goes in Table 1: by family in the paper's order (other families
     last), then by label."""
-    family = style(label).family
-    return (TABLE_ORDER.index(family) if family in TABLE_ORDER else len(TABLE_ORDER), label)
+    name = family(label)
+    return (TABLE_ORDER.index(name) if name in TABLE_ORDER else len(TABLE_ORDER), label)
 
 
 def curve_parameter(label: str) -> tuple[str, str, str] | None:
@@ -139,8 +132,6 @@ def curve_key(label: str) -> str | None:
 def distinguishability(stats: dict[str, dict], subject: str) -> str:
     """One sentence on what the intervals of ``stats`` (label -> ``metrics``) resolve: the
     best accuracy, which labels are within its interval and which are below it beyond it."""
-    if not stats:
-        return f"{subject}: no runs."
     ranked = sorted(stats.items(), key=lambda kv: -kv[1]["acc"])
     best, b = ranked[0]
     tied = [label for label, f in ranked[1:] if f["hi"] >= b["lo"]]
@@ -150,10 +141,8 @@ def distinguishability(stats: dict[str, dict], subject: str) -> str:
             f"[{b['lo']:.2f}, {b['hi']:.2f}].")
     if len(ranked) == 1:
         return text
-    if tied:
-        text += f" Not distinguishable from it: {', '.join(tied)}."
-    else:
-        text += " Its interval clears every other method's."
+    text += (f" Not distinguishable from it: {', '.join(tied)}." if tied
+             else " Its interval clears every other method's.")
     if below:
         text += f" Below it beyond the intervals: {', '.join(below)}."
     return text
@@ -170,7 +159,6 @@ def cost_labels(values: list[float]) -> list[str]:
     most) that write every tick as it is, so that no two read the same: costs within a few
     percent of each other (1.78e10 to 1.84e10) read 1.78e10, 1.8e10, 1.82e10, where two digits
     printed 1.8e10 under each."""
-    labels = [cost_label(v) for v in values]
     for digits in range(2, 7):
         labels = [cost_label(v, digits=digits) for v in values]
         if all(abs(float(label) - v) <= 1e-9 * abs(v) for label, v in zip(labels, values)):
@@ -231,9 +219,9 @@ def coincident(stats: dict[str, dict], cost: str = "flops", rtol: float = 1e-3) 
                    "cost and are drawn on top of each other." for g in groups if len(g) > 1)
 
 
-def _errorbar(ax, f: dict, x: float, st: Style, label: str | None, **extra) -> None:
-    ax.errorbar([x], [f["acc"]], yerr=[[f["acc"] - f["lo"]], [f["hi"] - f["acc"]]],
-                linestyle="none", capsize=3, label=label, **st.kwargs(), **extra)
+def error_bars(fs: list[dict], key: str = "acc") -> list[list[float]]:
+    """Error bars from each point's ``key`` down to its ``lo`` and up to its ``hi``."""
+    return [[f[key] - f["lo"] for f in fs], [f["hi"] - f[key] for f in fs]]
 
 
 def draw_accuracy_cost(ax, runs: list[tuple[str, dict]], cost: str = "flops",
@@ -245,7 +233,8 @@ def draw_accuracy_cost(ax, runs: list[tuple[str, dict]], cost: str = "flops",
         if key is not None:
             curves.setdefault(key, []).append((label, f))
             continue
-        _errorbar(ax, f, f[cost], style(label), label if legend else None)
+        ax.errorbar([f[cost]], [f["acc"]], yerr=error_bars([f]), linestyle="none", capsize=3,
+                    label=label if legend else None, **style(label).kwargs())
     for key, points in curves.items():
         points.sort(key=lambda lf: lf[1][cost])
         st = style(points[0][0])
@@ -253,9 +242,8 @@ def draw_accuracy_cost(ax, runs: list[tuple[str, dict]], cost: str = "flops",
         parameter, relation, _ = curve_parameter(points[0][0])
         values = [curve_parameter(label)[2] for label, _ in points]
         name = key.replace(f"({parameter}", f"({parameter}{relation}{', '.join(values)}", 1)
-        ax.errorbar(xs, [f["acc"] for f in fs],
-                    yerr=[[f["acc"] - f["lo"] for f in fs], [f["hi"] - f["acc"] for f in fs]],
-                    capsize=3, linestyle="-", label=name if legend else None, **st.kwargs())
+        ax.errorbar(xs, [f["acc"] for f in fs], yerr=error_bars(fs), capsize=3, linestyle="-",
+                    label=name if legend else None, **st.kwargs())
     ax.set_ylim(0, 1)
 
 
@@ -282,8 +270,7 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
     one accuracy-by-level chart; then tokens and depth by level."""
     import matplotlib.pyplot as plt
 
-    levelled = [(r, by_level(r.samples)) for r in group]
-    levelled = [(r, lv) for r, lv in levelled if lv]
+    levelled = [(r, lv) for r in group if (lv := by_level(r.samples))]
     if not levelled:
         return []
     levels = sorted({k for _, lv in levelled for k in lv})
@@ -311,13 +298,11 @@ def level_figures(dataset: str, group: list[LabelledRun], out: Path) -> list[tup
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     width = 0.8 / max(1, len(levelled))
     for j, (r, lv) in enumerate(levelled):
-        st = style(r.label)
         xs = [lev + (j - (len(levelled) - 1) / 2) * width for lev in lv]
         fs = [per[lev][r.label] for lev in lv]
-        ax.errorbar(xs, [f["acc"] for f in fs], capsize=2, label=r.label,
-                    yerr=[[f["acc"] - f["lo"] for f in fs], [f["hi"] - f["acc"] for f in fs]],
+        ax.errorbar(xs, [f["acc"] for f in fs], capsize=2, label=r.label, yerr=error_bars(fs),
                     linestyle="-" if curve_key(r.label) is None else ":", lw=0.8,
-                    **st.kwargs())
+                    **style(r.label).kwargs())
     ax.set(xlabel="level", ylabel="accuracy", title=f"{dataset}: accuracy by level",
            ylim=(0, 1), xticks=levels)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
@@ -353,9 +338,8 @@ def win_rate_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for fp, base in pairs:
         rate = strong_win_rate(fp.samples, base.samples)
-        st = style(fp.label)
         ax.plot(list(rate), list(rate.values()), linestyle="-" if base.method == "Direct"
-                else "--", label=f"{fp.label} vs {base.label}", **st.kwargs())
+                else "--", label=f"{fp.label} vs {base.label}", **style(fp.label).kwargs())
     ax.set(xlabel="level", ylabel="strong win rate", title=dataset, ylim=(0, 1), xticks=levels)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     caption = (f"{dataset}: per level, the share of questions where FP is right and the "
@@ -398,12 +382,9 @@ BASE_OF = {m.label: registry.base_of(m.label) for m in registry.METHODS if m.ste
 def paired_levels(run: LabelledRun, base: LabelledRun) -> dict[int, dict[str, float]]:
     """Per level, ``run`` against ``base`` (``measures.paired_difference``)."""
     other = by_level(base.samples)
-    out = {}
-    for level, samples in by_level(run.samples).items():
-        paired = paired_difference(samples, other.get(level, []))
-        if paired is not None:
-            out[level] = paired
-    return out
+    paired = {level: paired_difference(samples, other.get(level, []))
+              for level, samples in by_level(run.samples).items()}
+    return {level: d for level, d in paired.items() if d is not None}
 
 
 def family(label: str) -> str:
@@ -418,18 +399,15 @@ def savings_figure(dataset: str, group: list[LabelledRun], out: Path) -> tuple[P
     by_family = {family(r.label): r for r in group}
     pairs = [(r, by_family[BASE_OF[family(r.label)]]) for r in group
              if family(r.label) in BASE_OF and BASE_OF[family(r.label)] in by_family]
-    stats = [(r, b, paired_levels(r, b)) for r, b in pairs]
-    stats = [(r, b, lv) for r, b, lv in stats if lv]
+    stats = [(r, b, lv) for r, b in pairs if (lv := paired_levels(r, b))]
     if not stats:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
     lines = []
     for r, b, lv in stats:
-        st = style(r.label)
         xs, ys = [lv[k]["saved"] for k in lv], [lv[k]["gain"] for k in lv]
-        ax.errorbar(xs, ys, yerr=[[y - lv[k]["lo"] for k, y in zip(lv, ys)],
-                                  [lv[k]["hi"] - y for k, y in zip(lv, ys)]],
-                    capsize=2, lw=0.8, label=f"{r.label} vs {b.label}", **st.kwargs())
+        ax.errorbar(xs, ys, yerr=error_bars(list(lv.values()), "gain"), capsize=2, lw=0.8,
+                    label=f"{r.label} vs {b.label}", **style(r.label).kwargs())
         for k, x, y in zip(lv, xs, ys):
             ax.annotate(str(k), (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
         lines.append(f"{r.label} vs {b.label}: " + ", ".join(
@@ -455,8 +433,7 @@ def relative_to_cot_figure(dataset: str, group: list[LabelledRun],
     cot = next((r for r in group if family(r.label) == "CoT"), None)
     if cot is None:
         return None
-    others = [(r, paired_levels(r, cot)) for r in group if r is not cot]
-    others = [(r, lv) for r, lv in others if lv]
+    others = [(r, lv) for r in group if r is not cot and (lv := paired_levels(r, cot))]
     if not others:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
@@ -464,9 +441,7 @@ def relative_to_cot_figure(dataset: str, group: list[LabelledRun],
     lines = []
     for j, (r, lv) in enumerate(others):
         xs = [k + (j - (len(others) - 1) / 2) * width for k in lv]
-        ys = [lv[k]["gain"] for k in lv]
-        ax.errorbar(xs, ys, yerr=[[y - lv[k]["lo"] for k, y in zip(lv, ys)],
-                                  [lv[k]["hi"] - y for k, y in zip(lv, ys)]],
+        ax.errorbar(xs, [lv[k]["gain"] for k in lv], yerr=error_bars(list(lv.values()), "gain"),
                     capsize=2, lw=0.8, label=r.label, **style(r.label).kwargs())
         beyond = [k for k in lv if lv[k]["lo"] > 0 or lv[k]["hi"] < 0]
         lines.append(f"{r.label}: " + (f"beyond its interval at level(s) "
@@ -493,10 +468,8 @@ def plots(common: dict[str, list[LabelledRun]], out: Path) -> list[tuple[Path, s
         for name, runs in by_decoding(dataset, [r for r in group if r.samples]).items():
             written.append(pareto_figure(name, runs, out))
             written += level_figures(name, runs, out)
-            for extra in (win_rate_figure, savings_figure, relative_to_cot_figure):
-                figure = extra(name, runs, out)
-                if figure is not None:
-                    written.append(figure)
+            written += [figure for extra in (win_rate_figure, savings_figure, relative_to_cot_figure)
+                        if (figure := extra(name, runs, out)) is not None]
     return written
 
 

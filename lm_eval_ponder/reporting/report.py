@@ -15,20 +15,15 @@ was recorded are read from the model args: ``alpha=`` -> FR, ``early_exit=`` -> 
 ``controller=<dir>`` -> FP-<base>, ``controller=none`` -> <base>, neither (the shipped
 controller, if the backbone has one) -> "<base> (default args)".
 
-A label is not a configuration: each run also has an identity (``reporting.identity``: the
-model's fingerprint or args and dtype, and the generation kwargs the task used). Runs of one
-label with different identities are separate rows, the label extended by what differs
-("FP-Direct [dtype=bfloat16]"); every row shows its identity's short hash. Two results files
-with the same label, dataset and identity are one configuration run twice: their samples are
-pooled when they agree on every question both answered (the same directory passed twice, a
-re-run of a deterministic setting, disjoint ``--limit`` slices), and refused, naming both
-files, when they disagree: a row must not silently show one of two different results. Runs
-that differ only in their seed (lm-eval's ``--seed``, recorded in the results JSON) are one
-configuration drawn several times: one row, the mean over the seeds, with a bootstrap interval
-over questions (``reporting.seeds``).
-
-Runs whose model kept no token accounting (``--model hf``, ``vllm``) get their tokens and FLOPs
-estimated from the responses (``reporting.estimate``); such cells carry a ``*``.
+A label is not a configuration: runs of one label with different identities
+(``reporting.identity``: the model's fingerprint or args and dtype, and the generation kwargs)
+are separate rows, the label extended by what differs ("FP-Direct [dtype=bfloat16]"), each
+showing its identity's short hash. Results files of one label, dataset and identity are pooled
+when they agree on every question both answered and refused, naming both files, when they
+disagree (a row must not silently show one of two results); runs that differ only in their seed
+are one row, the mean over the seeds (``reporting.seeds``). Runs whose model kept no token
+accounting (``--model hf``, ``vllm``) get their tokens and FLOPs estimated from the responses
+(``reporting.estimate``), marked ``*``. docs/design/lm-eval.md has the reasons.
 """
 
 from __future__ import annotations
@@ -114,12 +109,10 @@ def single_depth(run: Run) -> int | None:
     if len(depths) != 1 or None in depths:
         return None
     (value,) = depths
-    if not float(value).is_integer():
+    if not float(value).is_integer() or (pondering.get("granularity", "prompt") != "prompt"
+                                         and int(value) not in (0, pondering.get("k_max"))):
         return None
-    k = int(value)
-    if pondering.get("granularity", "prompt") != "prompt" and k not in (0, pondering.get("k_max")):
-        return None
-    return k
+    return int(value)
 
 
 def weights_name(source: str, sha256: str | None = None) -> str:
@@ -400,8 +393,7 @@ def leaderboard(runs: list[Run]) -> tuple[list[dict], list[str]]:
     for note in notes:
         LOGGER.warning("report: %s", note)
     for dataset in dataset_order(common):
-        group = common[dataset]
-        group = [r for r in group if r.samples]
+        group = [r for r in common[dataset] if r.samples]
         cells = {(r.backbone, r.label): metrics(r.samples) for r in group}
         ranked = sorted(cells.items(), key=lambda kv: -kv[1]["acc"])
         win = None
@@ -444,8 +436,7 @@ def decoding_verdicts(rows: list[dict], datasets: list[str]) -> list[str]:
     for (backbone, decoding), methods in sorted(groups.items()):
         for d in datasets:
             fp = [(r["label"], r[d]) for m, r in methods if m.startswith("FP-") and d in r]
-            base = [(r["label"], r[d]) for m, r in methods
-                    if m in registry.BASELINES and d in r]
+            base = [(r["label"], r[d]) for m, r in methods if m in registry.BASELINES and d in r]
             if not fp or not base:
                 continue
             (fm, f), (bm, b) = (max(x, key=lambda kv: kv[1]["acc"]) for x in (fp, base))
@@ -591,12 +582,11 @@ def report(paths: list[str | Path], out: str | Path, link_figures: bool = False)
     md = write_tables(rows, datasets, notes, out)
     images = plots(common, out)
     kind = interval_kind(cells(rows, datasets))
+    spear = depth_difficulty([r for g in common.values() for r in g])
     with open(out / "leaderboard.md", "a") as f:
         f.write(f"\nFigures (error bars: {kind}):\n" + "".join(
             f"\n![{img.stem}]({img.name})\n\n{caption}\n" for img, caption in images))
-    spear = depth_difficulty([r for g in common.values() for r in g])
-    if spear:
-        with open(out / "leaderboard.md", "a") as f:
+        if spear:
             f.write("\nPonder depth against difficulty:\n\n" + "".join(
                 f"- {spearman_text(*row)}\n" for row in spear))
     write_html(rows, datasets, notes, images, case_studies(common), spear, out, link_figures)

@@ -8,21 +8,9 @@ report.
 Each (decoding, method, dataset) is one ``lm_eval`` run in its own directory, written by the
 real CLI (so the files are exactly what users get) with a ``ponder_run.json`` naming the method.
 A run whose directory already holds results is skipped, so an interrupted suite continues
-where it stopped; with ``--resume_within`` a run also keeps its answers as they come (lm-eval's
-``--use_cache``, stamped with the model's settings; sampled answers too, ``evaluation.resume``),
-so a long run resumes mid-dataset.
-Every finished run also gets a compact log of its samples (``reporting.compact``: one small xz
-file, no benchmark text): that, its ``results_*.json`` and ``ponder_run.json`` are what a
-repository keeps of a run, and all the report needs.
-Methods: Direct, CoT, BoN (``controller=none``), FR (fixed ``alpha``), FP-Direct, FP-CoT,
-FP-BoN (the controller: ``--controller`` or the one shipped for the backbone; skipped, with a
-message, when there is none). Not run unless named: EE, the early-exit baseline
-(``generation.early_exit``) on the Direct prompt, one run per ``--exit_thresholds`` value.
-
-Protocols: ``--protocol greedy`` (default; our documented variant) decodes greedily, one seed;
-``--protocol paper`` samples every method at T = 0.7 with 500 new tokens over seeds 0, 1, 2,
-as the paper's experimental setup states. Seeds are recorded (``ponder_run.json``, and lm-eval's
-results JSON) and the report averages a configuration's seeds (``reporting.seeds``).
+where it stopped (``--resume_within``: mid-dataset). Methods, protocols (``--protocol paper``:
+every method at T = 0.7 over seeds 0, 1, 2), resuming, and what a repository keeps of a run:
+docs/usage.md, "Suite and report".
 
 This module is the command line; ``suite_plan`` says which runs there are and where they land,
 ``suite_run`` runs them.
@@ -147,10 +135,9 @@ def parser() -> argparse.ArgumentParser:
                    help="memory allocator of the lm_eval runs: 'system' (glibc's malloc), "
                         "'glibc-large' (glibc keeping large freed blocks for reuse: about 1.2x "
                         "faster long generations on CPU, about twice the resident memory in a "
-                        "full run), 'auto' "
-                        "(preload an installed tcmalloc on CPU: about 1.2x less CPU time, but "
-                        "far more resident memory; lm_eval_ponder.allocator) or a path to a "
-                        "shared library")
+                        "full run), 'auto' (preload an installed tcmalloc on CPU: about 1.2x less "
+                        "CPU time, but far more resident memory; lm_eval_ponder.allocator) or a "
+                        "path to a shared library")
     p.add_argument("--snapshot", action="store_true",
                    help="write the answers kept so far by unfinished runs as text beside their "
                         "--use_cache files (answers_rank0.kept.jsonl.gz, GPQA excepted) to "

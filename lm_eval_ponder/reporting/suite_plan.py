@@ -59,8 +59,7 @@ class Run:
     folder_name: str | None = None
 
     def folder(self, out: Path) -> Path:
-        """``OUT/<decoding folder>/<method>/<dataset>`` (the decoding folder:
-        ``seed_folder``)."""
+        """``OUT/<decoding folder (seed_folder)>/<method>/<dataset>``."""
         return (out / seed_folder(self.decoding, self.seed)
                 / (self.folder_name or self.method).replace(" ", "_") / self.dataset)
 
@@ -117,9 +116,8 @@ def plan(methods: list[str], datasets: list[str], decodings: list[str], alpha: f
 
 
 def plan_one(methods: list[str], datasets: list[str], decoding: str, alpha: float,
-             controller: str | None, seed: int,
-             exit_thresholds: tuple[float, ...] = EXIT_THRESHOLDS,
-             exit_layers: str | None = None) -> list[Run]:
+             controller: str | None, seed: int, exit_thresholds: tuple[float, ...],
+             exit_layers: str | None) -> list[Run]:
     """The runs of one decoding and seed: each method on each dataset (FP methods only with a
     controller)."""
     runs = []
@@ -159,19 +157,6 @@ def parse_thresholds(text: str) -> tuple[float, ...]:
     return thresholds
 
 
-def suite_seeds(options: argparse.Namespace, protocol_seeds: tuple[int, ...]) -> tuple[int, ...]:
-    """The seeds to run: ``--seeds`` (a list), else ``--seed`` (one), else the protocol's."""
-    if options.seeds is not None:
-        try:
-            return tuple(int(x) for x in options.seeds.split(","))
-        except ValueError:
-            raise PonderError(f"--seeds takes comma-separated integers, got {options.seeds!r}") \
-                from None
-    if options.seed is not None:
-        return (options.seed,)
-    return protocol_seeds
-
-
 def checked_choices(options: argparse.Namespace) -> tuple[list[str], list[str], list[str],
                                                      tuple[int, ...]]:
     """(methods, datasets, decodings, seeds) as the options give them, every one checked
@@ -181,15 +166,21 @@ def checked_choices(options: argparse.Namespace) -> tuple[list[str], list[str], 
     datasets = [d.strip() for d in options.tasks.split(",")]
     if options.protocol not in PROTOCOLS:
         raise PonderError(f"unknown protocol {options.protocol!r}; choose from {list(PROTOCOLS)}")
-    decoding, protocol_seeds = PROTOCOLS[options.protocol]
-    if options.decoding is not None:  # an explicit decoding list overrides the protocol's
-        decodings = [d.strip() for d in options.decoding.split(",")]
-    else:
-        decodings = [decoding]
-    seeds = suite_seeds(options, protocol_seeds)
+    decoding, seeds = PROTOCOLS[options.protocol]
+    # explicit decodings override the protocol's; seeds: --seeds, else --seed, else the protocol's
+    decodings = ([d.strip() for d in options.decoding.split(",")] if options.decoding is not None
+                 else [decoding])
+    if options.seeds is not None:
+        try:
+            seeds = tuple(int(x) for x in options.seeds.split(","))
+        except ValueError:
+            raise PonderError(f"--seeds takes comma-separated integers, got {options.seeds!r}") \
+                from None
+    elif options.seed is not None:
+        seeds = (options.seed,)
     for flag, value in (("--limit", options.limit), ("--max_gen_toks", options.max_gen_toks),
                         ("--batch_size", options.batch_size)):
-        if value is not None and value < 1:  # (lm_eval's own errors for these are tracebacks)
+        if value is not None and value < 1:
             raise PonderError(f"{flag} must be at least 1, got {value}")
     for name, given, known in (("method", methods, METHODS + EXTRA_METHODS),
                                ("dataset", datasets, registry.DATASET_NAMES),

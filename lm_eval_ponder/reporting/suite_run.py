@@ -66,15 +66,14 @@ def record_attempt(target: Path, kept: int) -> list[dict]:
     return attempts
 
 
-def where_it_runs(env: dict[str, str] | None = None) -> dict[str, Any]:
+def where_it_runs() -> dict[str, Any]:
     """What an attempt ran on (runs are resumed across sessions and machines): the device's
     hardware, the commit this checkout is at (None outside a git checkout) and the threads
     the child computes with (``OMP_NUM_THREADS``, else every core). The report flags a run
     whose attempts differ in either of the first two."""
     import torch
 
-    env = os.environ if env is None else env
-    threads = env.get("OMP_NUM_THREADS") or str(os.cpu_count())
+    threads = os.environ.get("OMP_NUM_THREADS") or str(os.cpu_count())
     return {"machine": device_description("cuda" if torch.cuda.is_available() else "cpu"),
             "commit": checkout_commit(Path(__file__).resolve().parents[2]),
             "threads": int(threads) if threads.isdigit() else threads}
@@ -271,31 +270,27 @@ def suite_controller(options: argparse.Namespace, methods: list[str]) -> str | N
 
 def launcher(command: str | None) -> list[str]:
     """How each lm_eval run starts: this Python, or e.g. ``accelerate launch --multi_gpu
-    --num_processes 8`` (HFLM then splits the requests over the GPUs, one backbone per GPU)."""
-    if not command:
-        return [sys.executable]
+    --num_processes 8`` (HFLM then splits the requests over the GPUs, one backbone per GPU).
+    Its program is taken as PATH finds it, else beside this Python (``torchrun`` and
+    ``accelerate`` of a virtual environment that is not activated: once a traceback of
+    FileNotFoundError for each run), else refused in one line naming both places."""
+    import shutil
+
     try:
-        words = shlex.split(command)
+        words = shlex.split(command or "")
     except ValueError as error:
         raise PonderError(f"--launcher {command!r}: {error}") from None
     if not words:
         return [sys.executable]
-    return [launcher_program(words[0]), *words[1:]]
-
-
-def launcher_program(name: str) -> str:
-    """The launcher's program: as PATH finds it, else beside this Python (``torchrun`` and
-    ``accelerate`` of a virtual environment that is not activated: once a traceback of
-    FileNotFoundError for each run), else one line naming both places."""
-    import shutil
-
-    if os.sep in name or shutil.which(name):
-        return name
-    beside = Path(sys.executable).parent / name
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    raise PonderError(f"--launcher: {name!r} is neither on PATH nor beside this Python "
-                      f"({beside.parent}); install it in this environment or give its full path")
+    name = words[0]
+    if os.sep not in name and not shutil.which(name):
+        beside = Path(sys.executable).parent / name
+        if not (beside.is_file() and os.access(beside, os.X_OK)):
+            raise PonderError(f"--launcher: {name!r} is neither on PATH nor beside this Python "
+                              f"({beside.parent}); install it in this environment or give its "
+                              "full path")
+        name = str(beside)
+    return [name, *words[1:]]
 
 
 def run_locked(options: argparse.Namespace, runs: list[Run], out: Path, backbone: str,
@@ -350,8 +345,7 @@ def check_finished(options: argparse.Namespace, runs: list[Run], out: Path) -> N
             config = json.loads(newest.read_text()).get("config") or {}
         except (OSError, ValueError):
             continue  # the report names a damaged results file
-        limit = config.get("limit")
-        limit = float(limit) if limit else None
+        limit = float(config["limit"]) if config.get("limit") else None
         tokens = (config.get("gen_kwargs") or {}).get("max_gen_toks")
         differs = []
         if limit != asked_limit:
@@ -377,8 +371,7 @@ def run_all(options: argparse.Namespace, runs: list[Run], out: Path, backbone: s
         try:
             run_one(options, i, len(runs), run, target, backbone, env)
         except KeyboardInterrupt:
-            raise interrupted_in(i, len(runs), run, target, options.resume_within,
-                                 argv) from None
+            raise interrupted_in(i, len(runs), run, target, options.resume_within, argv) from None
 
 
 def run_one(options: argparse.Namespace, i: int, n: int, run: Run, target: Path, backbone: str,
@@ -395,23 +388,19 @@ def run_one(options: argparse.Namespace, i: int, n: int, run: Run, target: Path,
         gen = f"max_gen_toks={options.max_gen_toks}"  # BoN samples by definition (task: T=0.7)
     cmd = [*launcher(options.launcher), "-m", "lm_eval", "--model", "ponder", "--model_args", model_args,
            "--tasks", run.task, *(["--apply_chat_template"] if options.chat_template else []),
-           "--batch_size", str(options.batch_size),
-           "--log_samples", "--output_path", str(target), "--gen_kwargs", gen,
-           "--seed", str(run.seed)]
+           "--batch_size", str(options.batch_size), "--log_samples", "--output_path", str(target),
+           "--gen_kwargs", gen, "--seed", str(run.seed)]
     if options.limit:
         cmd += ["--limit", str(options.limit)]
     if options.resume_within:  # answers are kept as rows end: a kill loses the rows in flight
         cmd += ["--use_cache", str(target / "answers")]
-    LOGGER.info("[%d/%d] %s %s seed %d: %s", i, n, run.label, run.dataset, run.seed,
-                " ".join(cmd[2:]))
+    LOGGER.info("[%d/%d] %s %s seed %d: %s", i, n, run.label, run.dataset, run.seed, " ".join(cmd[2:]))
+    kept = 0
     if options.resume_within:
         for twin in sorted(target.glob("answers_rank*" + KEPT_SUFFIX)):
-            db = twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")
-            restored = restore_kept(db)
-            if restored:
-                LOGGER.info("%s: %d kept answers restored from %s", run.label, restored,
-                            twin.name)
-    kept = kept_answers(target / "answers_rank0.db") if options.resume_within else 0
+            if restored := restore_kept(twin.with_name(twin.name[:-len(KEPT_SUFFIX)] + ".db")):
+                LOGGER.info("%s: %d kept answers restored from %s", run.label, restored, twin.name)
+        kept = kept_answers(target / "answers_rank0.db")
     attempts = record_attempt(target, kept)
     start = time.time()
     # the kept answers' committable twin stays current, so a session cut off mid-run

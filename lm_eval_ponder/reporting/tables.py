@@ -34,13 +34,16 @@ def cost_cells(f: dict) -> tuple[str, str]:
     return f"{f['tokens']:.1f}{mark}", f"{f['log10_flops']:.2f}{mark}"
 
 
+def acc_text(f: dict) -> str:
+    """Accuracy as shown: its interval, n, and the seeds it averages when more than one."""
+    seeds = f", {f['seeds']} seeds" if f.get("seeds", 1) > 1 else ""
+    return f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']}{seeds})"
+
+
 def md_cell(f: dict | None) -> str:
     if not f:
         return "- | - | -"
-    seeds = f", {f['seeds']} seeds" if f.get("seeds", 1) > 1 else ""
-    acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']}{seeds})"
-    if f["win"]:
-        acc = f"**{acc}**"
+    acc = f"**{acc_text(f)}**" if f["win"] else acc_text(f)
     return " | ".join((acc, *cost_cells(f)))
 
 
@@ -60,15 +63,12 @@ def write_tables(rows: list[dict], datasets: list[str], notes: list[str], out: P
         w.writerow(["backbone", "method", "identity", "dataset", "n", "acc", "acc_lo", "acc_hi",
                     "avg_tokens", "log10_avg_flops", "avg_ponder_depth", "estimated", "bold",
                     "generation_kwargs"])
-        for r in rows:
-            for d in datasets:
-                if d in r:
-                    x = r[d]
-                    w.writerow([r["backbone"], r["label"], x["identity"], d, x["n"],
-                                f"{x['acc']:.4f}", f"{x['lo']:.4f}", f"{x['hi']:.4f}",
-                                f"{x['tokens']:.2f}", f"{x['log10_flops']:.4f}",
-                                f"{x['depth']:.3f}", x["estimated"], x["win"],
-                                json.dumps(x["generation"], sort_keys=True, default=str)])
+        for r, d in ((r, d) for r in rows for d in datasets if d in r):
+            x = r[d]
+            w.writerow([r["backbone"], r["label"], x["identity"], d, x["n"], f"{x['acc']:.4f}",
+                        f"{x['lo']:.4f}", f"{x['hi']:.4f}", f"{x['tokens']:.2f}",
+                        f"{x['log10_flops']:.4f}", f"{x['depth']:.3f}", x["estimated"], x["win"],
+                        json.dumps(x["generation"], sort_keys=True, default=str)])
     return md
 
 
@@ -88,9 +88,7 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
     def cell(f):
         if not f:
             return "<td>-</td><td>-</td><td>-</td>"
-        seeds = f", {f['seeds']} seeds" if f.get("seeds", 1) > 1 else ""
-        acc = f"{f['acc']:.3f} [{f['lo']:.2f}, {f['hi']:.2f}] (n={f['n']}{seeds})"
-        acc = f"<b>{acc}</b>" if f["win"] else acc
+        acc = f"<b>{acc_text(f)}</b>" if f["win"] else acc_text(f)
         return f"<td>{acc}</td>" + "".join(f"<td>{c}</td>" for c in cost_cells(f))
 
     head = "".join(f"<th>{d} ACC</th><th>{d} tokens</th><th>{d} log10 FLOPs</th>"
@@ -105,11 +103,10 @@ def write_html(md_rows: list[dict], datasets: list[str], notes: list[str],
              "padding:6px;font-size:12px}figure{margin:18px 0}figcaption{font-size:13px;"
              "color:#333;max-width:900px}img{max-width:100%}</style>",
              "<h1>Leaderboard</h1><table><tr><th>backbone</th><th>method</th><th>identity</th>"
-             + head + "</tr>"
-             + body + "</table>",
+             + head + "</tr>" + body + "</table>",
              f"<p>Accuracy: {interval_kind(cells(md_rows, datasets))}, n questions (the "
-             "questions every method of the "
-             "dataset answered). Bold only when the interval does not overlap the runner-up's."
+             "questions every method of the dataset answered). Bold only when the interval "
+             "does not overlap the runner-up's."
              "</p><ul>" + "".join(f"<li>{html.escape(n)}</li>" for n in notes) + "</ul>",
              "<h2>Identities</h2><p>The configuration behind each identity (model part; "
              "leaderboard.csv has each cell's full identity with its generation kwargs).</p><ul>"

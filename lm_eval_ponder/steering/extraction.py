@@ -1,20 +1,18 @@
 """Steering-vector extraction: the paper's contrastive estimator and Fractional Reasoning's.
 
 What the vector is, its layer indexing and its metadata are described in
-``lm_eval_ponder.steering``; this module reads the residual stream and builds the vectors.
+``lm_eval_ponder.steering.vector``; this module reads the residual stream and builds the vectors.
 
 Extraction choices (the paper leaves them open; each is recorded in the vector's metadata):
 
 - Chat template. With ``chat_template=True`` and a tokenizer that has one, each prompt is the
-  user message of a one-turn chat rendered with ``add_generation_prompt=True`` (and the
-  template's own default system prompt, if any). The last token is then the end of the
-  assistant header: exactly the state that produces the answer's first token when the model
-  is evaluated with ``--apply_chat_template``, which is where steering acts.
-- Batching. Prompts are tokenised one by one, sorted by length (fewer pad tokens), left-padded
-  so position -1 is every row's last real token, with an attention mask and explicit
-  ``position_ids`` counting real tokens only, so a padded row sees the same positions as the
-  prompt alone. The result does not depend on the order of the questions, only (at float
-  rounding level) on ``batch_size``; it is deterministic.
+  user message of a one-turn chat rendered with ``add_generation_prompt=True``: its last token
+  ends the assistant header, the state that produces the answer's first token under
+  ``--apply_chat_template``, which is where steering acts.
+- Batching. Prompts are sorted by length and left-padded, with explicit ``position_ids``
+  counting real tokens only, so a padded row sees the positions of the prompt alone. The
+  result does not depend on the questions' order, only (at float rounding level) on
+  ``batch_size``; it is deterministic.
 
 Fractional Reasoning (Liu et al. 2025, github shengliu66/FractionalReason), as its code does it
 (``tasks/base.py:obtain_icv``, ``utils/tools.py:apply_template``, ``utils/pca.py``): prompts
@@ -55,51 +53,27 @@ from lm_eval_ponder.steering.vector import (
 )
 
 
+def _render(tokenizer, text: str, use_chat: bool) -> str:
+    """The prompt as the model reads it: the user message of a one-turn chat, or plain."""
+    if not use_chat:
+        return text
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
 def _encode(tokenizer, texts: Sequence[str], chat_template: bool) -> tuple[list[list[int]], bool]:
     """Token ids of each prompt; returns (ids, whether a chat template was applied)."""
     use_chat = bool(chat_template and getattr(tokenizer, "chat_template", None))
     out: list[list[int]] = []
     for text in texts:
         if use_chat:
-            rendered = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-            )
-            ids = tokenizer(rendered, add_special_tokens=False)["input_ids"]
+            ids = tokenizer(_render(tokenizer, text, True), add_special_tokens=False)["input_ids"]
         else:
             ids = tokenizer(text)["input_ids"]
         if not ids:
             raise PonderError(f"the tokenizer produced no tokens for a prompt: {text[:60]!r}")
         out.append(list(ids))
     return out, use_chat
-
-
-def _render_example(tokenizer, text: str, use_chat: bool) -> str:
-    if not use_chat:
-        return text
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
-    )
-
-
-def _checked_layers(layers: Sequence[int] | None, n_layers: int) -> list[int]:
-    """The layers asked for (None: all), each an index of a decoder block: one out of range
-    would otherwise surface as a KeyError of the captured states after a whole forward."""
-    layers = list(range(n_layers)) if layers is None else [int(x) for x in layers]
-    bad = [x for x in layers if not 0 <= x < n_layers]
-    if bad:
-        raise PonderError(f"layer(s) {bad} out of range: the model has {n_layers} decoder layers")
-    return layers
-
-
-def _forward_options(model) -> tuple[dict[str, Any], bool]:
-    """(keyword arguments for the forward, whether it takes ``position_ids``), from what this
-    model's forward accepts: no KV cache, and the LM head on one position only (only the
-    hidden states matter); positions are passed so left padding does not shift them."""
-    params = _inspect.signature(model.forward).parameters
-    extra: dict[str, Any] = {"use_cache": False} if "use_cache" in params else {}
-    if "logits_to_keep" in params:  # only the states matter; skip the LM head on all but one
-        extra["logits_to_keep"] = 1
-    return extra, "position_ids" in params
 
 
 def _left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,21 +89,15 @@ def _left_padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torc
 
 
 @torch.no_grad()
-def last_token_states(
-    model,
-    tokenizer,
-    prompts: Sequence[str],
-    layers: Sequence[int] | None = None,
-    batch_size: int = 8,
-    chat_template: bool = True,
-    progress: bool = True,
-    desc: str = "steering: forward",
-) -> tuple[torch.Tensor, dict]:
-    """Residual stream at the last prompt token after each decoder block in ``layers``.
+def last_token_states(model, tokenizer, prompts: Sequence[str], layers: Sequence[int],
+                      batch_size: int = 8, chat_template: bool = True, progress: bool = True,
+                      desc: str = "steering: forward") -> tuple[torch.Tensor, dict]:
+    """Residual stream at the last prompt token after each decoder block in ``layers`` (checked
+    by ``_resolve_layers``).
 
     Returns ``(states [n_prompts, len(layers), d] float32, info)``; ``info`` says whether a chat
     template was applied. See this module's docstring for padding and position ids, and
-    ``lm_eval_ponder.steering``'s for layer indexing.
+    ``lm_eval_ponder.steering.vector``'s for layer indexing.
     """
     from tqdm.auto import tqdm
 
@@ -138,13 +106,15 @@ def last_token_states(
     if batch_size < 1:
         raise PonderError(f"batch_size must be >= 1, got {batch_size}")
     blocks = decoder_layers(model)
-    layers = _checked_layers(layers, len(blocks))
     ids, use_chat = _encode(tokenizer, prompts, chat_template)
     device = next(model.parameters()).device
-    pad_id = next(
-        (t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0
-    )
-    extra, wants_positions = _forward_options(model)
+    pad_id = next((t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None), 0)
+    # no KV cache and the LM head on one position (only the states matter); positions passed so
+    # that left padding does not shift them
+    params = _inspect.signature(model.forward).parameters
+    extra: dict[str, Any] = {"use_cache": False} if "use_cache" in params else {}
+    if "logits_to_keep" in params:
+        extra["logits_to_keep"] = 1
 
     captured: dict[int, torch.Tensor] = {}
 
@@ -155,7 +125,6 @@ def last_token_states(
         return hook
 
     handles = [blocks[layer].register_forward_hook(make_hook(layer)) for layer in set(layers)]
-    d = None
     states: torch.Tensor | None = None
     order = sorted(range(len(ids)), key=lambda i: (len(ids[i]), i))  # deterministic
     try:
@@ -164,7 +133,7 @@ def last_token_states(
             rows = order[start : start + batch_size]
             input_ids, mask = _left_padded([ids[i] for i in rows], pad_id)
             kwargs = dict(extra)
-            if wants_positions:
+            if "position_ids" in params:
                 kwargs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0).to(device)
             captured.clear()
             model(input_ids=input_ids.to(device), attention_mask=mask.to(device), **kwargs)
@@ -185,7 +154,7 @@ def last_token_states(
 
 
 def _questions_list(questions: Iterable[str]) -> list[str]:
-    out = [q for q in questions]
+    out = list(questions)
     if not out:
         raise PonderError("steering extraction needs at least one question")
     bad = [i for i, q in enumerate(out) if not isinstance(q, str) or not q.strip()]
@@ -206,9 +175,8 @@ def _resolve_layers(layer: int | list[int] | None, n_layers: int) -> tuple[list[
         chosen = default_layer(n_layers) if layer is None else int(layer)
     bad = [x for x in stored + [chosen] if not 0 <= x < n_layers]
     if bad:
-        raise PonderError(
-            f"layer {bad[0]} out of range: the model has {n_layers} decoder layers (0..{n_layers - 1})"
-        )
+        raise PonderError(f"layer {bad[0]} out of range: the model has {n_layers} decoder layers "
+                          f"(0..{n_layers - 1})")
     return stored, chosen
 
 
@@ -236,65 +204,12 @@ def _backbone_meta(backbone: Any) -> dict | None:
             "source_sha256": get("source_sha256")}
 
 
-def _base_meta(
-    method: str,
-    model,
-    questions: list[str],
-    positive: str,
-    negative: str,
-    stored: list[int],
-    chosen: int,
-    info: dict,
-    tokenizer,
-    batch_size: int,
-    backbone: Any,
-    question_source: Any,
-) -> dict:
-    from lm_eval_ponder import __version__
-
-    hidden, n_layers = _model_dims(model)
-    import transformers
-
-    return {
-        "format": FORMAT,
-        "method": method,
-        "layer": chosen,
-        "layers": stored,
-        "layer_indexing": LAYER_INDEXING,
-        "position": "last prompt token",
-        "default_layer_rule": f"int({DEFAULT_LAYER_FRACTION} * n_layers) unless given",
-        "prompts": {"positive": positive + "{question}", "negative": negative + "{question}"},
-        "chat_template": bool(info.get("chat_template_applied")),
-        "example_prompt": {
-            "positive": _render_example(tokenizer, positive + questions[0], info["chat_template_applied"]),
-            "negative": _render_example(tokenizer, negative + questions[0], info["chat_template_applied"]),
-        },
-        "n_questions": len(questions),
-        "question_source": question_source,
-        "questions_sha256": _sha256_text(questions),
-        "backbone": _backbone_meta(backbone),
-        "hidden_size": hidden,
-        "n_layers": n_layers,
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "batch_size": batch_size,
-        "padding": "left, position_ids from the attention mask",
-        "created_by": f"lm_eval_ponder {__version__}",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-    }
-
-
-def _residual_norms(pos: torch.Tensor, neg: torch.Tensor) -> list[float]:
-    return [float(x) for x in torch.cat([pos, neg]).norm(dim=-1).mean(dim=0)]
-
-
 def _unit_rows(matrix: torch.Tensor, what: str, layers: list[int]) -> torch.Tensor:
     norms = matrix.norm(dim=-1, keepdim=True)
     zero = [layers[j] for j in range(len(layers)) if not norms[j, 0] > 0]
     if zero:
-        raise PonderError(
-            f"{what} is zero at layer(s) {zero}: the two prompt sets give identical states "
-            "there, so there is no direction to normalise"
-        )
+        raise PonderError(f"{what} is zero at layer(s) {zero}: the two prompt sets give identical "
+                          "states there, so there is no direction to normalise")
     return (matrix / norms).float()
 
 
@@ -350,61 +265,65 @@ def _extract(
 ) -> SteeringVector:  # fmt: skip
     """What both estimators share: last-token states of the two prompt sets at the stored layers,
     ``direction(pos, neg, stored)`` -> (unit vectors, its own meta), and the common metadata."""
-    _, n_layers = _model_dims(model)
+    import transformers
+
+    from lm_eval_ponder import __version__
+
+    hidden, n_layers = _model_dims(model)
     stored, chosen = _resolve_layers(layer, n_layers)
     n = len(questions)
     prompts = [positive + q for q in questions] + [negative + q for q in questions]
-    states, info = last_token_states(
-        model, tokenizer, prompts, stored, batch_size, chat_template, progress, f"steering: {method}"
-    )
+    states, info = last_token_states(model, tokenizer, prompts, stored, batch_size, chat_template,
+                                     progress, f"steering: {method}")
     pos, neg = states[:n].double(), states[n:].double()
     vectors, extra = direction(pos, neg, stored)
-    meta = _base_meta(
-        method, model, questions, positive, negative, stored, chosen, info, tokenizer, batch_size,
-        backbone, question_source,
-    )  # fmt: skip
-    meta["residual_norm"] = _residual_norms(pos, neg)
-    meta.update(extra)
+    use_chat = info["chat_template_applied"]
+    meta = {
+        "format": FORMAT,
+        "method": method,
+        "layer": chosen,
+        "layers": stored,
+        "layer_indexing": LAYER_INDEXING,
+        "position": "last prompt token",
+        "default_layer_rule": f"int({DEFAULT_LAYER_FRACTION} * n_layers) unless given",
+        "prompts": {"positive": positive + "{question}", "negative": negative + "{question}"},
+        "chat_template": bool(use_chat),
+        "example_prompt": {"positive": _render(tokenizer, positive + questions[0], use_chat),
+                           "negative": _render(tokenizer, negative + questions[0], use_chat)},
+        "n_questions": len(questions),
+        "question_source": question_source,
+        "questions_sha256": _sha256_text(questions),
+        "backbone": _backbone_meta(backbone),
+        "hidden_size": hidden,
+        "n_layers": n_layers,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "batch_size": batch_size,
+        "padding": "left, position_ids from the attention mask",
+        "created_by": f"lm_eval_ponder {__version__}",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "residual_norm": [float(x) for x in torch.cat([pos, neg]).norm(dim=-1).mean(dim=0)],
+        **extra,
+    }
     return SteeringVector(vectors, stored, meta)
 
 
-def extract_paper(
-    model,
-    tokenizer,
-    questions: Iterable[str],
-    layer: int | list[int] | None = None,
-    batch_size: int = 8,
-    chat_template: bool = True,
-    progress: bool = True,
-    *,
-    backbone: Any = None,
-    question_source: Any = None,
-) -> SteeringVector:
+def extract_paper(model, tokenizer, questions: Iterable[str], layer: int | list[int] | None = None,
+                  batch_size: int = 8, chat_template: bool = True, progress: bool = True, *,
+                  backbone: Any = None, question_source: Any = None) -> SteeringVector:
     """The paper's estimator: unit-normalised sum over questions of h+ - h- at each layer.
 
     ``layer``: None -> store every layer, default ``default_layer(n_layers)``; an int -> store
     every layer, default that one; a list -> store those layers, default the first listed.
     ``backbone`` (a ``ResolvedBackbone`` or dict) and ``question_source`` are recorded in meta.
     """
-    return _extract(
-        "paper", PAPER_POSITIVE, PAPER_NEGATIVE, paper_direction, model, tokenizer,
-        _questions_list(questions), layer, batch_size, chat_template, progress, backbone,
-        question_source,
-    )  # fmt: skip
+    return _extract("paper", PAPER_POSITIVE, PAPER_NEGATIVE, paper_direction, model, tokenizer,
+                    _questions_list(questions), layer, batch_size, chat_template, progress,
+                    backbone, question_source)
 
 
-def extract_fractional(
-    model,
-    tokenizer,
-    questions: Iterable[str],
-    layer: int | list[int] | None = None,
-    batch_size: int = 8,
-    chat_template: bool = True,
-    progress: bool = True,
-    *,
-    backbone: Any = None,
-    question_source: Any = None,
-) -> SteeringVector:
+def extract_fractional(model, tokenizer, questions: Iterable[str], layer: int | list[int] | None = None,
+                       batch_size: int = 8, chat_template: bool = True, progress: bool = True, *,
+                       backbone: Any = None, question_source: Any = None) -> SteeringVector:
     """Fractional Reasoning's vector: mean difference + sign-aligned PC1 (joint over layers).
 
     PCA is fit on the per-question differences concatenated over the stored layers, as in
@@ -414,10 +333,9 @@ def extract_fractional(
     questions = _questions_list(questions)
     if len(questions) < 2:
         raise PonderError("the fractional method fits a PCA and needs at least two questions")
-    return _extract(
-        "fractional", FRACTIONAL_POSITIVE, FRACTIONAL_NEGATIVE, fractional_direction, model,
-        tokenizer, questions, layer, batch_size, chat_template, progress, backbone, question_source,
-    )  # fmt: skip
+    return _extract("fractional", FRACTIONAL_POSITIVE, FRACTIONAL_NEGATIVE, fractional_direction,
+                    model, tokenizer, questions, layer, batch_size, chat_template, progress,
+                    backbone, question_source)
 
 
 METHODS = {"paper": extract_paper, "fractional": extract_fractional}

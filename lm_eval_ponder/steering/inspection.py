@@ -45,9 +45,8 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double(), b.double(), dim=0))
 
 
-def inspect_vector(
-    sv: SteeringVector, model, tokenizer, top_k: int = 15, lens_layers: Sequence[int] | None = None
-) -> str:
+def inspect_vector(sv: SteeringVector, model, tokenizer, top_k: int = 15,
+                   lens_layers: Sequence[int] | None = None) -> str:
     """A text report: logit lens of the default layer's vector, norms per layer, cosines.
 
     ``lens_layers``: the layers whose vectors get a logit lens; default the default layer and
@@ -99,9 +98,7 @@ def _logit_lens(sv: SteeringVector, model, tokenizer, top_k: int,
         return ["logit lens: the model has no output embedding matrix; skipped"]
     w_u = head.weight.detach().float().cpu()
     if w_u.shape[1] != v.shape[0]:
-        raise PonderError(
-            f"the model's unembedding has width {w_u.shape[1]} but the vector has {v.shape[0]}"
-        )
+        raise PonderError(f"the model's unembedding has width {w_u.shape[1]} but the vector has {v.shape[0]}")
     gain = _final_norm_weight(model, v.shape[0])
     if lens_layers is None:
         lens_layers = list(dict.fromkeys([layer, sv.layers[-1]]))
@@ -136,16 +133,10 @@ def _norms_table(sv: SteeringVector) -> list[str]:
         def fmt(values, width, spec, j=j):
             return f"{values[j]:{width}{spec}}" if values is not None else f"{'-':>{width}}"
 
-        ratio = (
-            f"{raw_mean[j] / residual[j]:10.3f}"
-            if raw_mean is not None and residual is not None and residual[j]
-            else f"{'-':>10}"
-        )
-        adj = (
-            f"{_cos(sv.vectors[j - 1], sv.vectors[j]):10.3f}"
-            if j > 0 and sv.layers[j - 1] == lay - 1
-            else f"{'-':>10}"
-        )
+        has_ratio = raw_mean is not None and residual is not None and residual[j]
+        ratio = f"{raw_mean[j] / residual[j]:10.3f}" if has_ratio else f"{'-':>10}"
+        adjacent = j > 0 and sv.layers[j - 1] == lay - 1
+        adj = f"{_cos(sv.vectors[j - 1], sv.vectors[j]):10.3f}" if adjacent else f"{'-':>10}"
         mark = " *" if lay == layer else ""
         lines.append(f"  {lay:5d} {fmt(raw_sum, 11, '.2f')} {fmt(raw_mean, 9, '.3f')} "
                      f"{fmt(residual, 9, '.2f')} {ratio} {adj} {_cos(sv.vectors[j], vd):14.3f}{mark}")

@@ -1,49 +1,33 @@
 """Steering vectors: the ``SteeringVector`` type, its default layer, and its file format.
 
-Extraction lives in ``lm_eval_ponder.steering.extraction``, the text report in
-``lm_eval_ponder.steering.inspection``; this module is what the rest of the project needs at
-inference time and imports neither.
+Extraction lives in ``steering.extraction``, the text report in ``steering.inspection``; this
+module is what the rest of the project needs at inference time and imports neither.
 
-What a steering vector is here
-------------------------------
-For every question q of a TRAINING set we build two prompts that differ only in an instruction,
-run the frozen backbone on both, and read the residual stream at the LAST prompt token after
-each decoder layer. The paper's estimator (appendix, "Steering Vector Extraction via
-Contrastive Representation") is, per layer l,
+A steering vector is, per decoder layer l, the paper's estimator (appendix, "Steering Vector
+Extraction via Contrastive Representation"; docs/design/paper-gaps.md, "Steering vector")
 
     h_steer^(l) = sum_i (h_i^{+,l} - h_i^{-,l}) / || sum_i (h_i^{+,l} - h_i^{-,l}) ||
 
-with p+ = "Let's think step by step about this problem: " + q and p- = "The answer is: " + q.
-Positive alpha therefore pushes toward "deliberate", negative toward "direct".
+over TRAIN questions q, read at the LAST prompt token of p+ = ``PAPER_POSITIVE`` + q and p- =
+``PAPER_NEGATIVE`` + q: positive alpha pushes toward "deliberate", negative toward "direct".
+Choices the paper leaves open, each recorded in the vector's metadata:
 
-Choices (the paper leaves them open; each is recorded in the vector's metadata):
-
-- Layer indexing. ``layers[l]`` is the output of decoder block ``l`` (0-based), the same tensor
-  a forward hook on ``decoder_layers(model)[l]`` sees and the one a steering hook on that block
-  modifies. For l < n_layers - 1 this equals ``outputs.hidden_states[l + 1]`` of a transformers
-  forward with ``output_hidden_states=True`` (``hidden_states[0]`` is the embedding output). The
-  LAST entry of ``hidden_states`` is NOT the raw output of the last block: transformers replaces
-  it with ``last_hidden_state``, i.e. after the final norm. We therefore record the states with
-  forward hooks on the decoder blocks, which is uniform over all layers and over architectures,
-  and avoids materialising every position of every layer.
-- All layers are extracted in one pass and stored, so a layer sweep or ``inspect`` needs no
-  re-extraction. ``meta["layer"]`` is the default layer, ``default_layer(n_layers)`` =
-  ``int(DEFAULT_LAYER_FRACTION * n_layers)`` unless the caller chose one (15 of 30 for
-  SmolLM2-135M), chosen from a measured sweep (docs/results/steering.md: layers 15-25 of 30 steer
-  alike, earlier ones barely); the paper reports "layers 16-24 of 32".
+- Layer indexing (``LAYER_INDEXING``): ``layers[l]`` is the output of decoder block ``l``, the
+  tensor a forward hook on that block sees and a steering hook modifies. Hooks, because
+  transformers' last ``hidden_states`` entry is after the final norm, not the last block's
+  output; they are uniform over layers and architectures and keep no other position.
+- Every layer is stored, so a layer sweep or ``inspect`` needs no re-extraction;
+  ``meta["layer"]`` is the default, ``default_layer(n_layers)`` unless the caller chose one
+  (``DEFAULT_LAYER_FRACTION`` says why; the paper reports "layers 16-24 of 32").
 - ``meta["residual_norm"][j]`` is the mean L2 norm of the residual stream at the last token
-  over all 2N extraction prompts at stored layer ``layers[j]``. Steering strengths elsewhere in
-  the project are FRACTIONS of this norm, so one setting transfers across backbones and layers.
-- ``meta["raw_norm"]`` holds, per stored layer, the norm of the summed difference ("sum") and
-  of the mean difference ("mean") before normalisation.
-
-See ``lm_eval_ponder.steering.extraction`` for the extraction choices (chat template, batching)
-and for Fractional Reasoning's estimator.
+  over all 2N prompts at ``layers[j]``. Steering strengths elsewhere are FRACTIONS of it, so one
+  setting transfers across backbones and layers. ``meta["raw_norm"]``: per layer, the norms of
+  the summed ("sum") and mean ("mean") difference before normalisation.
 
 File format (``save_vector``/``load_vector``): a directory with ``steering.safetensors``
 (tensors "vectors" [n_stored, d] float32 unit rows and "layers" [n_stored] int64) and
-``steering.json`` (the metadata, including the SHA-256 of the safetensors file so a mismatched
-pair is detected). Each file is written atomically (temporary file + ``os.replace``). No pickle.
+``steering.json`` (the metadata, with the safetensors file's SHA-256 so a mismatched pair is
+detected), each written atomically. No pickle.
 """
 
 from __future__ import annotations
@@ -128,10 +112,8 @@ class SteeringVector:
         try:
             return self.layers.index(layer)
         except ValueError:
-            raise PonderError(
-                f"layer {layer} is not stored in this steering vector (stored: "
-                f"{format_ranges(self.layers)}); re-extract with that layer"
-            ) from None
+            raise PonderError(f"layer {layer} is not stored in this steering vector (stored: "
+                              f"{format_ranges(self.layers)}); re-extract with that layer") from None
 
     def vector(self, layer: int | None = None) -> torch.Tensor:
         """The unit direction [d] for ``layer`` (default: ``meta["layer"]``)."""
@@ -177,13 +159,8 @@ def save_vector(sv: SteeringVector, directory: str | os.PathLike) -> Path:
     meta["layers"] = list(sv.layers)
     meta.setdefault("layer", sv.default_layer)
     meta["vectors_sha256"] = file_sha256(vec_path)
-
-    def write_json(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(meta, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-
-    atomic_write(directory / META_FILE, write_json)
+    text = json.dumps(meta, indent=2, ensure_ascii=False) + "\n"
+    atomic_write(directory / META_FILE, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return directory
 
 
@@ -217,10 +194,8 @@ def load_vector(
     vec_path, meta_path = directory / VECTORS_FILE, directory / META_FILE
     missing = [p.name for p in (vec_path, meta_path) if not p.is_file()]
     if missing:
-        raise PonderError(
-            f"no steering vector at {path}: missing {', '.join(missing)} (make one with "
-            "`python -m lm_eval_ponder.steer extract --output DIR`)"
-        )
+        raise PonderError(f"no steering vector at {path}: missing {', '.join(missing)} (make one with "
+                          "`python -m lm_eval_ponder.steer extract --output DIR`)")
     meta = _read_meta(meta_path)
     vectors, layers = _read_vectors(vec_path, meta_path, meta)
     sv = SteeringVector(vectors, layers, meta)
@@ -251,10 +226,8 @@ def _read_vectors(vec_path: Path, meta_path: Path, meta: dict) -> tuple[torch.Te
 
     expected_sha = meta.get("vectors_sha256")
     if expected_sha and file_sha256(vec_path) != expected_sha:
-        raise PonderError(
-            f"{vec_path.name} does not match {meta_path.name} in {vec_path.parent} (the file's "
-            "SHA-256 differs from the one recorded): the pair was mixed or edited; re-extract"
-        )
+        raise PonderError(f"{vec_path.name} does not match {meta_path.name} in {vec_path.parent} (the file's "
+                          "SHA-256 differs from the one recorded): the pair was mixed or edited; re-extract")
     try:
         tensors = load_file(str(vec_path))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -300,15 +273,11 @@ def _check_fits_backbone(sv: SteeringVector, directory: Path, model_config: Any,
     meta_layers = meta.get("n_layers")
     if n_layers is not None:
         if meta_layers is not None and int(meta_layers) != n_layers:
-            raise PonderError(
-                f"steering vector {directory} was extracted from a model with {meta_layers} "
-                f"decoder layers but the backbone has {n_layers}: re-extract for this backbone"
-            )
+            raise PonderError(f"steering vector {directory} was extracted from a model with {meta_layers} "
+                              f"decoder layers but the backbone has {n_layers}: re-extract for this backbone")
         if max(layers) >= n_layers:
-            raise PonderError(
-                f"steering vector {directory} stores layer {max(layers)} but the backbone has "
-                f"only {n_layers} decoder layers"
-            )
+            raise PonderError(f"steering vector {directory} stores layer {max(layers)} but the backbone has "
+                              f"only {n_layers} decoder layers")
     recorded = (meta.get("backbone") or {}).get("source_sha256")
     if backbone_sha256 and recorded and backbone_sha256 != recorded:
         raise PonderError(

@@ -67,10 +67,8 @@ def control(cfg, options) -> int:
             from None
     if not seeds:
         raise PonderError("--seeds names no seed")
-    if options.control_from:
-        world = ctl.world_from_cache(options.control_from, cfg)
-    else:
-        world = ctl.load_world(options.control)
+    world = (ctl.world_from_cache(options.control_from, cfg) if options.control_from
+             else ctl.load_world(options.control))
     report = ctl.run_control(cfg, world, seeds, price_given=options.price_given)
     print(ctl.report_text(report))
     print(f"written: {cfg.output}/control.json")

@@ -1,17 +1,14 @@
-"""``python -m lm_eval_ponder.train``: train a halting controller with GRPO on a frozen backbone.
+"""``python -m lm_eval_ponder.train``'s config: ``TrainConfig``, its YAML file and command line.
 
     python -m lm_eval_ponder.train --output runs/smollm2            # embedded defaults
     python -m lm_eval_ponder.train --config my.yaml --grpo.max_steps 3000 --seed 1
     torchrun --nproc_per_node 2 -m lm_eval_ponder.train ...          # or accelerate launch
 
-Two phases: (1) the rollout cache (``rollouts.py``): each training prompt generated once per
-depth, resumable, sharded across ranks; (2) GRPO (``grpo.py``) on cache lookups, with the
-reward of ``rewards.py``. With ``--ponder.granularity token`` there is no cache: every step
-generates its answers with the controller deciding at each token (``online.py``; slow, a GPU
-job). The output directory gets ``controller.safetensors`` and
-``config.json`` (loadable with ``--model_args controller=<dir>``), ``train_log.jsonl`` and
-``card.md``; ``checkpoint.safetensors`` lets an interrupted run continue exactly where its last
-checkpoint was (same seed, same result as an uninterrupted run).
+A run builds the rollout cache (``rollouts.py``; at token granularity none: ``online.py``), then
+trains on it (``expected.py`` or ``grpo.py``, in ``loop.py``). The output directory gets
+``controller.safetensors`` and ``config.json`` (``--model_args controller=<dir>``),
+``train_log.jsonl``, ``card.md`` and ``checkpoint.safetensors``, from which an interrupted run
+continues exactly where its last checkpoint was (same seed, same result).
 """
 
 from __future__ import annotations
@@ -21,10 +18,9 @@ import dataclasses
 import json
 import logging
 import math
-import types
 import typing
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +33,7 @@ from lm_eval_ponder.training.expected import ExpectedConfig
 from lm_eval_ponder.training.grpo import GRPOConfig
 from lm_eval_ponder.training.rewards import RewardConfig
 from lm_eval_ponder.training.rollouts import RolloutConfig
-from lm_eval_ponder.typed import convert, field_type, interpolate
+from lm_eval_ponder.typed import alternatives, check_choice, convert, field_type, interpolate, option
 
 LOGGER = logging.getLogger(__name__)
 
@@ -59,53 +55,43 @@ RECIPES: dict[str, dict[str, Any]] = {
 class TrainConfig:
     """Everything a run depends on; saved in config.json and checked on resume."""
 
-    output: str = field(default="", metadata={"help": "run directory (required)"})
-    pretrained: str | None = field(
-        default=None, metadata={"help": "Hub id, local dir or GGUF; None: the embedded SmolLM2"})
-    gguf_file: str | None = field(default=None, metadata={"help": "GGUF file in pretrained"})
-    steering: str | None = field(
-        default=None, metadata={"help": "vector dir; None: the one shipped for the backbone"})
-    layer: int | None = field(
-        default=None, metadata={"help": "steering layer; None: the vector's default"})
-    cache_dir: str | None = field(default=None, metadata={"help": "None: <output>/rollouts"})
-    device: str | None = field(
-        default=None, metadata={"help": "None: cuda if available, else cpu (the backbone only)"})
-    dtype: str | None = field(default=None, metadata={
-        "help": "backbone dtype; None: bfloat16 where the device computes it natively, else "
-                "float32 (as --model ponder); the controller always trains in float32"})
-    parallelize: bool = field(default=False, metadata={
-        "help": "spread one backbone over all visible GPUs (device_map=auto, one process)"})
-    recipe: str = field(default="default", metadata={"help": (
+    output: str = option("", "run directory (required)")
+    pretrained: str | None = option(None, "Hub id, local dir or GGUF; None: the embedded SmolLM2")
+    gguf_file: str | None = option(None, "GGUF file in pretrained")
+    steering: str | None = option(None, "vector dir; None: the one shipped for the backbone")
+    layer: int | None = option(None, "steering layer; None: the vector's default")
+    cache_dir: str | None = option(None, "None: <output>/rollouts")
+    device: str | None = option(None, "None: cuda if available, else cpu (the backbone only)")
+    dtype: str | None = option(None, (
+        "backbone dtype; None: bfloat16 where the device computes it natively, else "
+        "float32 (as --model ponder); the controller always trains in float32"))
+    parallelize: bool = option(
+        False, "spread one backbone over all visible GPUs (device_map=auto, one process)")
+    recipe: str = option("default", (
         "a named set of keys applied first: 'default' (the exact expected reward at the "
         "user's price), 'grpo-2026-12' (the GRPO recipe shipped until 2026-12), 'paper' "
-        "(Algorithm 1 as written); later keys override")})
-    algorithm: str | None = field(default=None, metadata={"help": (
+        "(Algorithm 1 as written); later keys override"))
+    algorithm: str | None = option(None, (
         "'expected': maximise the exact expected reward over the rollout cache's depths "
         "(prompt granularity only) | 'grpo': the paper's GRPO; None: expected at prompt "
-        "granularity, grpo at token granularity")})
-    seed: int = field(default=0, metadata={"help": "one seed for init, sampling, halting"})
-    val_fraction: float = field(
-        default=0.2, metadata={"help": "held-out *training* prompts, for choosing the checkpoint"})
-    logging_steps: int = field(
-        default=100, metadata={"help": "the paper logs every 100 steps; also the checkpoint interval"})
-    select: str = field(default="last", metadata={"help": (
+        "granularity, grpo at token granularity"))
+    seed: int = option(0, "one seed for init, sampling, halting")
+    val_fraction: float = option(0.2, "held-out *training* prompts, for choosing the checkpoint")
+    logging_steps: int = option(100, "the paper logs every 100 steps; also the checkpoint interval")
+    select: str = option("last", (
         "'last': the final weights; 'best': the best held-out score, worth it only when the "
-        "held-out set can tell checkpoints apart (16 prompts cannot)")})
-    controller_hidden: int = field(default=512, metadata={"help": "controller width h"})
-    controller_temperature: float = field(
-        default=1.0, metadata={"help": "T in phi = sigmoid(logit / T), at the start (soft)"})
-    controller_temperature_end: float | None = field(default=0.1, metadata={"help": (
+        "held-out set can tell checkpoints apart (16 prompts cannot)"))
+    controller_hidden: int = option(512, "controller width h")
+    controller_temperature: float = option(1.0, "T in phi = sigmoid(logit / T), at the start (soft)")
+    controller_temperature_end: float | None = option(0.1, (
         "T at the last step, annealed geometrically from T1 (the paper's soft-to-hard "
         "transition; 0.1 is its 'decisive' example); the controller ships with it. None: T "
-        "stays controller_temperature")})
-    ponder: PonderConfig = field(default_factory=PonderConfig,
-                                 metadata={"help": "pondering settings"})
-    rollout: RolloutConfig = field(default_factory=RolloutConfig,
-                                   metadata={"help": "what the rollout cache generates"})
-    expected: ExpectedConfig = field(default_factory=ExpectedConfig, metadata={
-        "help": "the expected-reward fit (algorithm=expected)"})
-    grpo: GRPOConfig = field(default_factory=GRPOConfig, metadata={"help": "GRPO optimisation"})
-    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "the reward"})
+        "stays controller_temperature"))
+    ponder: PonderConfig = option(PonderConfig, "pondering settings")
+    rollout: RolloutConfig = option(RolloutConfig, "what the rollout cache generates")
+    expected: ExpectedConfig = option(ExpectedConfig, "the expected-reward fit (algorithm=expected)")
+    grpo: GRPOConfig = option(GRPOConfig, "GRPO optimisation")
+    reward: RewardConfig = option(RewardConfig, "the reward")
 
     def validate(self) -> TrainConfig:
         if not self.output:
@@ -127,8 +113,7 @@ class TrainConfig:
             raise PonderError(f"recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
         if self.algorithm is None:
             self.algorithm = "grpo" if self.ponder.granularity == "token" else "expected"
-        if self.algorithm not in ALGORITHMS:
-            raise PonderError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        check_choice("algorithm", self.algorithm, ALGORITHMS)
         if self.algorithm == "expected" and self.ponder.granularity == "token":
             raise PonderError("algorithm=expected needs the rollout cache of prompt granularity; "
                               "granularity=token trains online: use --algorithm grpo")
@@ -140,7 +125,6 @@ class TrainConfig:
         self.reward.validate()
         self.grpo.validate(self.reward)
         return self
-
 
     def check_grpo_adapts(self) -> None:
         """GRPO settings under which every step imitates the teacher, or under which the
@@ -193,9 +177,7 @@ def check_prompts(prompts: Any) -> None:
 # ``${key}`` references between keys.
 
 def key_type(key: str) -> Any:
-    """The declared type of a dotted key of ``TrainConfig`` (inside a mapping field: its
-    values' type; ``Any`` for a key it does not have), for the words of an error and to know
-    which command-line values are text as typed."""
+    """The declared type of a dotted key of ``TrainConfig`` (``typed.field_type``)."""
     return field_type(TrainConfig, key)
 
 
@@ -220,7 +202,7 @@ def current_name(key: str) -> str:
 
 def select(cfg: TrainConfig, key: str) -> Any:
     """The node a dotted key names: a section, a field's value or a mapping field's entry
-    (``AttributeError``/``KeyError`` where there is none)."""
+    (``KeyError`` where there is none)."""
     node: Any = cfg
     for part in key.split("."):
         if isinstance(node, dict):
@@ -240,7 +222,7 @@ def assignments(cfg: TrainConfig, key: str, value: Any) -> Iterator[tuple[str, A
     key = current_name(str(key))
     try:
         node = select(cfg, key)
-    except (AttributeError, KeyError):
+    except KeyError:
         node = None
     if not dataclasses.is_dataclass(node):
         yield key, value
@@ -258,9 +240,9 @@ def assign(cfg: TrainConfig, key: str, value: Any) -> None:
     parent_key, _, name = key.rpartition(".")
     try:
         parent = select(cfg, parent_key) if parent_key else cfg
-    except (AttributeError, KeyError):
+    except KeyError:
         parent = None
-    if isinstance(parent, dict) and parent_key:
+    if isinstance(parent, dict):
         parent[name] = convert(value, key_type(key), key)
     elif dataclasses.is_dataclass(parent) and name in {f.name for f in dataclasses.fields(parent)}:
         setattr(parent, name, convert(value, key_type(key), key))
@@ -319,10 +301,8 @@ def cli_value(key: str, raw: str) -> Any:
         value = yaml.safe_load(raw) if raw != "" else None
     except yaml.YAMLError:
         return raw  # not YAML: text, which the field's type check then names
-    hint = key_type(key)
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    options = typing.get_args(hint) if union else (hint,)
-    if str in options and not (value is None and type(None) in options):
+    admits = alternatives(key_type(key))
+    if str in admits and not (value is None and type(None) in admits):
         return raw
     return value
 
@@ -341,21 +321,19 @@ def flat_keys(cfg: Any, prefix: str = "") -> list[tuple[str, Any, str]]:
 
 def type_name(key: str) -> str:
     """A key's type as ``--help`` shows it (``int``, ``float | None``, ``dict``)."""
-    hint = key_type(key)
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union,
-                                                                   types.UnionType) else (hint,)
     return " | ".join("None" if o is type(None) else getattr(typing.get_origin(o) or o,
                                                                 "__name__", str(o))
-                      for o in options)
+                      for o in alternatives(key_type(key)))
 
 
 # options of the command that are not config keys
 NOT_CONFIG = ("config", "control", "control_from", "seeds")
+WORLDS = Path(__file__).resolve().parent / "worlds"  # the positive control's shipped worlds
 
 
 def shipped_worlds() -> list[str]:
     """The names of the shipped control worlds (``training/worlds/*.json``)."""
-    return sorted(p.stem for p in (Path(__file__).resolve().parent / "worlds").glob("*.json"))
+    return sorted(p.stem for p in WORLDS.glob("*.json"))
 
 
 def control_options(argv: list[str] | None) -> argparse.Namespace:

@@ -55,11 +55,10 @@ from pathlib import Path
 import torch
 
 from lm_eval_ponder.errors import PonderError
-from lm_eval_ponder.resources import shipped_dir
+from lm_eval_ponder.training.config import WORLDS, config_dict, shipped_worlds
 from lm_eval_ponder.training.rewards import TEXT_FEATURES
 from lm_eval_ponder.training.rollouts import Prompt
 
-WORLDS = "worlds"  # the shipped worlds: lm_eval_ponder/training/worlds/<name>.json
 TASK = "control"  # the task name of a world's contexts (their problem type is their level)
 BOOTSTRAP = 2000
 
@@ -134,17 +133,11 @@ def world_path(name: str) -> Path:
         if not path.is_file():
             raise PonderError(f"no world file {path}")
         return path
-    shipped = shipped_dir_worlds()
-    candidate = shipped / f"{name}.json"
+    candidate = WORLDS / f"{name}.json"
     if not candidate.is_file():
-        names = ", ".join(sorted(p.stem for p in shipped.glob("*.json")))
-        raise PonderError(f"no world {name!r}: give a world file (.json) or one of {names}")
+        raise PonderError(f"no world {name!r}: give a world file (.json) or one of "
+                          f"{', '.join(shipped_worlds())}")
     return candidate
-
-
-def shipped_dir_worlds() -> Path:
-    here = Path(__file__).resolve().parent / WORLDS
-    return here if here.is_dir() else shipped_dir(WORLDS)
 
 
 def load_world(name: str, **overrides) -> World:
@@ -397,7 +390,6 @@ def run_control(cfg, world: World, seeds: list[int], *, price_given: bool = Fals
     from lm_eval_ponder.files import atomic_write_text
     from lm_eval_ponder.pondering.controller import PonderController
     from lm_eval_ponder.pondering.dynamics import cumulative_offsets
-    from lm_eval_ponder.training.config import config_dict
     from lm_eval_ponder.training.distributed import Distributed
     from lm_eval_ponder.training.environment import CachedEnvironment, split_prompts
     from lm_eval_ponder.training.expected import ExpectedRewardTrainer

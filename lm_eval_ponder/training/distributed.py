@@ -15,12 +15,9 @@ from lm_eval_ponder.errors import PonderError
 
 
 class Distributed:
-    """The few collective operations we need; no-ops in a single process.
-
-    Use it as a context manager: the process group it created is destroyed on the way out.
-    Left to the interpreter's exit, gloo's threads can outlive the group and abort a rank
-    (``terminate called without an active exception``) after the work is done.
-    """
+    """The collectives, no-ops in a single process. A context manager: the process group it
+    created is destroyed on the way out (left to the interpreter's exit, gloo's threads can
+    outlive it and abort a rank, ``terminate called without an active exception``)."""
 
     def __init__(self) -> None:
         import torch.distributed as dist

@@ -77,7 +77,7 @@ class RewardBook:
 
     def set_ppl_reference(self, ppls: list[float | None]) -> None:
         """PPL_base and sigma_PPL: the config's values, else median and IQR of ``ppls``."""
-        base, sigma = quality_reference([p for p in ppls if p is not None])
+        base, sigma = quality_reference(ppls)
         self.ppl_ref = (self.cfg.ppl_baseline if self.cfg.ppl_baseline is not None else base,
                         self.cfg.sigma_ppl if self.cfg.sigma_ppl is not None else sigma)
 
@@ -89,7 +89,7 @@ class RewardBook:
                                    for r in records], dtype=torch.float64))
         ok = gather(torch.tensor([float(r["correct"]) for r in records])) > 0.5
         chosen = ppl[ok] if bool(ok.any()) else ppl
-        self.set_ppl_reference([float(x) for x in chosen if math.isfinite(x)])
+        self.set_ppl_reference(chosen.tolist())  # NaN (no perplexity) is left out there
 
     def score(self, records: list[dict], flops: list[float]) -> dict[str, torch.Tensor]:
         """Rewards and reward inputs of each outcome, each a float64 tensor [N]."""
@@ -184,20 +184,15 @@ class CachedEnvironment:
         self.records = [[table[(p.key, k)][:samples] for k in range(k_max + 1)]
                         for p in self.prompts]
         self.controller_flops = float(controller_flops)
-        correct_ppl = [r["ppl"] for rows in self.records for d in rows for r in d
-                       if r["correct"] and r.get("ppl") is not None]
-        all_ppl = [r.get("ppl") for rows in self.records for d in rows for r in d]
-        self.rewards.set_ppl_reference(correct_ppl or all_ppl)
+        every = [r for rows in self.records for depth in rows for r in depth]
+        correct_ppl = [r["ppl"] for r in every if r["correct"] and r.get("ppl") is not None]
+        self.rewards.set_ppl_reference(correct_ppl or [r.get("ppl") for r in every])
         # Frozen reference for model selection: the same reward with whole-cache FLOPs stats.
-        flops = [self.flops(r) for rows in self.records for d in rows for r in d]
         self.reference_stats = RunningStats(self.rewards.cfg.ema_momentum)
-        self.reference_stats.update(flops)
+        self.reference_stats.update([self.flops(r) for r in every])
 
     def flops(self, record: dict) -> float:
         return float(record["flops"]) + self.controller_flops
-
-    def split(self, val_fraction: float) -> tuple[list[int], list[int]]:
-        return split_prompts([p.key for p in self.prompts], val_fraction)
 
     def _record(self, i: int, depth: int) -> dict:
         rows = self.records[i][depth]

@@ -1,49 +1,45 @@
 """The exact expected reward over the rollout cache: the default trainer at prompt granularity.
 
-Why not GRPO here. At prompt granularity the rollout cache holds every depth's outcome of every
-training prompt, so the controller's whole objective is known in closed form: its halting
-distribution over depths,
+Why not GRPO here (docs/design/training.md, "Objective and algorithm"). At prompt
+granularity the rollout cache holds every depth's outcome of every training prompt, so the
+controller's whole objective is known in closed form: its halting distribution over depths,
 
     P(d | z_0) = prod_{j<d} phi(z_j) * (1 - phi(z_d))   (d < K),   P(K | z_0) = prod_{j<K} phi(z_j),
 
-times each depth's mean reward R(i, d) over the cached samples, summed. No sampled
-trajectories, no advantage estimate from a group, no exploration: the policy cannot lose a mode
-it no longer samples, which is how the GRPO recipe shipped until 2026-12 lost the one cell that
-paid on the model organism. GRPO stays for token granularity (no cache) and the paper's recipe.
+times each depth's mean reward R(i, d) over the cached samples, summed. Nothing is sampled, so
+the policy cannot lose a mode it no longer samples, which is how the GRPO recipe shipped until
+2026-12 lost the one cell that paid on the model organism. GRPO stays for token granularity
+(no cache) and the paper's recipe.
 
 How it is maximised (``method``):
 
-- ``"advantage"`` (default): policy iteration on the halting decisions. Each decision "continue
-  at state k" of prompt i is worth A(i, k) = V(i, k+1) - R(i, k): what continuing earns under the
-  current policy (V(K) = R(K), V(j) = (1 - phi_j) R(j) + phi_j V(j+1), held fixed for the step)
-  minus halting now. A logistic loss fits phi(z_k) to 1[A > 0], each term weighted by |A|, times
-  tau where continuing pays and 1 - tau where halting does. Pooled over prompts the controller
-  can not tell apart, the fitted phi is then <= tau exactly where the mean advantage of
-  continuing is <= 0: the inference rule (halt at the first phi <= tau) halts where halting
-  earns at least as much on average, and the loss's gradient does not vanish where phi is near
-  0 or 1.
-- ``"gradient"``: ascend the expected reward itself. Its gradient on a decision is scaled by
-  phi (1 - phi) and by the chance of reaching it, so it vanishes on a saturated policy: on the
+- ``"advantage"`` (default): policy iteration on the halting decisions. Continuing at state k
+  of prompt i is worth A(i, k) = V(i, k+1) - R(i, k), what continuing earns under the current
+  policy (``continuation_values``, held fixed for the step) minus halting now. A logistic loss
+  fits phi(z_k) to 1[A > 0], weighted by |A| times tau where continuing pays and 1 - tau where
+  halting does. Pooled over prompts the controller cannot tell apart, the fitted phi is then
+  <= tau exactly where the mean advantage of continuing is <= 0: the inference rule (halt at
+  the first phi <= tau) halts where halting earns at least as much on average, and the
+  gradient does not vanish where phi is near 0 or 1.
+- ``"gradient"``: ascend the expected reward itself. Its gradient on a decision carries
+  phi (1 - phi) and the chance of reaching it, so it vanishes on a saturated policy: on the
   positive control's clean world (docs/results/training.md) it sends every context to depth 8
   within 20 steps and never leaves (the levels where direct pays lose their gradient first).
   Kept to show that.
 
-Per-prompt outcomes are noisy (one greedy answer, or a few samples), and 300 prompts can be
-fitted exactly by a 0.5M-parameter controller: what generalises is what the prompts of one kind
-share. So the fit pools: decoupled weight decay (AdamW), and early stopping on held-out training
-prompts, scored as ``--model ponder`` will choose (first phi <= tau), on the same objective the
-fit maximises. The shipped weights are the best held-out ones.
-
-The readout is the inference rule, not the trained distribution's mode: at the optimum the
-distribution is a point mass (the objective is linear in P), where the two agree; the log
-says how often they do (``agreement``).
+Per-prompt outcomes are noisy, and 300 prompts can be fitted exactly by a 0.5M-parameter
+controller: what generalises is what the prompts of one kind share. So the fit pools: AdamW's
+decoupled weight decay, and early stopping on held-out training prompts, scored by the
+inference rule on the objective the fit maximises; the best held-out weights ship. At the
+optimum the distribution is a point mass (the objective is linear in P), where the rule and
+the distribution's mode agree; the log says how often they do (``agreement``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -52,7 +48,9 @@ import torch.nn as nn
 
 from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import append_jsonl
-from lm_eval_ponder.pondering.dynamics import candidate_logits, halting_depth
+from lm_eval_ponder.pondering.dynamics import halting_depth
+from lm_eval_ponder.training.grpo import ControllerTrainer
+from lm_eval_ponder.typed import check_choice, option
 
 METHODS = ("advantage", "gradient")
 
@@ -61,26 +59,21 @@ METHODS = ("advantage", "gradient")
 class ExpectedConfig:
     """The expected-reward fit's settings (ours: the paper trains with GRPO)."""
 
-    learning_rate: float = field(default=1e-3, metadata={"help": "AdamW's step size"})
-    weight_decay: float = field(default=0.1, metadata={
-        "help": "AdamW's decoupled weight decay: pools the fit across prompts"})
-    max_steps: int = field(default=600, metadata={
-        "help": "full-batch steps at most (each: every training prompt's K+1 states)"})
-    eval_every: int = field(default=20, metadata={
-        "help": "steps between held-out evaluations (selection, early stopping, the log)"})
-    patience: int = field(default=10, metadata={
-        "help": "stop after this many held-out evaluations without a better score; 0: never"})
-    method: str = field(default="advantage", metadata={"help": (
+    learning_rate: float = option(1e-3, "AdamW's step size")
+    weight_decay: float = option(0.1, "AdamW's decoupled weight decay: pools the fit across prompts")
+    max_steps: int = option(600, "full-batch steps at most (each: every training prompt's K+1 states)")
+    eval_every: int = option(20, "steps between held-out evaluations (selection, early stopping, the log)")
+    patience: int = option(10, "stop after this many held-out evaluations without a better score; 0: never")
+    method: str = option("advantage", (
         "'advantage': policy iteration, a logistic fit of each halting decision to its "
-        "advantage | 'gradient': ascend the expected reward (vanishes when saturated)")})
+        "advantage | 'gradient': ascend the expected reward (vanishes when saturated)"))
 
     def validate(self) -> ExpectedConfig:
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise PonderError(f"expected.learning_rate must be > 0, got {self.learning_rate}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise PonderError(f"expected.weight_decay must be >= 0, got {self.weight_decay}")
-        if self.method not in METHODS:
-            raise PonderError(f"expected.method must be one of {METHODS}, got {self.method!r}")
+        check_choice("expected.method", self.method, METHODS)
         if self.max_steps < 1 or self.eval_every < 1 or self.patience < 0:
             raise PonderError("expected.max_steps and expected.eval_every must be >= 1, "
                               "expected.patience >= 0")
@@ -133,32 +126,16 @@ def expected_reward(logits: torch.Tensor, rewards: torch.Tensor,
     return (log_p.exp() * rewards.to(log_p.dtype)).sum(dim=1)
 
 
-class ExpectedRewardTrainer:
+class ExpectedRewardTrainer(ControllerTrainer):
     """Owns the controller and its optimiser; ``fit`` maximises the mean expected reward of the
-    training prompts (full batch), keeping the weights that score best held out.
-
-    The same interface the training loop's environment reads of a trainer (``logits``,
-    ``greedy_depths``, ``controller``), so cards and held-out figures come out alike."""
+    training prompts (full batch), keeping the weights that score best held out."""
 
     def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
                  tau: float, cfg: ExpectedConfig, seed: int) -> None:
-        self.controller = controller
-        self.step_vector = step_vector.detach().float()
-        self.offsets = offsets.detach().float()
-        self.tau = tau
+        super().__init__(controller, step_vector, offsets, tau, seed)
         self.cfg = cfg.validate()
-        self.generator = torch.Generator().manual_seed(seed)  # the checkpoint's rng slot
         self.optimizer = torch.optim.AdamW(controller.parameters(), lr=cfg.learning_rate,
                                            weight_decay=cfg.weight_decay)
-        self.reinitialisations = 0
-
-    def logits(self, z0: torch.Tensor) -> torch.Tensor:
-        return candidate_logits(self.controller, z0, self.step_vector, self.offsets)
-
-    @torch.no_grad()
-    def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
-        """Inference-time depths (first phi <= tau), as ``--model ponder`` chooses them."""
-        return halting_depth(self.controller.probability(self.logits(z0)), self.tau)
 
     @torch.no_grad()
     def readout(self, z0: torch.Tensor, rewards: torch.Tensor) -> dict[str, float]:

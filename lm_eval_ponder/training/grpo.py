@@ -5,46 +5,27 @@ A trajectory for a prompt is a run of decisions on the candidate states z_k = z_
 otherwise; halting at depth d (or reaching K_max) fixes the outcome. So a trajectory *is* its
 depth, and log pi(trajectory) = sum_{j<d} log phi(z_j) + [d < K] log(1 - phi(z_d)).
 
-Decisions we made where the paper is silent or self-contradictory (docs/design.md):
+Where the paper is silent or contradicts itself (the why and the measurements:
+docs/design/training.md, "Policy" to "Optimiser"):
 
-- Training samples a_k ~ Bernoulli(phi(z_k)) and nothing else; inference halts at the first
-  phi <= tau. The paper's algorithm also halts during training when phi <= tau, which gives
-  such states zero gradient forever (a controller that starts below tau can never learn to
-  continue there); ``threshold_in_training=True`` restores it, for the teacher's trajectories
-  too (Algorithm 1 tests "a_k = 0 or p_k <= tau" after the teacher's override). A halt the
-  threshold forced is scored as a halt, log(1 - phi), like a sampled one.
-- Stage 1 (t < T1, pure teacher forcing): the paper skips the update, so 500 steps teach
-  nothing. Default ``stage1="imitation"``: maximise log pi(teacher actions) instead.
-  ``stage1="paper"`` keeps the published schedule; docs/results/training.md compares the two.
-- Std scaling of advantages is off by default (Dr. GRPO); ``scale_rewards=True`` turns it on.
-- Quality gates (autonomous stage only) drop trajectories from the update; the group baseline
-  is the mean over the group's surviving trajectories, and a group with fewer than two
-  survivors contributes nothing. theta_comp defaults to the completeness score of "setup +
-  computation" (the paper's words) and the completeness condition is R_comp >= theta_comp;
-  theta_qual cuts R_qual at 0.1 (``QUALITY_CUT``; docs/design.md says what it does and does not
-  catch).
-- The entropy term's sign follows the paper's prose ("prevents premature convergence to
-  deterministic policies"), not its eq. (grpo_loss), whose "- beta H" inside "-E[...]" would
-  *penalise* entropy: ``grpo_loss`` is -(log pi A + beta H).
-- The controller's temperature is annealed from soft to hard across the curriculum
-  (``annealed_temperature``), as the paper's controller section describes; it names no
-  schedule, so ours is geometric over stages 2-3 and ``temperature_schedule="curriculum"``
-  (linear over T1..T2, as p_curriculum falls) is the other reading.
-- ``optim="sgd"`` is Algorithm 1's plain step, theta <- theta + eta sum_i A_i grad log pi_i, a
-  *sum* over the batch's trajectories; ``optim="adam"`` (the default, with clipping at 1.0) is
-  Adam on the batch mean. The plain step at eta = 5e-4 without clipping blew up on the paper
-  form's cache, mostly to NaN weights (docs/design/training.md, "Optimiser"), so Adam stays the default; a
-  non-finite loss stops training with that advice instead of shipping NaN weights.
-- ``group_by="type"``: trajectories of prompts of one problem type (arith level, dataset) share
-  one baseline, the paper's "grouping by problem type"; ``"prompt"`` (default): G samples of one
-  prompt, as GRPO usually does.
+- training samples halts; inference halts at the first phi <= tau (``threshold_in_training``:
+  the paper's threshold in training too, which gives such states zero gradient forever);
+- stage 1 imitates the teacher (``stage1``) where the paper skips the update for 500 steps
+  (docs/results/training.md compares the two);
+- no std scaling of advantages (Dr. GRPO, ``scale_rewards``); groups per prompt or per problem
+  type (``group_by``); quality gates with the paper's meaning (``quality_gate``, ``QUALITY_CUT``);
+- an entropy *bonus* (``grpo_loss``), as the paper's prose says, against its eq. (grpo_loss);
+- the controller's temperature anneals from soft to hard (``annealed_temperature``);
+- Adam clipped at 1.0 by default: Algorithm 1's plain step (``optim="sgd"``) at eta = 5e-4
+  without clipping blew up on the paper form's cache, mostly to NaN weights; a non-finite loss
+  stops training with that advice (``check_finite``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 import torch
 import torch.nn as nn
@@ -58,6 +39,7 @@ from lm_eval_ponder.pondering.dynamics import (
     sample_depths,
 )
 from lm_eval_ponder.training.rewards import RewardConfig, completeness_of
+from lm_eval_ponder.typed import check_choice, option
 
 STAGE1_MODES = ("imitation", "paper")
 TEMPERATURE_SCHEDULES = ("geometric", "curriculum")
@@ -77,43 +59,37 @@ QUALITY_CUT = 0.1
 class GRPOConfig:
     """Optimisation hyper-parameters; defaults are the paper's where it gives them."""
 
-    num_generations: int = field(
-        default=8, metadata={"help": "G, trajectories per prompt (TRL's name)"})
-    prompts_per_step: int = field(default=8, metadata={"help": "B / G"})
-    learning_rate: float = field(default=5e-4, metadata={"help": "eta, the step size"})
-    optim: str = field(default="adam", metadata={"help": (
+    num_generations: int = option(8, "G, trajectories per prompt (TRL's name)")
+    prompts_per_step: int = option(8, "B / G")
+    learning_rate: float = option(5e-4, "eta, the step size")
+    optim: str = option("adam", (
         "'adam': Adam on the batch-mean loss (default: the plain step blew up, docs/design.md); "
-        "'sgd': Algorithm 1's plain step, theta += eta sum_i A_i grad log pi_i (a batch sum)")})
-    t1: int = field(default=500, metadata={"help": "end of pure teacher forcing"})
-    t2: int = field(default=1500, metadata={"help": "end of the teacher -> student transition"})
-    max_steps: int = field(default=2500, metadata={"help": "total GRPO steps"})
-    teacher_min: int = field(
-        default=3, metadata={"help": "the teacher ponders teacher_min..teacher_max steps"})
-    teacher_max: int = field(default=5, metadata={"help": "see teacher_min"})
-    stage1: str = field(
-        default="imitation", metadata={"help": "'imitation' (our fix) | 'paper' (no update before T1)"})
-    entropy_beta: float = field(default=0.01, metadata={"help": "beta_ent"})
-    scale_rewards: bool = field(
-        default=False, metadata={"help": "divide advantages by the group std (off: Dr. GRPO)"})
-    quality_gates: bool = field(
-        default=True, metadata={"help": "eq. quality_gates in the autonomous stage"})
-    theta_comp: float | None = field(default=None, metadata={"help": (
+        "'sgd': Algorithm 1's plain step, theta += eta sum_i A_i grad log pi_i (a batch sum)"))
+    t1: int = option(500, "end of pure teacher forcing")
+    t2: int = option(1500, "end of the teacher -> student transition")
+    max_steps: int = option(2500, "total GRPO steps")
+    teacher_min: int = option(3, "the teacher ponders teacher_min..teacher_max steps")
+    teacher_max: int = option(5, "see teacher_min")
+    stage1: str = option("imitation", "'imitation' (our fix) | 'paper' (no update before T1)")
+    entropy_beta: float = option(0.01, "beta_ent")
+    scale_rewards: bool = option(False, "divide advantages by the group std (off: Dr. GRPO)")
+    quality_gates: bool = option(True, "eq. quality_gates in the autonomous stage")
+    theta_comp: float | None = option(None, (
         "gate: R_comp >= theta_comp; None: the completeness score of 'setup + computation' "
-        "under reward.stage_weights")})
-    theta_qual: float = field(default=QUALITY_CUT, metadata={
-        "help": "gate: R_qual > theta_qual (0.1: a tenth of len_target, or 2.3 sigma_PPL)"})
-    eps_div: float = field(default=1e-6, metadata={"help": "FLOPs-diversity alert threshold"})
-    threshold_in_training: bool = field(
-        default=False, metadata={"help": "also halt when phi <= tau while training (paper)"})
-    temperature_schedule: str = field(default="geometric", metadata={"help": (
+        "under reward.stage_weights"))
+    theta_qual: float = option(
+        QUALITY_CUT, "gate: R_qual > theta_qual (0.1: a tenth of len_target, or 2.3 sigma_PPL)")
+    eps_div: float = option(1e-6, "FLOPs-diversity alert threshold")
+    threshold_in_training: bool = option(False, "also halt when phi <= tau while training (paper)")
+    temperature_schedule: str = option("geometric", (
         "how the controller's temperature anneals (``annealed_temperature``): 'geometric' "
         "(ours: from T1 to the last step) | 'curriculum' (one reading of the paper: linear "
-        "over the teacher -> student transition, T1 to T2, as p_curriculum falls)")})
-    max_grad_norm: float | None = field(default=1.0, metadata={
-        "help": "clip the gradient's norm to this before the step; None: no clipping (paper)"})
-    group_by: str = field(default="prompt", metadata={"help": (
+        "over the teacher -> student transition, T1 to T2, as p_curriculum falls)"))
+    max_grad_norm: float | None = option(
+        1.0, "clip the gradient's norm to this before the step; None: no clipping (paper)")
+    group_by: str = option("prompt", (
         "GRPO groups: 'prompt' (G samples of one prompt) | 'type' (all samples of the batch's "
-        "prompts of one problem type: arith level or dataset)")})
+        "prompts of one problem type: arith level or dataset)"))
 
     def validate(self, reward: RewardConfig | None = None) -> GRPOConfig:
         """Check the settings; resolve ``theta_comp=None`` with ``reward``'s stage weights (the
@@ -127,17 +103,12 @@ class GRPOConfig:
             raise PonderError(f"curriculum needs 0 <= t1 <= t2, got t1={self.t1}, t2={self.t2}")
         if not 0 <= self.teacher_min <= self.teacher_max:
             raise PonderError("teacher needs 0 <= teacher_min <= teacher_max")
-        if self.temperature_schedule not in TEMPERATURE_SCHEDULES:
-            raise PonderError(f"temperature_schedule must be one of {TEMPERATURE_SCHEDULES}, "
-                              f"got {self.temperature_schedule!r}")
-        if self.stage1 not in STAGE1_MODES:
-            raise PonderError(f"stage1 must be one of {STAGE1_MODES}, got {self.stage1!r}")
+        check_choice("temperature_schedule", self.temperature_schedule, TEMPERATURE_SCHEDULES)
+        check_choice("stage1", self.stage1, STAGE1_MODES)
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             raise PonderError(f"learning_rate must be a positive number, got {self.learning_rate}")
-        if self.optim not in OPTIMISERS:
-            raise PonderError(f"optim must be one of {OPTIMISERS}, got {self.optim!r}")
-        if self.group_by not in GROUPINGS:
-            raise PonderError(f"group_by must be one of {GROUPINGS}, got {self.group_by!r}")
+        check_choice("optim", self.optim, OPTIMISERS)
+        check_choice("group_by", self.group_by, GROUPINGS)
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise PonderError(f"max_grad_norm must be > 0 or None, got {self.max_grad_norm}")
         if self.theta_comp is None:
@@ -397,8 +368,12 @@ class TokenTrajectories(Trajectories):
     mean_depth: torch.Tensor | None = None
 
     def chunks(self, trainer: "GRPOTrainer", temp: float):
-        for j, group in enumerate(self.per_prompt):
-            lp, ent = zip(*(token_trajectory_terms(trainer, s, d) for s, d in group))
+        for j, group in enumerate(self.per_prompt):  # each term a sum over the decoded tokens
+            lp, ent = [], []
+            for states, depths in group:
+                logits = trainer.logits(states)
+                lp.append(trajectory_log_prob(logits, depths, temp).sum())
+                ent.append(trajectory_entropy(logits, depths, temp).sum())
             yield j, torch.stack(lp), torch.stack(ent)
 
     def share(self, loss: torch.Tensor, kept: torch.Tensor, norm: int) -> torch.Tensor:
@@ -429,7 +404,30 @@ class StepResult:
     temperature: float = 1.0  # the controller's temperature at this step
 
 
-class GRPOTrainer:
+class ControllerTrainer:
+    """What the loop, the environments and the cards read of a trainer, either algorithm: the
+    controller, its logits on the candidate states and its inference-time depths."""
+
+    def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
+                 tau: float, seed: int) -> None:
+        self.controller = controller
+        self.step_vector = step_vector.detach().float()  # h of z_k = z_0 + c_k h
+        self.offsets = offsets.detach().float()
+        self.tau = tau
+        self.generator = torch.Generator().manual_seed(seed)
+        self.reinitialisations = 0
+
+    def logits(self, z0: torch.Tensor) -> torch.Tensor:
+        """Controller logits on all candidate states: [P, d] -> [P, K+1]."""
+        return candidate_logits(self.controller, z0, self.step_vector, self.offsets)
+
+    @torch.no_grad()
+    def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
+        """Inference-time depths (first phi <= tau), as ``--model ponder`` will choose them."""
+        return halting_depth(self.controller.probability(self.logits(z0)), self.tau)
+
+
+class GRPOTrainer(ControllerTrainer):
     """Owns the controller, its optimiser, one generator and the reward book; ``step`` is one
     iteration of the appendix algorithm at either granularity (TRL's shape: sample, ask the
     environment, score, update).
@@ -439,25 +437,18 @@ class GRPOTrainer:
     e.g. rollout-cache lookups); at token level ``rollout(ids, G, policy)`` (online answers
     with ``policy`` deciding at every token) and ``decision_sampler(t)``. ``rewards`` scores
     the outcomes (``environment.RewardBook``): at least ``reward`` and ``flops`` (and
-    ``comp``/``qual`` for the quality gates), each a float tensor [N].
-
-    ``temperature_end``: the controller's temperature is annealed from the one it was built
-    with to this across the curriculum (``annealed_temperature``); None keeps it constant.
+    ``comp``/``qual`` for the quality gates), each a float tensor [N]. ``temperature_end``: the
+    controller's temperature at the end of ``annealed_temperature`` (None: constant).
     """
 
     def __init__(self, controller: nn.Module, step_vector: torch.Tensor, offsets: torch.Tensor,
                  tau: float, cfg: GRPOConfig, seed: int,
                  temperature_end: float | None = None,
                  rewards: RewardScorer | None = None) -> None:
-        self.controller = controller
-        self.step_vector = step_vector.detach().float()  # h of z_k = z_0 + c_k h
-        self.offsets = offsets.detach().float()
+        super().__init__(controller, step_vector, offsets, tau, seed)
         self.k_max = len(offsets) - 1
-        self.tau = tau
         self.cfg = cfg.validate()
-        self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = make_optimizer(controller.parameters(), cfg)
-        self.reinitialisations = 0
         self.temperature_start = float(controller.temperature)
         self.temperature_end = temperature_end
         self.rewards = rewards
@@ -479,33 +470,6 @@ class GRPOTrainer:
             return 1.0
         world = len(gather(torch.zeros(1))) if gather is not None else 1
         return float(n_local) * world
-
-    def logits(self, z0: torch.Tensor) -> torch.Tensor:
-        """Controller logits on all candidate states: [P, d] -> [P, K+1]."""
-        return candidate_logits(self.controller, z0, self.step_vector, self.offsets)
-
-    @torch.no_grad()
-    def greedy_depths(self, z0: torch.Tensor) -> torch.Tensor:
-        """Inference-time depths (first phi <= tau), as ``--model ponder`` will choose them."""
-        p = self.controller.probability(self.logits(z0))
-        return halting_depth(p, self.tau)
-
-    def update(self, backward: Callable[[], Any], gradient_hook: Callable[[], None] | None) -> None:
-        """The update tail both granularities share: zero the gradients, let ``backward``
-        accumulate them, average them across ranks (``gradient_hook``), clip (only with
-        ``max_grad_norm``), step."""
-        self.optimizer.zero_grad(set_to_none=False)
-        backward()
-        if gradient_hook is not None:
-            gradient_hook()
-        if self.cfg.max_grad_norm is not None:
-            nn.utils.clip_grad_norm_(self.controller.parameters(), self.cfg.max_grad_norm)
-        self.optimizer.step()
-
-    def check_diversity(self, diversity: float) -> None:
-        """The diversity alert's remedy, after the update: re-initialise below eps_div."""
-        if diversity < self.cfg.eps_div:
-            self.reinitialise()
 
     def reinitialise(self) -> None:
         """The diversity alert's remedy: fresh weights (from our generator) and optimiser."""
@@ -543,9 +507,8 @@ class GRPOTrainer:
         norm = P * G if imitate else max(int(keep.sum()), 1)  # the loss's normaliser
         scale = self.batch_sum_scale(norm, gather) if updated else 1.0
         total, entropies = 0.0, []
-
-        def backward() -> None:  # chunk by chunk (token level: a prompt's G trajectories)
-            nonlocal total
+        if updated:  # zero, backward chunk by chunk (token level: a prompt's G), average, clip, step
+            self.optimizer.zero_grad(set_to_none=False)
             for rows, log_probs, entropy in batch.chunks(self, temp):
                 entropies.append(entropy)
                 kept = torch.ones_like(keep[rows]) if imitate else keep[rows]
@@ -556,10 +519,13 @@ class GRPOTrainer:
                 (loss * scale).backward()
                 total += float(loss.detach())
             check_finite(torch.tensor(total), t, cfg)
-
-        if updated:
-            self.update(backward, gradient_hook)
-        self.check_diversity(diversity)
+            if gradient_hook is not None:
+                gradient_hook()
+            if cfg.max_grad_norm is not None:
+                nn.utils.clip_grad_norm_(self.controller.parameters(), cfg.max_grad_norm)
+            self.optimizer.step()
+        if diversity < cfg.eps_div:  # the diversity alert's remedy, after the update
+            self.reinitialise()
         adv_abs = ent = float("nan")  # the collapse diagnostics (stages 2-3)
         if not imitate:
             adv_abs = float(adv[keep].abs().mean()) if keep.any() else 0.0
@@ -636,16 +602,3 @@ class GRPOTrainer:
             raise PonderError("group_by='type' needs each prompt's problem type; this "
                               "environment gives none")
         return types
-
-
-# ----------------------------------------------------------------------------- token level
-
-
-def token_trajectory_terms(trainer: "GRPOTrainer", states: torch.Tensor,
-                           depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log pi, entropy) of a token-level trajectory: sums over every decoded token's halting
-    decision, each scored like a prompt-level trajectory on that token's candidate states."""
-    logits = trainer.logits(states)
-    temp = trainer.controller.temperature
-    return (trajectory_log_prob(logits, depths, temp).sum(),
-            trajectory_entropy(logits, depths, temp).sum())

@@ -1,19 +1,17 @@
 """The one training loop behind ``python -m lm_eval_ponder.train``, for both granularities.
 
-The loop is the same whatever produces the outcomes: draw a global batch of training prompts,
-let the trainer run one GRPO step on this rank's shard (``GRPOTrainer.step`` asks the
-*environment* for outcomes and scores them with the reward book), gather outcomes, update the
-reward state, log every ``logging_steps`` steps with held-out figures, keep the best weights,
-checkpoint atomically, and at the end write the controller, its config and card. Two
-environments produce outcomes: ``environment.CachedEnvironment`` (prompt granularity:
-rollout-cache lookups) and ``online.OnlineEnvironment`` (token granularity: every step
-generates its answers with the controller in the loop). Their interface is
-``TrainingEnvironment`` below.
+Whatever produces the outcomes: draw a global batch of training prompts, let the trainer run
+one step on this rank's shard (``GRPOTrainer.step`` asks the *environment*, a
+``TrainingEnvironment``, for outcomes and scores them with the reward book), gather the
+outcomes, update the reward state, log every ``logging_steps`` steps with held-out figures,
+keep the best weights, checkpoint atomically; at the end write the controller, its config and
+card. Environments: ``environment.CachedEnvironment`` (prompt granularity: rollout-cache
+lookups) and ``online.OnlineEnvironment`` (token granularity: generated with the controller in
+the loop).
 
-Distributed (``torchrun`` / ``accelerate launch``, also on CPU with the gloo backend): every
-rank builds its share of the rollout cache; in GRPO every rank draws the same global batch of
-prompts, works on its shard, gradients are averaged across ranks, and the whole batch's
-outcomes are gathered so reward statistics stay identical everywhere. Rank 0 writes files.
+Distributed (``torchrun`` / ``accelerate launch``, gloo on CPU too): every rank builds its
+share of the rollout cache, draws the same global batch and works on its shard; gradients are
+averaged and outcomes gathered, so reward statistics stay identical everywhere. Rank 0 writes.
 """
 
 from __future__ import annotations
@@ -140,23 +138,6 @@ def window_entry(outcome: dict[str, torch.Tensor], res, dist: "Distributed") -> 
     if res.mean_depth is not None:
         entry["depth_mean"] = dist.gather(res.mean_depth.reshape(-1))
     return entry
-
-
-def iteration(t: int, step, train_ids: torch.Tensor, n_prompts: int, gen: torch.Generator,
-              env, dist: "Distributed", window: list[dict], log_path: Path, cfg: TrainConfig):
-    """One GRPO iteration around ``step(local_prompt_ids)``: draw the global batch (same on
-    every rank), run this rank's shard, gather the outcomes, update the reward state, extend
-    the log window and log a diversity alert."""
-    ids = train_ids[torch.randint(0, len(train_ids), (n_prompts,), generator=gen)]
-    dist.assert_equal(ids, "ranks drew different global batches (generator out of step)")
-    res = step(ids[dist.rank :: dist.world])
-    outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
-    env.rewards.observe(outcome, t)
-    window.append(window_entry(outcome, res, dist))
-    if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
-        append_jsonl(log_path, {"step": t + 1, "alert": "flops_diversity", "value": res.diversity,
-                           "action": "controller re-initialised"})
-    return res
 
 
 def save_state(path: Path, trainer: GRPOTrainer, generators: dict, best, env,
@@ -293,10 +274,19 @@ def optimise(cfg: TrainConfig, trainer: GRPOTrainer, env: TrainingEnvironment,
                               else ""))
     train_tensor = torch.tensor(train_ids)
     for t in bar:
-        iteration(t, lambda local, t=t: trainer.step(
-            t, local, env, gradient_hook=lambda: dist.average_gradients(controller),
-            gather=dist.gather, types=env.types(local)), train_tensor, P,
-                  trainer.generator, env, dist, window, log_path, cfg)
+        # the global batch (the same on every rank), this rank's shard of it, then the whole
+        # batch's outcomes gathered for the reward state and the log window
+        ids = train_tensor[torch.randint(0, len(train_tensor), (P,), generator=trainer.generator)]
+        dist.assert_equal(ids, "ranks drew different global batches (generator out of step)")
+        local = ids[dist.rank :: dist.world]
+        res = trainer.step(t, local, env, gradient_hook=lambda: dist.average_gradients(controller),
+                           gather=dist.gather, types=env.types(local))
+        outcome = {k: dist.gather(v) for k, v in res.outcome.items()}
+        env.rewards.observe(outcome, t)
+        window.append(window_entry(outcome, res, dist))
+        if res.diversity < cfg.grpo.eps_div and dist.rank == 0:
+            append_jsonl(log_path, {"step": t + 1, "alert": "flops_diversity",
+                                    "value": res.diversity, "action": "controller re-initialised"})
         if (t + 1) % cfg.logging_steps and t + 1 != cfg.grpo.max_steps:
             continue
         summary = batch_metrics(window, env.rewards.weights, env.k_max, t + 1, cfg,

@@ -9,14 +9,12 @@ same reward (``environment.RewardBook``) and updates on the recorded decisions
 (``GRPOTrainer.step``): log pi(trajectory) is the sum of every token's halting log-probability.
 
 Cost. One step is one batched generation of its P x G rows and one perplexity pass, so the
-default 2500 steps x 8 prompts x G = 8 answers are 160k generations: a GPU job. (G = 8, T1 = 500
-and T2 = 1500 are the paper's; it states neither the number of steps nor the batch: 2500 gives
-stage 3 as many steps as stage 2, and 8 prompts per step are our choice.)
-docs/results/token-level.md gives the measured seconds per step on this CPU. The loop itself
-is the prompt-level trainer's (``training.loop``): the
-paper's curriculum and stage-1 choice, quality gates, the diversity alert, logs every
-``logging_steps`` steps, atomic checkpoints with exact resume, the same seed giving the same
-controller, and data parallelism (each rank generates its share of the batch's prompts).
+default 2500 steps x 8 prompts x G = 8 are 160k generations: a GPU job (G, T1 and T2 are the
+paper's; the steps and the batch, which it does not state, are ours: 2500 gives stage 3 as many
+steps as stage 2). docs/results/token-level.md gives the measured seconds per step on this CPU.
+The loop is the prompt-level one (``training.loop``): curriculum, stage-1 choice, quality
+gates, the diversity alert, logs, atomic checkpoints with exact resume, the same seed giving
+the same controller, and data parallelism (each rank generates its share of the prompts).
 
 Choices. Text is decoded greedily (the randomness is in the halting decisions); the teacher
 ponders its drawn depth at every token of a trajectory; the held-out figures in the log and
@@ -63,10 +61,10 @@ class OnlineEnvironment:
         self.rewards = RewardBook(cfg.reward, ppl_ref)
         self.generator, self.train_cfg = generator, cfg
         self.prompts = build_prompts(generator, cfg.rollout) if prompts is None else prompts
-        self.max_gen_toks = cfg.rollout.max_completion_length
         self.k_max = cfg.ponder.k_max
         # as the rollout cache: greedy, EOS only (generate_texts adds the EOS text as lm-eval does)
-        self.generation = {"until": [], "max_gen_toks": self.max_gen_toks, "do_sample": False}
+        self.generation = {"until": [], "max_gen_toks": cfg.rollout.max_completion_length,
+                           "do_sample": False}
         self.controller = controller
         self.rank = rank
 

@@ -3,20 +3,12 @@ Reward Engineering"):
 
     R = w_acc R_acc + w_flops R_flops + w_comp R_comp + w_qual R_qual + w_rep R_rep
 
-Choices where the paper is silent or inconsistent (documented, so they can be argued with):
-
-- The issue writes ``w_qual`` both inside R_qual and in the sum. We apply every weight once,
-  in ``total_reward``; the component functions return unweighted values (``quality_reward``
-  is in [0, 1], ``completeness_reward`` sums its own stage weights, ``accuracy_reward`` uses
-  w_exact / w_partial, ``flops_reward`` uses lambda_flops, ``repetition_reward`` uses beta_n).
-- The perplexity factor exp(-(PPL - PPL_base)/sigma) exceeds 1 for text *more* fluent than the
-  baseline and would make R_qual unbounded; we cap the factor at 1 (the paper's convergence
-  theorem assumes bounded rewards).
-- Weight balancing (Theorem 6's update) drives mean |w_i R_i| toward a target. Driving all five
-  components to one magnitude would make the pattern-matched heuristics weigh as much as
-  correctness, so by default only w_flops adapts, toward ``balance_ratio`` x mean |R_acc|: the
-  middle of the paper's validated band 0.1 <= E|R_flops| / E[R_acc] <= 1.
-- Completeness "stages" are detected by the regular expressions in ``STAGE_PATTERNS``.
+Choices where the paper is silent or inconsistent (docs/design/training.md, "Reward"): every
+weight is applied once, in ``total_reward`` (the component functions are unweighted); the
+perplexity factor of R_qual is capped at 1 (the convergence theorem assumes bounded rewards);
+only w_flops adapts (Theorem 6), toward ``balance_ratio`` x mean |R_acc|, the middle of the
+paper's validated band 0.1 <= E|R_flops| / E[R_acc] <= 1, since all five at one magnitude would
+make the pattern-matched heuristics (stages: ``STAGE_PATTERNS``) weigh as much as correctness.
 
 The two text-based components read an answer through a few numbers only (``text_features``:
 which stages it shows, its whitespace words, its repeated n-grams), so a rollout cache kept
@@ -32,7 +24,10 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from lm_eval_ponder.errors import PonderError
+from lm_eval_ponder.typed import check_choice, option
 
 COMPONENTS = ("acc", "flops", "comp", "qual", "rep")
 # What a run optimises: "priced" (ours, the default): accuracy minus a user-set price per 1,000
@@ -60,51 +55,37 @@ TEXT_FEATURES = hashlib.sha256(json.dumps(
 class RewardConfig:
     """Reward hyper-parameters (the paper gives the forms, not the values: ours are stated)."""
 
-    objective: str = field(default="priced", metadata={"help": (
+    objective: str = option("priced", (
         "'priced': accuracy minus price_per_1k_tokens per 1,000 generated tokens (stationary, "
         "the user's price) | 'paper': the composite reward of the keys below, with its "
-        "running FLOPs z-score and adaptive weights")})
-    price_per_1k_tokens: float = field(default=1.0, metadata={"help": (
+        "running FLOPs z-score and adaptive weights"))
+    price_per_1k_tokens: float = option(1.0, (
         "the 'priced' objective's price of 1,000 generated tokens, in units of one correct "
-        "answer (1.0: a right answer is worth 1,000 tokens)")})
-    w_exact: float = field(default=1.0, metadata={"help": "R_acc for an exact match"})
-    w_partial: float = field(default=0.5, metadata={"help": "scale of partial credit"})
-    theta_tol: float = field(
-        default=0.1, metadata={"help": "partial credit only under this relative error"})
-    eps: float = field(default=1e-8, metadata={"help": "denominator guard"})
-    lambda_flops: float = field(
-        default=0.1, metadata={"help": "strength of the FLOPs penalty (per standard deviation)"})
-    ema_momentum: float = field(
-        default=0.99, metadata={"help": "running FLOPs mean/std of eq. flops_reward"})
-    flops_std_floor: float = field(
-        default=0.01, metadata={"help": "the FLOPs std is at least this fraction of the mean"})
-    stage_weights: dict[str, float] = field(default_factory=lambda: {
+        "answer (1.0: a right answer is worth 1,000 tokens)"))
+    w_exact: float = option(1.0, "R_acc for an exact match")
+    w_partial: float = option(0.5, "scale of partial credit")
+    theta_tol: float = option(0.1, "partial credit only under this relative error")
+    eps: float = option(1e-8, "denominator guard")
+    lambda_flops: float = option(0.1, "strength of the FLOPs penalty (per standard deviation)")
+    ema_momentum: float = option(0.99, "running FLOPs mean/std of eq. flops_reward")
+    flops_std_floor: float = option(0.01, "the FLOPs std is at least this fraction of the mean")
+    stage_weights: dict[str, float] = option(lambda: {
         "setup": 0.25, "computation": 0.25, "verification": 0.25, "conclusion": 0.25},
-        metadata={"help": "R_comp weight of each stage in STAGE_PATTERNS"})
-    len_target: int = field(
-        default=64, metadata={"help": "tokens; shorter outputs get proportionally less R_qual"})
-    ppl_baseline: float | None = field(
-        default=None, metadata={"help": "None: median PPL of the cache's correct answers"})
-    sigma_ppl: float | None = field(
-        default=None, metadata={"help": "None: interquartile range of those PPLs"})
-    rep_betas: tuple[float, float, float] = field(
-        default=(0.02, 0.05, 0.1), metadata={"help": "beta_1 < beta_2 < beta_3"})
-    weights: dict[str, float] = field(default_factory=lambda: {
+        "R_comp weight of each stage in STAGE_PATTERNS")
+    len_target: int = option(64, "tokens; shorter outputs get proportionally less R_qual")
+    ppl_baseline: float | None = option(None, "None: median PPL of the cache's correct answers")
+    sigma_ppl: float | None = option(None, "None: interquartile range of those PPLs")
+    rep_betas: tuple[float, float, float] = option((0.02, 0.05, 0.1), "beta_1 < beta_2 < beta_3")
+    weights: dict[str, float] = option(lambda: {
         "acc": 1.0, "flops": 1.0, "comp": 0.05, "qual": 0.05, "rep": 1.0},
-        metadata={"help": "w_i of R = sum_i w_i R_i (initial values; balance adapts some)"})
-    balance: tuple[str, ...] = field(
-        default=("flops",), metadata={"help": "which weights adapt (Theorem 6 update)"})
-    balance_ratio: float = field(
-        default=0.3, metadata={"help": "target mean|R_flops| / mean|R_acc|"})
-    balance_eta: float = field(default=0.05, metadata={"help": "step of the weight update"})
-    balance_every: int = field(default=10, metadata={"help": "steps between weight updates"})
+        "w_i of R = sum_i w_i R_i (initial values; balance adapts some)")
+    balance: tuple[str, ...] = option(("flops",), "which weights adapt (Theorem 6 update)")
+    balance_ratio: float = option(0.3, "target mean|R_flops| / mean|R_acc|")
+    balance_eta: float = option(0.05, "step of the weight update")
+    balance_every: int = option(10, "steps between weight updates")
 
     def validate(self) -> RewardConfig:
-        from lm_eval_ponder.errors import PonderError
-
-        if self.objective not in OBJECTIVES:
-            raise PonderError(f"reward.objective must be one of {OBJECTIVES}, got "
-                              f"{self.objective!r}")
+        check_choice("reward.objective", self.objective, OBJECTIVES)
         if not (math.isfinite(self.price_per_1k_tokens) and self.price_per_1k_tokens >= 0):
             raise PonderError(f"reward.price_per_1k_tokens must be a number >= 0, got "
                               f"{self.price_per_1k_tokens}")

@@ -1,11 +1,9 @@
 """The rollout cache: every training prompt generated once per ponder depth, kept on disk.
 
-Why. With ``granularity="prompt"`` the controller acts once per prompt, and the backbone and
-steering vector are frozen: the answer to a prompt at depth k is the answer generated with the
-fixed offset c_k (``pondering.cumulative_offsets``). So the K_max+1 outcomes of a prompt can
-be generated once (greedy, or S samples) and every GRPO step becomes a lookup: training costs
-O(prompts x (K_max+1)) generations instead of O(steps x batch x G). Token-level pondering
-changes the state at every decoded token and cannot be cached (online rollouts, a GPU job).
+Why (docs/design/training.md, "Rollout cache"): at prompt granularity, with the backbone and
+vector frozen, the answer at depth k is the one generated at the fixed offset c_k, so each
+prompt's K_max+1 outcomes are generated once and every GRPO step becomes a lookup: O(prompts x
+(K_max+1)) generations instead of O(steps x batch x G). Token granularity cannot be cached.
 
 What is stored, in one directory:
 
@@ -38,7 +36,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -59,7 +57,8 @@ from lm_eval_ponder.generation.generator import SteeredGenerator
 from lm_eval_ponder.pondering.steered import OffsetsPerRow
 from lm_eval_ponder.portable import backbone_record
 from lm_eval_ponder.scoring import grading
-from lm_eval_ponder.training.rewards import TEXT_FEATURES, text_features
+from lm_eval_ponder.training.rewards import TEXT_FEATURES, record_features
+from lm_eval_ponder.typed import option
 
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.jsonl"
@@ -68,6 +67,7 @@ OUTCOMES = ".outcomes.json.xz"
 OUTCOMES_FORMAT = "lm-eval-ponder rollout outcomes, columns, v1"
 # The columns a compact part keeps: every field that training and the analyses read.
 OUTCOME_FIELDS = ("key", "depth", "sample", "correct", "gen_tokens", "flops", "rel_error", "ppl")
+FEATURE_COLUMNS = ("stages", "words", "repeated")  # and a text's features (``text_features``)
 
 LOGGER = logging.getLogger(__name__)
 
@@ -76,28 +76,16 @@ LOGGER = logging.getLogger(__name__)
 class RolloutConfig:
     """What to generate. Defaults: the train splits of GSM8K and the arith ladder, greedy."""
 
-    prompts: dict[str, int] = field(
-        default_factory=lambda: {"arith_ponder": 50, "gsm8k_ponder": 14},
-        metadata={"help": "task -> number of training prompts, from train splits only"})
-    max_completion_length: int = field(
-        default=256, metadata={"help": "new tokens per answer; our CPU runs use 256 (paper: 500)"})
-    samples: int = field(default=1, metadata={"help": "outcomes per (prompt, depth); 1 = greedy"})
-    temperature: float = field(default=0.7, metadata={"help": "used only when samples > 1"})
-    batch_size: int = field(default=0, metadata={
-        "help": "rows per generation call (a block of prompts x depths x samples); 0: 4 x the "
-                "generation loop's rows in flight"})
-    apply_chat_template: bool = field(
-        default=True, metadata={"help": "render prompts with the tokenizer's chat template"})
-    seed: int = field(default=1234, metadata={"help": "sampling seed when samples > 1"})
-
-
-def task_kind(task: str) -> str:
-    """How a task's answers are graded: its dataset's answer kind in the registry."""
-    family = registry.dataset_of(task)
-    if family not in registry.DATASET_NAMES:
-        raise PonderError(f"no training data source for task {task!r}; known families: "
-                          f"{sorted(registry.DATASET_NAMES)}")
-    return registry.dataset(family).answer
+    prompts: dict[str, int] = option(lambda: {"arith_ponder": 50, "gsm8k_ponder": 14},
+                                     "task -> number of training prompts, from train splits only")
+    max_completion_length: int = option(256, "new tokens per answer; our CPU runs use 256 (paper: 500)")
+    samples: int = option(1, "outcomes per (prompt, depth); 1 = greedy")
+    temperature: float = option(0.7, "used only when samples > 1")
+    batch_size: int = option(0, (
+        "rows per generation call (a block of prompts x depths x samples); 0: 4 x the "
+        "generation loop's rows in flight"))
+    apply_chat_template: bool = option(True, "render prompts with the tokenizer's chat template")
+    seed: int = option(1234, "sampling seed when samples > 1")
 
 
 def train_documents(task: str, n: int) -> list[dict]:
@@ -156,7 +144,7 @@ def build_prompts(generator: SteeredGenerator, cfg: RolloutConfig) -> list[Promp
     prompts = []
     for name, docs in documents.items():
         task = tasks[name]
-        kind = task_kind(name)
+        kind = registry.dataset(registry.dataset_of(name)).answer  # how its answers are graded
         for doc in docs:
             context = task.fewshot_context(
                 doc, 0, apply_chat_template=cfg.apply_chat_template,
@@ -417,8 +405,8 @@ def write_outcomes(plain: Path) -> Path:
     index = {k: i for i, k in enumerate(keys)}
     columns: dict[str, list] = {name: [r.get(name) for r in rows] for name in OUTCOME_FIELDS}
     columns["key"] = [index[r["key"]] for r in rows]
-    features = [text_features(r["text"]) if "text" in r else r["text_features"] for r in rows]
-    for name in ("stages", "words", "repeated"):
+    features = [record_features(r) for r in rows]
+    for name in FEATURE_COLUMNS:
         columns[name] = [f[name] for f in features]
     float32 = []
     ppl = short_float32(columns["ppl"])  # perplexities are float32: 8 digits, not 17
@@ -449,8 +437,7 @@ def read_outcomes(path: Path) -> list[dict]:
     for i in range(len(columns["key"])):
         record = {name: columns[name][i] for name in OUTCOME_FIELDS}
         record["key"] = keys[record["key"]]
-        record["text_features"] = {name: columns[name][i]
-                                   for name in ("stages", "words", "repeated")}
+        record["text_features"] = {name: columns[name][i] for name in FEATURE_COLUMNS}
         out.append(record)
     return out
 
@@ -514,22 +501,17 @@ def generate_missing(generator: SteeredGenerator, cache: RolloutCache, prompts: 
                      progress: bool = True, blocks: range | None = None) -> None:
     """Generate every missing (prompt, depth, sample) of this rank's prompts (r, r+world, ...).
 
-    ``generator`` holds a steering vector. Work goes in blocks of prompts, and a block is one
-    generation call (``SteeredGenerator.generate_texts``) holding every depth and
-    sample of its prompts, each row at its depth's fixed offset: the rows the evaluation loop
-    would run, with ``max_rows`` of them in flight, so the cache is built at the loop's speed
-    (1.15x its tokens/s, measured by a benchmark since retired: ``docs/results/history.md``).
-    Generating one depth per call instead leaves the loop a
-    block's prompts per call: 16 rows on a GPU that runs 256 (1.4 answers/s).
+    ``generator`` holds a steering vector. A block of prompts is one generation call
+    (``SteeredGenerator.generate_texts``) holding every depth and sample of its prompts, each
+    row at its depth's offset, so the loop keeps ``max_rows`` in flight (1.15x its tokens/s;
+    one depth per call left it 16 rows on a GPU that runs 256, 1.4 answers/s: a benchmark since
+    retired, ``docs/results/history.md``). Rows go longest prompt first, as lm-eval orders a batch.
 
-    A block is written once it is finished, so a long build that is stopped leaves a prefix of
-    whole prompts, which a headroom analysis can already use. A block's sampling seed depends
-    only on the block, so a resumed build draws what an uninterrupted one would have drawn
-    (a block found half-done, as older per-depth builds could leave one, is completed from its
-    missing rows: valid draws, not the uninterrupted ones). For the same reason ``blocks``
-    (indices of this rank's blocks) lets two processes on one machine share a build: each
-    takes its own blocks and writes its own block files, and together they draw exactly what
-    one process would. Rows go longest prompt first, as lm-eval orders a batch.
+    A block is written once finished, so a stopped build leaves whole prompts. Its sampling seed
+    depends only on the block, so a resumed build draws what an uninterrupted one would have
+    (a half-done block of an older per-depth build is completed from its missing rows: valid
+    draws, not the uninterrupted ones), and ``blocks`` (indices of this rank's blocks) lets two
+    processes share a build, together drawing exactly what one process would.
     """
     from lm_eval_ponder.generation.progress import RowProgress
 

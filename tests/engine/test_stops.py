@@ -144,3 +144,21 @@ def test_a_new_stopping_rule_is_one_class(left_tokenizer, keeps):
         assert stopped.gen_tokens[r] == kept
         assert stopped.sequences[r, width:width + kept].tolist() == rows[r][:kept]
         assert stopped.sequences[r, width + kept:].eq(3).all()
+
+
+def test_stop_strings_on_a_model_without_an_output_embedding_getter(left_tokenizer):
+    """The stop table's vocabulary comes from the config where the model has no
+    ``get_output_embeddings`` (the loop read its config before setting it: AttributeError)."""
+    tok = left_tokenizer
+    model = build_tiny_llama(len(tok), seed=0)
+    enc = tok(["What is 3 + 5?", "Hi"], return_tensors="pt", padding=True,
+              add_special_tokens=False)
+
+    def run():
+        return generate_rows(model, enc.input_ids, enc.attention_mask, max_new_tokens=8,
+                             eos_token_ids=set(), pad_token_id=3, stop=["#"],
+                             decode=lambda ids: tok.decode(ids, skip_special_tokens=True))
+
+    with_head = run()
+    model.get_output_embeddings = lambda: None
+    assert torch.equal(run().sequences, with_head.sequences)

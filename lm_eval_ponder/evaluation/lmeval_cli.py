@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lm_eval_ponder.errors import STOPPED, Interrupted, PonderError
+from lm_eval_ponder import errors
+from lm_eval_ponder.errors import PonderError
 from lm_eval_ponder.files import check_output
 
 MODEL = "ponder"
@@ -172,8 +173,8 @@ def resume_text(cfg: Any) -> str:
 
 
 def stopped_line(exc: KeyboardInterrupt, cfg: Any) -> str:
-    where = str(exc) if isinstance(exc, Interrupted) else ""
-    return "; ".join(part for part in (STOPPED, where, resume_text(cfg)) if part)
+    """The stopped command's line (``errors.stopped_line``) and the command that resumes it."""
+    return "; ".join(part for part in (errors.stopped_line(exc), resume_text(cfg)) if part)
 
 
 def check_written(output: Path, since: float, samples: bool) -> None:
